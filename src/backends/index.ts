@@ -1,0 +1,2 @@
+// Every backend registers itself when imported; this is the list.
+import './log/index.js';

@@ -1,0 +1,49 @@
+// Backends program a node's dataplane from its node-local diff stream. A
+// backend is a folder under src/backends that calls registerBackend; the CLI
+// offers it as `to-<name>` below `to-local` (and below `local`).
+import type { Command } from 'commander';
+import type { Logger } from '../log.js';
+import type { LocalSink } from '../diff/ops.js';
+import type { LocalSet } from '../api/model.js';
+import type { KubeProxyConfiguration } from './shared/config.js';
+
+export interface BackendContext {
+  readonly nodeName: string;
+  /** kube-proxy's configuration (defaults applied; from --config if given) */
+  readonly config: KubeProxyConfiguration;
+  readonly log: Logger;
+  readonly signal: AbortSignal;
+}
+
+export interface BackendInstance {
+  /** receives the node-local diff stream */
+  readonly sink: LocalSink;
+  /** sets beyond services and endpoints the backend wants (NodesSet, ...) */
+  readonly sets?: readonly LocalSet[];
+  /** called once when the process stops; must leave the dataplane in place */
+  close?(): Promise<void>;
+}
+
+export interface BackendDefinition {
+  /** "nft" makes the command "to-nft" */
+  readonly name: string;
+  readonly description: string;
+  /** backend-specific flags (--node-name, --config and --once are added for every backend) */
+  options?(cmd: Command): void;
+  create(opts: Record<string, any>, ctx: BackendContext): BackendInstance | Promise<BackendInstance>;
+}
+
+const backends = new Map<string, BackendDefinition>();
+
+export function registerBackend(def: BackendDefinition): void {
+  if (backends.has(def.name)) throw new Error(`backend ${def.name} registered twice`);
+  backends.set(def.name, def);
+}
+
+export function registeredBackends(): BackendDefinition[] {
+  return [...backends.values()];
+}
+
+export function getBackend(name: string): BackendDefinition | undefined {
+  return backends.get(name);
+}

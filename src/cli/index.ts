@@ -1,0 +1,3 @@
+#!/usr/bin/env node
+import { main } from './main.js';
+await main();

@@ -1,0 +1,109 @@
+// kpng's command line: `kpng <source> [flags] <sink> [flags] [to-<backend> [flags]]`,
+// built from the source, sink and backend registries.
+import { Command, Option } from 'commander';
+import { readFileSync } from 'node:fs';
+import { createLogger, setLogger, type Logger } from '../log.js';
+import { Store } from '../store/store.js';
+import { ServiceViews } from '../localstate/views.js';
+import { registeredSources, type SourceDefinition } from '../sources/registry.js';
+import { registeredSinks, type SinkDefinition } from '../sinks/registry.js';
+import { registeredBackends } from '../backends/registry.js';
+import { addBackendOptions } from '../backends/run.js';
+import { ConfigError } from '../backends/shared/config.js';
+import { startStats } from './stats.js';
+import { registeredCommands } from './commands.js';
+import '../sources/index.js';
+import '../sinks/index.js';
+import '../backends/index.js';
+import './builtin.js';
+
+export function version(): string {
+  const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8'));
+  return pkg.version;
+}
+
+/** Runs a source into a sink until the sink finishes or a signal arrives. */
+export async function runPipeline(p: {
+  source: SourceDefinition;
+  sourceOpts: Record<string, any>;
+  sink: SinkDefinition;
+  sinkOpts: Record<string, any>;
+  backend?: { name: string; opts: Record<string, any> };
+  log: Logger;
+  signal: AbortSignal;
+}): Promise<void> {
+  const store = new Store();
+  const views = new ServiceViews(store, p.sourceOpts.serviceProxyName ?? '');
+  const stopStats = p.sourceOpts.stats ? startStats(store) : undefined;
+  const source = await p.source.start(p.sourceOpts, { store, log: p.log, signal: p.signal });
+  try {
+    await p.sink.run(p.sinkOpts, { store, views, log: p.log, signal: p.signal }, p.backend);
+  } finally {
+    stopStats?.();
+    await source.stop();
+  }
+}
+
+export function buildProgram(run: (fn: (log: Logger, signal: AbortSignal) => Promise<void>) => Promise<void> = runMain): Command {
+  const program = new Command('kpng')
+    .description('Kubernetes Proxy NG: kpng <source> [flags] <sink> [flags] [to-<backend> [flags]]')
+    .enablePositionalOptions()
+    .addOption(new Option('--log-level <level>', 'log level').choices(['trace', 'debug', 'info', 'warn', 'error']).default('info'))
+    .addOption(new Option('--log-format <format>', 'log format').choices(['text', 'json']).default('text'))
+    .showHelpAfterError();
+
+  for (const source of registeredSources()) {
+    const sc = program.command(source.name).description(source.description).enablePositionalOptions();
+    source.options(sc);
+    sc.option('--service-proxy-name <name>', 'handle only Services labelled service.kubernetes.io/service-proxy-name=<name>', '');
+    sc.option('--stats', 'print one stats line per second on stderr');
+    for (const sink of registeredSinks()) {
+      const kc = sc.command(sink.name).description(sink.description).enablePositionalOptions();
+      sink.options(kc);
+      const go = (backend?: { name: string; opts: Record<string, any> }) =>
+        run((log, signal) => runPipeline({ source, sourceOpts: sc.opts(), sink, sinkOpts: kc.opts(), backend, log, signal }));
+      if (!sink.takesBackend) {
+        kc.action(() => go());
+        continue;
+      }
+      for (const b of registeredBackends()) {
+        const bc = kc.command(`to-${b.name}`).description(b.description);
+        addBackendOptions(bc, b);
+        bc.action(() => go({ name: b.name, opts: bc.opts() }));
+      }
+    }
+  }
+  for (const c of registeredCommands()) c(program, run);
+  program.hook('preAction', () => {
+    const o = program.opts();
+    setLogger(createLogger({ level: o.logLevel, format: o.logFormat }));
+  });
+  return program;
+}
+
+/** Runs fn with a logger and a signal that SIGINT/SIGTERM abort, then exits. */
+export async function runMain(fn: (log: Logger, signal: AbortSignal) => Promise<void>): Promise<void> {
+  const { log } = await import('../log.js');
+  const logger = log();
+  const ac = new AbortController();
+  const stop = (sig: string) => {
+    logger.info({ signal: sig }, 'stopping');
+    ac.abort();
+  };
+  process.once('SIGINT', () => stop('SIGINT'));
+  process.once('SIGTERM', () => stop('SIGTERM'));
+  let code = 0;
+  try {
+    await fn(logger, ac.signal);
+  } catch (e) {
+    code = 1;
+    if (e instanceof ConfigError) logger.error({ field: e.field, reason: e.reason }, `invalid configuration: ${e.message}`);
+    else logger.error({ err: e instanceof Error ? e.stack : String(e) }, (e as Error).message ?? 'failed');
+  }
+  // sources may keep watches open: exit explicitly
+  process.exit(code);
+}
+
+export async function main(argv = process.argv): Promise<void> {
+  await buildProgram().parseAsync(argv);
+}

@@ -1,0 +1,224 @@
+// Per-node diff of the node-local state against what the node was last sent.
+// Only services touched since the last diff are recomputed, so the cost of a
+// change is proportional to the services it touched, not to the cluster.
+import { create } from '@bufbuild/protobuf';
+import { NodeSchema as LocalNodeSchema, IPSetSchema, type ServiceCIDR } from '../api/gen/api/localv1/api_pb.js';
+import { LocalSet, bytesEqual, encodeLocalNode, encodeServiceCIDR, type LocalNode } from '../api/model.js';
+import type { Store, StoreChange } from '../store/store.js';
+import type { ServiceViews } from '../localstate/views.js';
+import type { ServiceView, EndpointView } from '../localstate/service-view.js';
+import type { NodeContext } from '../localstate/topology.js';
+import type { LocalOp } from './ops.js';
+
+export interface LocalDiffOptions {
+  /** extra sets beyond services and endpoints (NodesSet, ServiceCIDRsSet) */
+  sets?: readonly LocalSet[];
+}
+
+const NODE_LABEL_PREFIXES = ['topology.kubernetes.io/', 'kubernetes.io/hostname'];
+
+export class LocalDiff {
+  private readonly sent = new Map<string, ServiceView>();
+  private sentNode?: { node: LocalNode; bytes: Uint8Array };
+  private readonly sentCIDRs = new Map<string, { cidr: ServiceCIDR; bytes: Uint8Array }>();
+  private dirty = new Set<string>();
+  private allDirty = true;
+  private nodeDirty = true;
+  private cidrsDirty = true;
+  private first = true;
+  private ctx: NodeContext;
+  private readonly wantNode: boolean;
+  private readonly wantCIDRs: boolean;
+  private readonly unsubscribe: () => void;
+  private wake?: () => void;
+  private closed = false;
+
+  constructor(
+    private readonly store: Store,
+    private readonly views: ServiceViews,
+    readonly nodeName: string,
+    opts: LocalDiffOptions = {},
+  ) {
+    this.wantNode = opts.sets?.includes(LocalSet.NodesSet) ?? false;
+    this.wantCIDRs = opts.sets?.includes(LocalSet.ServiceCIDRsSet) ?? false;
+    this.ctx = this.nodeContext();
+    this.unsubscribe = store.subscribe((c) => this.onChange(c));
+  }
+
+  private onChange(c: StoreChange) {
+    for (const k of c.services) this.dirty.add(k);
+    if (c.nodes.has(this.nodeName)) this.nodeDirty = true;
+    if (c.serviceCIDRs) this.cidrsDirty = true;
+    this.wake?.();
+  }
+
+  /** Something may have changed since the last diff. */
+  get pending(): boolean {
+    return this.first || this.allDirty || this.nodeDirty || this.cidrsDirty || this.dirty.size > 0;
+  }
+
+  /** Resolves when a diff may be non-empty (or the diff is closed). */
+  async changed(): Promise<void> {
+    while (!this.closed && !(this.pending && this.store.allSynced)) {
+      await new Promise<void>((r) => (this.wake = r));
+      this.wake = undefined;
+    }
+  }
+
+  close() {
+    this.closed = true;
+    this.unsubscribe();
+    this.wake?.();
+  }
+
+  /** Forgets what was sent: the next diff is a Reset and the full state. */
+  reset() {
+    this.sent.clear();
+    this.sentNode = undefined;
+    this.sentCIDRs.clear();
+    this.first = true;
+    this.allDirty = this.nodeDirty = this.cidrsDirty = true;
+  }
+
+  private nodeContext(): NodeContext {
+    const n = this.store.getNode(this.nodeName)?.node;
+    return { name: this.nodeName, zone: n?.Topology?.Zone ?? '' };
+  }
+
+  /**
+   * The next change set in kpng's order, ending with Sync; empty when this
+   * node's view did not change. The first one starts with Reset and always
+   * ends with Sync, even for an empty cluster.
+   */
+  next(): LocalOp[] {
+    if (!this.store.allSynced) return [];
+    const first = this.first;
+    this.first = false;
+
+    if (this.nodeDirty) {
+      const ctx = this.nodeContext();
+      if (ctx.zone !== this.ctx.zone) this.allDirty = true; // topology of every service may change
+      this.ctx = ctx;
+    }
+    const keys = this.allDirty ? new Set([...this.store.serviceKeys(), ...this.sent.keys()]) : this.dirty;
+    this.dirty = new Set();
+    this.allDirty = false;
+
+    const svcSets: ServiceView[] = [];
+    const svcDeletes: string[] = [];
+    const namedSets: EndpointView[] = [];
+    const namedDeletes: string[] = [];
+    const anonSets: EndpointView[] = [];
+    const anonDeletes: string[] = [];
+
+    for (const key of keys) {
+      const view = this.views.view(key, this.ctx);
+      const prev = this.sent.get(key);
+      if (view === prev) continue;
+      if (view) this.sent.set(key, view);
+      else this.sent.delete(key);
+      if (view && (!prev || !bytesEqual(prev.bytes, view.bytes))) svcSets.push(view);
+      const prevEps = new Map(prev?.endpoints.map((e) => [e.path, e]));
+      for (const ep of view?.endpoints ?? []) {
+        const old = prevEps.get(ep.path);
+        prevEps.delete(ep.path);
+        if (old && bytesEqual(old.bytes, ep.bytes)) continue;
+        (ep.named ? namedSets : anonSets).push(ep);
+      }
+      for (const old of prevEps.values()) (old.named ? namedDeletes : anonDeletes).push(old.path);
+      if (!view && prev) svcDeletes.push(key);
+    }
+
+    const ops: LocalOp[] = [];
+    if (first) ops.push({ kind: 'reset' });
+    const nodeOps = this.nodeDirty && this.wantNode ? this.diffNode() : { sets: [], deletes: [] };
+    const cidrOps = this.cidrsDirty && this.wantCIDRs ? this.diffCIDRs() : { sets: [], deletes: [] };
+    this.nodeDirty = this.cidrsDirty = false;
+
+    const asc = <T>(f: (x: T) => string) => (a: T, b: T) => (f(a) < f(b) ? -1 : f(a) > f(b) ? 1 : 0);
+    const desc = (a: string, b: string) => (a < b ? 1 : a > b ? -1 : 0);
+    ops.push(...nodeOps.sets, ...cidrOps.sets);
+    for (const v of svcSets.sort(asc((v) => v.key))) {
+      ops.push({ kind: 'set', set: LocalSet.ServicesSet, path: v.key, value: v.service, bytes: v.bytes });
+    }
+    for (const p of anonDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.EndpointsSet, path: p });
+    for (const e of namedSets.sort(asc((e) => e.path))) {
+      ops.push({ kind: 'set', set: LocalSet.EndpointsSet, path: e.path, value: e.endpoint, bytes: e.bytes });
+    }
+    for (const p of namedDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.EndpointsSet, path: p });
+    for (const e of anonSets.sort(asc((e) => e.path))) {
+      ops.push({ kind: 'set', set: LocalSet.EndpointsSet, path: e.path, value: e.endpoint, bytes: e.bytes });
+    }
+    for (const k of svcDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.ServicesSet, path: k });
+    ops.push(...cidrOps.deletes, ...nodeOps.deletes);
+
+    if (!first && ops.length === 0) return [];
+    ops.push({ kind: 'sync' });
+    return ops;
+  }
+
+  private diffNode(): { sets: LocalOp[]; deletes: LocalOp[] } {
+    const stored = this.store.getNode(this.nodeName)?.node;
+    if (!stored) {
+      if (!this.sentNode) return { sets: [], deletes: [] };
+      this.sentNode = undefined;
+      return { sets: [], deletes: [{ kind: 'delete', set: LocalSet.NodesSet, path: this.nodeName }] };
+    }
+    const labels: Record<string, string> = {};
+    for (const k of Object.keys(stored.Labels).sort()) {
+      if (NODE_LABEL_PREFIXES.some((p) => k.startsWith(p))) labels[k] = stored.Labels[k];
+    }
+    const node = create(LocalNodeSchema, {
+      Name: stored.Name,
+      Zone: stored.Topology?.Zone ?? '',
+      IPs: stored.IPs ?? create(IPSetSchema),
+      PodCIDRs: stored.PodCIDRs,
+      Labels: labels,
+      Deleting: stored.Deleting,
+    });
+    const bytes = encodeLocalNode(node);
+    if (this.sentNode && bytesEqual(this.sentNode.bytes, bytes)) return { sets: [], deletes: [] };
+    this.sentNode = { node, bytes };
+    return { sets: [{ kind: 'set', set: LocalSet.NodesSet, path: this.nodeName, value: node, bytes }], deletes: [] };
+  }
+
+  private diffCIDRs(): { sets: LocalOp[]; deletes: LocalOp[] } {
+    const sets: LocalOp[] = [];
+    const deletes: LocalOp[] = [];
+    const now = new Map(this.store.serviceCIDRs().map((c) => [c.cidr.Name, c]));
+    for (const [name, c] of now) {
+      const prev = this.sentCIDRs.get(name);
+      if (prev && bytesEqual(prev.bytes, c.bytes)) continue;
+      const bytes = encodeServiceCIDR(c.cidr);
+      this.sentCIDRs.set(name, { cidr: c.cidr, bytes });
+      sets.push({ kind: 'set', set: LocalSet.ServiceCIDRsSet, path: name, value: c.cidr, bytes });
+    }
+    for (const name of [...this.sentCIDRs.keys()].sort().reverse()) {
+      if (now.has(name)) continue;
+      this.sentCIDRs.delete(name);
+      deletes.push({ kind: 'delete', set: LocalSet.ServiceCIDRsSet, path: name });
+    }
+    return { sets, deletes };
+  }
+}
+
+/**
+ * Drives a sink from a node's diff until the signal aborts: Reset and the
+ * full state first, then one diff (ending with Sync) per change. A sink that
+ * is slow to finish a Sync makes the next diff coalesce everything meanwhile.
+ */
+export async function runLocalDiff(diff: LocalDiff, sink: { send(op: LocalOp): void | Promise<void> }, signal?: AbortSignal): Promise<void> {
+  const onAbort = () => diff.close();
+  signal?.addEventListener('abort', onAbort, { once: true });
+  try {
+    while (!signal?.aborted) {
+      await diff.changed();
+      if (signal?.aborted) break;
+      const ops = diff.next();
+      for (const op of ops) await sink.send(op);
+    }
+  } finally {
+    signal?.removeEventListener('abort', onAbort);
+    diff.close();
+  }
+}

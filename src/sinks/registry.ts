@@ -1,0 +1,41 @@
+// Sinks consume the store (to-file, to-local, to-api). Each registers itself.
+import type { Command } from 'commander';
+import type { Logger } from '../log.js';
+import type { Store } from '../store/store.js';
+import type { ServiceViews } from '../localstate/views.js';
+
+export interface SinkContext {
+  readonly store: Store;
+  /** node-local views, shared by everything that serves nodes */
+  readonly views: ServiceViews;
+  readonly log: Logger;
+  readonly signal: AbortSignal;
+}
+
+/** the backend chosen below a sink like to-local, with its flags */
+export interface SubcommandRun {
+  readonly name: string;
+  readonly opts: Record<string, any>;
+}
+
+export interface SinkDefinition {
+  /** command name, e.g. "to-file" */
+  readonly name: string;
+  readonly description: string;
+  options(cmd: Command): void;
+  /** true for sinks whose work is done by a to-<backend> subcommand (to-local) */
+  readonly takesBackend?: boolean;
+  /** runs until ctx.signal aborts, or until the sink is done (e.g. --once) */
+  run(opts: Record<string, any>, ctx: SinkContext, backend?: SubcommandRun): Promise<void>;
+}
+
+const sinks = new Map<string, SinkDefinition>();
+
+export function registerSink(def: SinkDefinition): void {
+  if (sinks.has(def.name)) throw new Error(`sink ${def.name} registered twice`);
+  sinks.set(def.name, def);
+}
+
+export function registeredSinks(): SinkDefinition[] {
+  return [...sinks.values()];
+}

@@ -1,0 +1,35 @@
+// Applying converted Kubernetes objects to the store, shared by sources.
+import type { StoreTx } from '../store/store.js';
+import type { Converted } from './objects.js';
+
+export type ModelObject = Exclude<Converted, { kind: 'Ignored' }>;
+
+/** kind/namespace/name: identifies an object across reloads */
+export function modelKey(c: ModelObject): string {
+  switch (c.kind) {
+    case 'Service':
+    case 'EndpointSlice':
+      return `${c.kind}/${c.namespace}/${c.name}`;
+    case 'Node':
+    case 'ServiceCIDR':
+      return `${c.kind}/${c.name}`;
+  }
+}
+
+export function applyObject(tx: StoreTx, c: ModelObject): void {
+  switch (c.kind) {
+    case 'Service': return tx.setService(c.service);
+    case 'EndpointSlice': return tx.setSlice(c.namespace, c.name, c.serviceName, c.endpoints);
+    case 'Node': return tx.setNode(c.node);
+    case 'ServiceCIDR': return tx.setServiceCIDR(c.cidr);
+  }
+}
+
+export function deleteObject(tx: StoreTx, c: ModelObject): void {
+  switch (c.kind) {
+    case 'Service': return tx.deleteService(c.namespace, c.name);
+    case 'EndpointSlice': return tx.deleteSlice(c.namespace, c.name);
+    case 'Node': return tx.deleteNode(c.name);
+    case 'ServiceCIDR': return tx.deleteServiceCIDR(c.name);
+  }
+}

@@ -1,0 +1,2 @@
+// Every source registers itself when imported; this is the list.
+import './file/index.js';

@@ -1,0 +1,37 @@
+// Sources fill the store (kube, file, api). Each registers itself; the CLI
+// builds `kpng <source> [flags] <sink> ...` from this registry.
+import type { Command } from 'commander';
+import type { Logger } from '../log.js';
+import type { Store } from '../store/store.js';
+
+export interface SourceContext {
+  readonly store: Store;
+  readonly log: Logger;
+  /** aborted when the process is asked to stop */
+  readonly signal: AbortSignal;
+}
+
+export interface SourceHandle {
+  stop(): Promise<void>;
+}
+
+export interface SourceDefinition {
+  /** command name, e.g. "file" */
+  readonly name: string;
+  readonly description: string;
+  /** declares the source's flags on its command */
+  options(cmd: Command): void;
+  /** starts filling ctx.store; resolves once started (not once synced) */
+  start(opts: Record<string, any>, ctx: SourceContext): Promise<SourceHandle>;
+}
+
+const sources = new Map<string, SourceDefinition>();
+
+export function registerSource(def: SourceDefinition): void {
+  if (sources.has(def.name)) throw new Error(`source ${def.name} registered twice`);
+  sources.set(def.name, def);
+}
+
+export function registeredSources(): SourceDefinition[] {
+  return [...sources.values()];
+}

@@ -1,0 +1,244 @@
+// The global store: every Service, EndpointSlice, Node and ServiceCIDR a
+// source reported, as kpng's global model. Its revision moves only when an
+// update really changed something: writing what is already stored is a no-op
+// (compared on canonical protobuf bytes), so resyncs and irrelevant status
+// updates never wake anyone.
+import { toBinary } from '@bufbuild/protobuf';
+import { EndpointInfoSchema, NodeSchema, type EndpointInfo, type Node } from '../api/gen/api/globalv1/api_pb.js';
+import { ServiceSchema, ServiceCIDRSchema, type Service, type ServiceCIDR } from '../api/gen/api/localv1/api_pb.js';
+import { bytesEqual, serviceKey } from '../api/model.js';
+
+export type Kind = 'services' | 'endpointSlices' | 'nodes' | 'serviceCIDRs';
+export const KINDS: readonly Kind[] = ['services', 'endpointSlices', 'nodes', 'serviceCIDRs'];
+
+export interface StoredService {
+  readonly key: string;
+  readonly service: Service;
+  readonly bytes: Uint8Array;
+}
+
+export interface StoredSlice {
+  /** namespace/slice-name */
+  readonly key: string;
+  readonly namespace: string;
+  readonly name: string;
+  readonly serviceName: string;
+  readonly endpoints: readonly EndpointInfo[];
+  readonly bytes: Uint8Array;
+}
+
+export interface StoredNode {
+  readonly node: Node;
+  readonly bytes: Uint8Array;
+}
+
+export interface StoredServiceCIDR {
+  readonly cidr: ServiceCIDR;
+  readonly bytes: Uint8Array;
+}
+
+/** What one update changed. */
+export interface StoreChange {
+  readonly rev: number;
+  /** services whose Service or EndpointSlices changed (ns/name) */
+  readonly services: ReadonlySet<string>;
+  /** slices set or deleted (ns/slice) */
+  readonly slices: ReadonlySet<string>;
+  readonly nodes: ReadonlySet<string>;
+  readonly serviceCIDRs: boolean;
+  /** true when this update completed the initial sync of every kind */
+  readonly becameSynced: boolean;
+}
+
+export interface StoreTx {
+  setService(svc: Service): void;
+  deleteService(namespace: string, name: string): void;
+  setSlice(namespace: string, name: string, serviceName: string, endpoints: EndpointInfo[]): void;
+  deleteSlice(namespace: string, name: string): void;
+  setNode(node: Node): void;
+  deleteNode(name: string): void;
+  setServiceCIDR(cidr: ServiceCIDR): void;
+  deleteServiceCIDR(name: string): void;
+  /** the source has delivered its full initial state of this kind */
+  setSynced(kind: Kind): void;
+}
+
+type Listener = (change: StoreChange) => void;
+
+export class Store {
+  private readonly services = new Map<string, StoredService>();
+  private readonly slices = new Map<string, StoredSlice>();
+  private readonly slicesByService = new Map<string, Set<string>>();
+  private readonly nodeMap = new Map<string, StoredNode>();
+  private readonly cidrs = new Map<string, StoredServiceCIDR>();
+  /** per-service version: moves when the service or one of its slices changes */
+  private readonly serviceVersions = new Map<string, number>();
+  private readonly synced = new Set<Kind>();
+  private readonly listeners = new Set<Listener>();
+  private revision = 0;
+  private eventCount = 0;
+  private versionCounter = 0;
+
+  /** revisions: updates that really changed something */
+  get rev(): number { return this.revision; }
+  /** writes and deletes received from sources, changed or not */
+  get events(): number { return this.eventCount; }
+  get allSynced(): boolean { return this.synced.size === KINDS.length; }
+
+  isSynced(kind: Kind): boolean { return this.synced.has(kind); }
+
+  /** Applies a batch of writes atomically; listeners hear once if anything changed. */
+  update(fn: (tx: StoreTx) => void): StoreChange | undefined {
+    const services = new Set<string>();
+    const slices = new Set<string>();
+    const nodes = new Set<string>();
+    let cidrsChanged = false;
+    const wasSynced = this.allSynced;
+    let syncFlipped = false;
+
+    const touchService = (key: string) => {
+      services.add(key);
+      this.serviceVersions.set(key, ++this.versionCounter);
+    };
+
+    const tx: StoreTx = {
+      setService: (svc) => {
+        this.eventCount++;
+        const key = serviceKey(svc.Namespace, svc.Name);
+        const bytes = toBinary(ServiceSchema, svc);
+        const prev = this.services.get(key);
+        if (prev && bytesEqual(prev.bytes, bytes)) return;
+        this.services.set(key, { key, service: svc, bytes });
+        touchService(key);
+      },
+      deleteService: (namespace, name) => {
+        this.eventCount++;
+        const key = serviceKey(namespace, name);
+        if (!this.services.delete(key)) return;
+        touchService(key);
+      },
+      setSlice: (namespace, name, serviceName, endpoints) => {
+        this.eventCount++;
+        const key = `${namespace}/${name}`;
+        const bytes = encodeSlice(serviceName, endpoints);
+        const prev = this.slices.get(key);
+        if (prev && bytesEqual(prev.bytes, bytes)) return;
+        if (prev && prev.serviceName !== serviceName) this.unindexSlice(prev);
+        const stored: StoredSlice = { key, namespace, name, serviceName, endpoints, bytes };
+        this.slices.set(key, stored);
+        this.indexSlice(stored);
+        slices.add(key);
+        if (prev && prev.serviceName !== serviceName) touchService(serviceKey(namespace, prev.serviceName));
+        touchService(serviceKey(namespace, serviceName));
+      },
+      deleteSlice: (namespace, name) => {
+        this.eventCount++;
+        const key = `${namespace}/${name}`;
+        const prev = this.slices.get(key);
+        if (!prev) return;
+        this.slices.delete(key);
+        this.unindexSlice(prev);
+        slices.add(key);
+        touchService(serviceKey(namespace, prev.serviceName));
+      },
+      setNode: (node) => {
+        this.eventCount++;
+        const bytes = toBinary(NodeSchema, node);
+        const prev = this.nodeMap.get(node.Name);
+        if (prev && bytesEqual(prev.bytes, bytes)) return;
+        this.nodeMap.set(node.Name, { node, bytes });
+        nodes.add(node.Name);
+      },
+      deleteNode: (name) => {
+        this.eventCount++;
+        if (this.nodeMap.delete(name)) nodes.add(name);
+      },
+      setServiceCIDR: (cidr) => {
+        this.eventCount++;
+        const bytes = toBinary(ServiceCIDRSchema, cidr);
+        const prev = this.cidrs.get(cidr.Name);
+        if (prev && bytesEqual(prev.bytes, bytes)) return;
+        this.cidrs.set(cidr.Name, { cidr, bytes });
+        cidrsChanged = true;
+      },
+      deleteServiceCIDR: (name) => {
+        this.eventCount++;
+        if (this.cidrs.delete(name)) cidrsChanged = true;
+      },
+      setSynced: (kind) => {
+        if (this.synced.has(kind)) return;
+        this.synced.add(kind);
+        syncFlipped = true;
+      },
+    };
+    fn(tx);
+
+    if (!services.size && !slices.size && !nodes.size && !cidrsChanged && !syncFlipped) return undefined;
+    this.revision++;
+    const change: StoreChange = {
+      rev: this.revision,
+      services,
+      slices,
+      nodes,
+      serviceCIDRs: cidrsChanged,
+      becameSynced: !wasSynced && this.allSynced,
+    };
+    for (const l of this.listeners) l(change);
+    return change;
+  }
+
+  /** Listeners run synchronously after each changing update; keep them cheap. */
+  subscribe(l: Listener): () => void {
+    this.listeners.add(l);
+    return () => this.listeners.delete(l);
+  }
+
+  getService(key: string): StoredService | undefined { return this.services.get(key); }
+  /** moves whenever the service or any of its slices changes; 0 if never seen */
+  serviceVersion(key: string): number { return this.serviceVersions.get(key) ?? 0; }
+  serviceKeys(): IterableIterator<string> { return this.services.keys(); }
+  allServices(): IterableIterator<StoredService> { return this.services.values(); }
+
+  slicesOfService(key: string): StoredSlice[] {
+    const keys = this.slicesByService.get(key);
+    if (!keys) return [];
+    const out: StoredSlice[] = [];
+    for (const k of [...keys].sort()) out.push(this.slices.get(k)!);
+    return out;
+  }
+  getSlice(key: string): StoredSlice | undefined { return this.slices.get(key); }
+  allSlices(): IterableIterator<StoredSlice> { return this.slices.values(); }
+
+  getNode(name: string): StoredNode | undefined { return this.nodeMap.get(name); }
+  allNodes(): IterableIterator<StoredNode> { return this.nodeMap.values(); }
+
+  serviceCIDRs(): StoredServiceCIDR[] {
+    return [...this.cidrs.values()].sort((a, b) => (a.cidr.Name < b.cidr.Name ? -1 : 1));
+  }
+
+  private indexSlice(s: StoredSlice) {
+    const key = serviceKey(s.namespace, s.serviceName);
+    let set = this.slicesByService.get(key);
+    if (!set) this.slicesByService.set(key, (set = new Set()));
+    set.add(s.key);
+  }
+
+  private unindexSlice(s: StoredSlice) {
+    const key = serviceKey(s.namespace, s.serviceName);
+    const set = this.slicesByService.get(key);
+    if (!set) return;
+    set.delete(s.key);
+    if (!set.size) this.slicesByService.delete(key);
+  }
+}
+
+function encodeSlice(serviceName: string, endpoints: EndpointInfo[]): Uint8Array {
+  const parts: Uint8Array[] = [Buffer.from(serviceName + '\0')];
+  for (const e of endpoints) {
+    const b = toBinary(EndpointInfoSchema, e);
+    const len = Buffer.alloc(4);
+    len.writeUInt32BE(b.length);
+    parts.push(len, b);
+  }
+  return Buffer.concat(parts);
+}
