@@ -40,7 +40,8 @@ export class ServiceViews {
       e = this.newEntry(key, version);
       this.entries.set(key, e);
     }
-    const cls = e.specialNodes.has(node.name) ? `n:${node.name}` : e.usesZones ? `z:${node.zone}` : '*';
+    const zone = e.usesZones ? `z:${node.zone}` : '*';
+    const cls = e.specialNodes.has(node.name) ? `n:${node.name}|${zone}` : zone;
     if (e.byClass.has(cls)) return e.byClass.get(cls);
     const stored = this.store.getService(key);
     const view = stored ? computeServiceView(stored.service, this.store.slicesOfService(key), node, this.proxyName) : undefined;

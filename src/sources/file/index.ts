@@ -30,7 +30,8 @@ export class FileSource {
   private files = new Map<string, Map<string, ModelObject>>();
   /** what is in the store from us */
   private applied = new Map<string, ModelObject>();
-  private watcher?: FSWatcher;
+  private readonly watchers = new Map<string, FSWatcher>();
+  private only?: string;
   private timer?: NodeJS.Timeout;
   reloads = 0;
 
@@ -49,28 +50,55 @@ export class FileSource {
   }
 
   stop(): void {
-    this.watcher?.close();
+    for (const w of this.watchers.values()) w.close();
+    this.watchers.clear();
     clearTimeout(this.timer);
   }
 
+  // One plain (non-recursive) watch per directory: Node 20's recursive watch
+  // on Linux loses a file once it is replaced by rename, which is how editors
+  // and config tools save.
   private watch() {
     let isDir = false;
     try {
       isDir = statSync(this.input).isDirectory();
     } catch {
-      // a missing input may appear later: watch its directory
+      // a missing input may appear later: its directory is watched
     }
-    const dir = isDir ? this.input : dirname(this.input);
-    const only = isDir ? undefined : basename(this.input);
-    try {
-      this.watcher = watch(dir, { recursive: isDir }, (_event, name) => {
-        if (only && name && basename(name.toString()) !== only) return;
-        clearTimeout(this.timer);
-        this.timer = setTimeout(() => this.reload(), this.opts.debounceMs ?? 100);
-      });
-      this.watcher.on('error', (e) => this.log.error({ err: e.message, path: dir }, 'file source: watch failed; changes are no longer seen'));
-    } catch (e) {
-      this.log.error({ err: (e as Error).message, path: dir }, 'file source: cannot watch');
+    this.only = isDir ? undefined : basename(this.input);
+    this.syncWatchers(isDir ? this.directories() : [dirname(this.input)]);
+  }
+
+  private directories(): string[] {
+    const out: string[] = [];
+    const walk = (d: string) => {
+      out.push(d);
+      try {
+        for (const e of readdirSync(d, { withFileTypes: true })) if (e.isDirectory() && !e.name.startsWith('.')) walk(join(d, e.name));
+      } catch {
+        // vanished meanwhile
+      }
+    };
+    walk(this.input);
+    return out;
+  }
+
+  private syncWatchers(dirs: string[]) {
+    const want = new Set(dirs);
+    for (const [d, w] of this.watchers) if (!want.has(d)) (w.close(), this.watchers.delete(d));
+    for (const d of want) {
+      if (this.watchers.has(d)) continue;
+      try {
+        const w = watch(d, (_event, name) => {
+          if (this.only && name && name.toString() !== this.only) return;
+          clearTimeout(this.timer);
+          this.timer = setTimeout(() => this.reload(), this.opts.debounceMs ?? 100);
+        });
+        w.on('error', () => this.watchers.delete(d));
+        this.watchers.set(d, w);
+      } catch (e) {
+        this.log.error({ err: (e as Error).message, path: d }, 'file source: cannot watch; changes there are not seen');
+      }
     }
   }
 
@@ -115,6 +143,8 @@ export class FileSource {
       for (const [k, o] of desired) if (this.applied.get(k) !== o) applyObject(tx, o);
     });
     this.applied = desired;
+    // directories may have come or gone
+    if (this.watchers.size && this.only === undefined) this.syncWatchers(this.directories());
   }
 
   private readFile(file: string, previous: Map<string, ModelObject> | undefined): Map<string, ModelObject> {

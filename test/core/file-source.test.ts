@@ -1,0 +1,119 @@
+// The file source: kubectl output in files and directories, followed on
+// change, and bad input that never loses the last good state.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync, rmSync, renameSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { stringify } from 'yaml';
+import { Store } from '../../src/store/store.js';
+import { FileSource } from '../../src/sources/file/index.js';
+import { service, slice, node } from '../helpers/k8s.js';
+import { recordingLogger } from '../helpers/logs.js';
+
+function tmp() {
+  const dir = mkdtempSync(join(tmpdir(), 'kpng-file-'));
+  return { dir, done: () => rmSync(dir, { recursive: true, force: true }) };
+}
+
+async function until(cond: () => boolean, what: string, ms = 5000) {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) assert.fail(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+test('a directory of YAML (multi-document, Lists) and JSON files', () => {
+  const t = tmp();
+  try {
+    writeFileSync(join(t.dir, 'a.yaml'), [service('ns', 'a', { clusterIP: '10.96.0.1' }), slice('ns', 'a-1', 'a', [{ ip: '10.0.0.1' }])].map((o) => stringify(o)).join('---\n'));
+    writeFileSync(join(t.dir, 'b.json'), JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [service('ns', 'b', { clusterIP: '10.96.0.2' }), node('n1')] }));
+    writeFileSync(join(t.dir, 'notes.txt'), 'not read');
+    const store = new Store();
+    const src = new FileSource(store, recordingLogger().log, { input: t.dir, watch: false });
+    src.start();
+    assert.deepEqual([...store.serviceKeys()].sort(), ['ns/a', 'ns/b']);
+    assert.equal(store.slicesOfService('ns/a').length, 1);
+    assert.ok(store.getNode('n1'));
+    assert.ok(store.allSynced);
+  } finally {
+    t.done();
+  }
+});
+
+test('an invalid object is skipped with one log line naming file, object and field; the rest applies', () => {
+  const t = tmp();
+  try {
+    const file = join(t.dir, 'c.yaml');
+    writeFileSync(file, [service('ns', 'good', { clusterIP: '10.96.0.1' }), service('ns', 'bad', { ports: [{ name: 'x', port: 99999 }] })].map((o) => stringify(o)).join('---\n'));
+    const rec = recordingLogger();
+    const store = new Store();
+    new FileSource(store, rec.log, { input: file, watch: false }).start();
+    assert.deepEqual([...store.serviceKeys()], ['ns/good']);
+    const errors = rec.records.filter((r) => r.level >= 50);
+    assert.equal(errors.length, 1);
+    assert.equal(errors[0].file, file);
+    assert.equal(errors[0].object, 'Service ns/bad');
+    assert.equal(errors[0].field, 'spec.ports[0].port');
+    assert.match(errors[0].msg, /Service ns\/bad.*spec\.ports\[0\]\.port.*99999/);
+  } finally {
+    t.done();
+  }
+});
+
+test('changes are followed through file events; a broken file keeps its last good objects', async () => {
+  const t = tmp();
+  const rec = recordingLogger();
+  const store = new Store();
+  const file = join(t.dir, 'cluster.yaml');
+  writeFileSync(file, stringify(service('ns', 'a', { clusterIP: '10.96.0.1' })));
+  const src = new FileSource(store, rec.log, { input: t.dir, debounceMs: 30 });
+  try {
+    src.start();
+    assert.deepEqual([...store.serviceKeys()], ['ns/a']);
+
+    // an editor's atomic save: write elsewhere, rename over
+    writeFileSync(join(t.dir, '.tmp'), [service('ns', 'a', { clusterIP: '10.96.0.1' }), service('ns', 'b', { clusterIP: '10.96.0.2' })].map((o) => stringify(o)).join('---\n'));
+    renameSync(join(t.dir, '.tmp'), file);
+    await until(() => store.getService('ns/b') !== undefined, 'ns/b to appear');
+
+    const rev = store.rev;
+    writeFileSync(file, 'kind: Service\nmetadata: {name: [unclosed\n');
+    await until(() => rec.records.some((r) => /cannot parse/.test(r.msg)), 'the parse error');
+    assert.equal(store.rev, rev, 'nothing changed');
+    assert.deepEqual([...store.serviceKeys()].sort(), ['ns/a', 'ns/b']);
+
+    // an object turning invalid keeps its last good version
+    writeFileSync(file, [service('ns', 'a', { clusterIP: 'bogus' }), service('ns', 'b', { clusterIP: '10.96.0.2' })].map((o) => stringify(o)).join('---\n'));
+    await until(() => rec.records.some((r) => r.object === 'Service ns/a' && /last good/.test(r.msg)), 'the invalid object');
+    assert.deepEqual(store.getService('ns/a')!.service.IPs!.ClusterIPs!.V4, ['10.96.0.1']);
+
+    // deleting an object from the file deletes it
+    writeFileSync(file, stringify(service('ns', 'a', { clusterIP: '10.96.0.1' })));
+    await until(() => store.getService('ns/b') === undefined, 'ns/b to go away');
+  } finally {
+    src.stop();
+    t.done();
+  }
+});
+
+test('re-writing a file with the same objects changes nothing', async () => {
+  const t = tmp();
+  const store = new Store();
+  const file = join(t.dir, 'x.yaml');
+  const text = stringify(service('ns', 'a', { clusterIP: '10.96.0.1' }));
+  writeFileSync(file, text);
+  const src = new FileSource(store, recordingLogger().log, { input: file, debounceMs: 20 });
+  try {
+    src.start();
+    const rev = store.rev;
+    const reloads = src.reloads;
+    writeFileSync(file, text);
+    await until(() => src.reloads > reloads, 'a reload');
+    assert.equal(store.rev, rev);
+  } finally {
+    src.stop();
+    t.done();
+  }
+});
