@@ -18,6 +18,7 @@ interface Entry {
 
 export class ServiceViews {
   private readonly entries = new Map<string, Entry>();
+  private readonly unsubscribe: () => void;
   /** views computed (cache misses), for benchmarks and stats */
   computed = 0;
 
@@ -26,11 +27,17 @@ export class ServiceViews {
     readonly proxyName = '',
   ) {
     // drop entries of deleted services as soon as the store forgets them
-    store.subscribe((change) => {
+    this.unsubscribe = store.subscribe((change) => {
       for (const key of change.services) {
         if (!store.getService(key) && store.slicesOfService(key).length === 0) this.entries.delete(key);
       }
     });
+  }
+
+  /** Stops following the store (a ServiceViews that outlives its use would leak). */
+  close(): void {
+    this.unsubscribe();
+    this.entries.clear();
   }
 
   view(key: string, node: NodeContext): ServiceView | undefined {
