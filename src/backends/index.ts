@@ -1,2 +1,3 @@
 // Every backend registers itself when imported; this is the list.
 import './log/index.js';
+import './nft/index.js';

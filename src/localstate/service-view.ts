@@ -64,6 +64,7 @@ interface PortResult {
 interface FamilyEndpoint {
   ip: string;
   hostname: string;
+  nodeName: string;
   local: boolean;
   terminating: boolean;
   ports: PortResult[];
@@ -138,7 +139,7 @@ export function computeServiceView(
             fe = ident.fams.get(family);
           }
           if (!fe) {
-            fe = { ip: c.ip, hostname: c.info.Endpoint?.Hostname ?? '', local: c.local, terminating: !isReady(c), ports: [] };
+            fe = { ip: c.ip, hostname: c.info.Endpoint?.Hostname ?? '', nodeName: c.info.Topology?.Node ?? '', local: c.local, terminating: !isReady(c), ports: [] };
             ident.fams.set(family, fe);
           }
         }
@@ -163,7 +164,7 @@ export function computeServiceView(
         list.push(r);
       }
       for (const [g, ports] of groups) {
-        const sig = `${g}|${fe.local}|${fe.terminating}|${fe.hostname}|` + ports.map((p) => `${p.port.Name}/${p.port.Protocol}=${p.target}`).join(',');
+        const sig = `${g}|${fe.local}|${fe.terminating}|${fe.hostname}|${fe.nodeName}|` + ports.map((p) => `${p.port.Name}/${p.port.Protocol}=${p.target}`).join(',');
         const seg = segments.find((s) => s.sig === sig && !s.fams.some((f) => f === fe || (f.ip.includes(':') === fe.ip.includes(':'))));
         if (seg) seg.fams.push(fe);
         else segments.push({ sig, fams: [fe], ports });
@@ -182,6 +183,7 @@ export function computeServiceView(
         PortOverrides: seg.ports.map((p) => create(PortNameSchema, { Name: p.port.Name, Port: p.target, Protocol: p.port.Protocol })),
         Scopes: create(EndpointScopesSchema, { Internal: r0.internal, External: r0.external, Cluster: r0.cluster }),
         Terminating: first.terminating,
+        NodeName: first.nodeName,
       });
       const bytes = toBinary(EndpointSchema, ep);
       const named = ident.podName !== '' && i === 0;

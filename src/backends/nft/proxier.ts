@@ -1,0 +1,545 @@
+// The nftables proxier: keeps the node-local state from the diff stream,
+// recomputes only the services that changed, and applies each sync as one
+// atomic nft transaction of the differences against the committed state it
+// keeps in memory. A full reconcile (reading the table back) happens only at
+// start-up, adopting what a previous kpng left (nothing is flushed, so
+// established connections and affinity survive a restart), and after a
+// failure.
+import type { Logger } from '../../log.js';
+import type { Family } from '../../api/ip.js';
+import { parseCIDR } from '../../api/ip.js';
+import { ipSetOf, type Endpoint, type LocalNode, type Service, type ServiceCIDR } from '../../api/model.js';
+import type { DecoderHandler } from '../../diff/decoder.js';
+import type { KubeProxyConfiguration } from '../shared/config.js';
+import { servicePorts, normalizeCIDRs } from '../shared/service-ports.js';
+import { ConntrackCleaner, type StaleFlow } from '../shared/conntrack.js';
+import { HealthCheckServers } from '../shared/healthcheck.js';
+import { ElementTable, type ElementDiff } from './elements.js';
+import { portElements, type Element, type LbRequirement, type Slots, type UdpFlow } from './service-elements.js';
+import {
+  TABLE,
+  FAMILIES,
+  BASE_CHAINS,
+  setDeclarations,
+  staticChains,
+  lbChains,
+  affinitySetName,
+  affinitySetBody,
+  type FamilyNames,
+  type StaticInputs,
+} from './ruleset.js';
+import { runNft, listTable, NftError } from './nft.js';
+
+export interface NftProxierOptions {
+  readonly nodeName: string;
+  readonly config: KubeProxyConfiguration;
+  readonly log: Logger;
+  /** print transactions instead of applying them */
+  readonly dryRun?: boolean;
+  /** apply once: no waiting between syncs, failures are thrown */
+  readonly once?: boolean;
+  readonly nftPath?: string;
+  readonly conntrackPath?: string;
+  /** where --dry-run prints */
+  readonly out?: NodeJS.WritableStream;
+  readonly families?: readonly Family[];
+  /** serve healthCheckNodePorts (default true) */
+  readonly healthChecks?: boolean;
+}
+
+interface FamilyState {
+  readonly names: FamilyNames;
+  readonly elements: ElementTable;
+  slots: Slots;
+  /** slot keys each owner uses, to drop them when it goes away */
+  readonly ownerSlots: Map<string, string[]>;
+  readonly ownerLb: Map<string, string[]>;
+  readonly ownerUdp: Map<string, Set<string>>;
+  readonly ownerUdpVips: Map<string, Set<string>>;
+  /** lb chain -> number of owners needing it */
+  readonly lbRefs: Map<string, number>;
+  /** chain -> rules, as committed (undefined: content unknown) */
+  committedChains: Map<string, string[] | undefined>;
+  committedSets: Set<string>;
+  /** set the layout changed: rebuild this family's table */
+  rebuild: boolean;
+}
+
+export interface ProxierStats {
+  syncs: number;
+  fullSyncs: number;
+  failures: number;
+  lastSyncMs: number;
+  lastSuccess: number;
+  lastElementChanges: number;
+  lastTransactionBytes: number;
+}
+
+const MAX_ELEMENTS_PER_COMMAND = 2000;
+
+export class NftProxier implements DecoderHandler {
+  private readonly services = new Map<string, Service>();
+  private readonly endpoints = new Map<string, Map<string, Endpoint>>();
+  private node?: LocalNode;
+  private readonly cidrs = new Map<string, ServiceCIDR>();
+  private dirty = new Set<string>();
+  private nodeDirty = true;
+  private cidrsDirty = true;
+  private needReconcile = true;
+  private failuresInRow = 0;
+  private retryTimer?: NodeJS.Timeout;
+  private lock: Promise<void> = Promise.resolve();
+  private closed = false;
+  private readonly fam: Map<Family, FamilyState>;
+  private readonly conntrack: ConntrackCleaner;
+  private readonly health?: HealthCheckServers;
+  private readonly warned = new Set<string>();
+  readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, lastElementChanges: 0, lastTransactionBytes: 0 };
+
+  constructor(private readonly o: NftProxierOptions) {
+    this.fam = new Map(
+      (o.families ?? [4, 6]).map((f) => [
+        f,
+        {
+          names: FAMILIES[f],
+          elements: new ElementTable(),
+          slots: new Map(),
+          ownerSlots: new Map(),
+          ownerLb: new Map(),
+          ownerUdp: new Map(),
+          ownerUdpVips: new Map(),
+          lbRefs: new Map(),
+          committedChains: new Map(),
+          committedSets: new Set(),
+          rebuild: false,
+        } satisfies FamilyState,
+      ]),
+    );
+    this.conntrack = new ConntrackCleaner(o.log, o.conntrackPath);
+    if (o.healthChecks !== false && !o.dryRun) this.health = new HealthCheckServers(o.log, () => this.failuresInRow === 0);
+  }
+
+  // --- the diff stream
+
+  reset(): void {
+    for (const k of this.services.keys()) this.dirty.add(k);
+    this.services.clear();
+    this.endpoints.clear();
+  }
+
+  setService(svc: Service): void {
+    const key = `${svc.Namespace}/${svc.Name}`;
+    this.services.set(key, svc);
+    this.dirty.add(key);
+  }
+
+  deleteService(namespace: string, name: string): void {
+    const key = `${namespace}/${name}`;
+    this.services.delete(key);
+    this.endpoints.delete(key);
+    this.dirty.add(key);
+  }
+
+  setEndpoint(namespace: string, service: string, key: string, ep: Endpoint): void {
+    const svcKey = `${namespace}/${service}`;
+    let m = this.endpoints.get(svcKey);
+    if (!m) this.endpoints.set(svcKey, (m = new Map()));
+    m.set(key, ep);
+    this.dirty.add(svcKey);
+  }
+
+  deleteEndpoint(namespace: string, service: string, key: string): void {
+    const svcKey = `${namespace}/${service}`;
+    this.endpoints.get(svcKey)?.delete(key);
+    this.dirty.add(svcKey);
+  }
+
+  setNode(node: LocalNode): void {
+    this.node = node;
+    this.nodeDirty = true;
+  }
+
+  deleteNode(): void {
+    this.node = undefined;
+    this.nodeDirty = true;
+  }
+
+  setServiceCIDR(cidr: ServiceCIDR): void {
+    this.cidrs.set(cidr.Name, cidr);
+    this.cidrsDirty = true;
+  }
+
+  deleteServiceCIDR(name: string): void {
+    this.cidrs.delete(name);
+    this.cidrsDirty = true;
+  }
+
+  async sync(): Promise<void> {
+    const started = Date.now();
+    await this.exclusive(() => this.syncNow());
+    if (this.o.once || this.closed) return;
+    // minSyncPeriod, measured from completion: changes meanwhile coalesce
+    const wait = this.o.config.nftables.minSyncPeriodMs - (Date.now() - started);
+    if (wait > 0) await new Promise((r) => setTimeout(r, Math.min(wait, this.o.config.nftables.minSyncPeriodMs)));
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    clearTimeout(this.retryTimer);
+    await this.lock;
+    await this.health?.close();
+  }
+
+  /** true while the last sync succeeded (for health checks) */
+  get healthy(): boolean {
+    return this.failuresInRow === 0;
+  }
+
+  // --- computing
+
+  private exclusive(fn: () => Promise<void>): Promise<void> {
+    const run = this.lock.then(fn);
+    this.lock = run.catch(() => {});
+    return run;
+  }
+
+  private staticInputs(f: FamilyNames): StaticInputs {
+    const c = this.o.config;
+    const mark = `0x${(1 << c.nftables.masqueradeBit).toString(16)}`;
+    const ip = f.ip;
+    let podSource: string | undefined;
+    let notPodSource: string | undefined;
+    const cidrMatch = (cidrs: readonly string[]) => {
+      const mine = cidrs.filter((x) => parseCIDR(x)?.family === f.family);
+      if (!mine.length) return;
+      const set = mine.length === 1 ? mine[0] : `{ ${mine.join(', ')} }`;
+      podSource = `${ip} saddr ${set}`;
+      notPodSource = `${ip} saddr != ${set}`;
+    };
+    switch (c.detectLocalMode) {
+      case 'ClusterCIDR':
+        cidrMatch(c.clusterCIDRs);
+        break;
+      case 'NodeCIDR':
+        cidrMatch(this.node?.PodCIDRs ?? []);
+        if (!podSource) this.warnOnce('nodecidr', 'detectLocalMode NodeCIDR: the node has no pod CIDR yet; pod traffic cannot be told apart');
+        break;
+      case 'BridgeInterface':
+        podSource = `iifname "${c.detectLocal.bridgeInterface}"`;
+        notPodSource = `iifname != "${c.detectLocal.bridgeInterface}"`;
+        break;
+      case 'InterfaceNamePrefix':
+        podSource = `iifname "${c.detectLocal.interfaceNamePrefix}*"`;
+        notPodSource = `iifname != "${c.detectLocal.interfaceNamePrefix}*"`;
+        break;
+    }
+    return { mark, masqueradeAll: c.nftables.masqueradeAll || c.iptables.masqueradeAll, podSource, notPodSource, nodePortsOnAllAddresses: this.nodePortAddresses(f.family) === 'all' };
+  }
+
+  /** 'all', or the addresses/CIDRs (interval set elements) NodePorts are served on */
+  private nodePortAddresses(family: Family): 'all' | string[] {
+    const list = this.o.config.nodePortAddresses.length ? this.o.config.nodePortAddresses : ['primary'];
+    if (list.includes('all')) return 'all';
+    if (list.includes('localhost')) this.warnOnce('localhost-np', 'nodePortAddresses "localhost": NodePorts on 127.0.0.1 are not served by the nftables backend');
+    const out: string[] = [];
+    for (const a of list) {
+      if (a === 'primary') {
+        const ips = ipSetOf(this.node?.IPs, family);
+        if (!ips.length && this.node === undefined) {
+          this.warnOnce(`primary-${family}`, 'nodePortAddresses "primary": the Node is not known yet; serving NodePorts on every local address until it is');
+          return 'all';
+        }
+        out.push(...ips.map((ip) => `${ip}/${family === 4 ? 32 : 128}`));
+      } else if (a !== 'localhost' && parseCIDR(a)?.family === family) out.push(a);
+    }
+    return normalizeCIDRs(out).map(singleAddress);
+  }
+
+  private warnOnce(id: string, msg: string) {
+    if (this.warned.has(id)) return;
+    this.warned.add(id);
+    this.o.log.warn(msg);
+  }
+
+  /** brings the desired state up to date with the services that changed */
+  private recompute(): { stale: StaleFlow[]; fresh: StaleFlow[] } {
+    const stale: StaleFlow[] = [];
+    const fresh: StaleFlow[] = [];
+    for (const [family, st] of this.fam) {
+      const f = st.names;
+      if (this.nodeDirty) {
+        const np = this.nodePortAddresses(family);
+        st.elements.setOwner('node', np === 'all' ? [] : np.map((key) => ({ set: 'nodeport-addresses', key, value: '' })));
+      }
+      if (this.cidrsDirty) {
+        const list = normalizeCIDRs([...this.cidrs.values()].flatMap((c) => c.CIDRs).filter((c) => parseCIDR(c)?.family === family));
+        st.elements.setOwner('service-cidrs', list.map((c) => ({ set: 'service-cidrs', key: singleAddress(c), value: '' })));
+      }
+      const nodeIPs = ipSetOf(this.node?.IPs, family);
+      // a source range covering the node changes with the node's IPs
+      const keys = this.nodeDirty ? new Set([...this.dirty, ...[...this.services.values()].filter((s) => s.IPFilters.length).map((s) => `${s.Namespace}/${s.Name}`)]) : this.dirty;
+      for (const key of keys) {
+        const owner = `svc:${key}`;
+        const svc = this.services.get(key);
+        const elements: Element[] = [];
+        const lbs: LbRequirement[] = [];
+        const udp = new Set<string>();
+        const udpVips = new Set<string>();
+        const nextSlots: Slots = new Map();
+        if (svc) {
+          for (const sp of servicePorts(svc, this.endpoints.get(key)?.values() ?? [], family)) {
+            const pe = portElements(sp, { nodeIPs }, st.slots, nextSlots);
+            elements.push(...pe.elements);
+            lbs.push(...pe.lbChains);
+            for (const u of pe.udpFlows) udp.add(flowKey(u));
+            for (const u of pe.udpWithEndpoints) udpVips.add(flowKey(u));
+          }
+        }
+        st.elements.setOwner(owner, elements);
+        // slots
+        for (const k of st.ownerSlots.get(owner) ?? []) st.slots.delete(k);
+        for (const [k, v] of nextSlots) st.slots.set(k, v);
+        if (nextSlots.size) st.ownerSlots.set(owner, [...nextSlots.keys()]);
+        else st.ownerSlots.delete(owner);
+        // shared lb chains, refcounted
+        const lbNames = [...new Set(lbs.map((r) => lbKey(r)))];
+        for (const n of st.ownerLb.get(owner) ?? []) st.lbRefs.set(n, (st.lbRefs.get(n) ?? 1) - 1);
+        for (const n of lbNames) st.lbRefs.set(n, (st.lbRefs.get(n) ?? 0) + 1);
+        if (lbNames.length) st.ownerLb.set(owner, lbNames);
+        else st.ownerLb.delete(owner);
+        // UDP flows gone (conntrack cleanup), and service IPs getting endpoints
+        const before = st.ownerUdp.get(owner);
+        for (const k of before ?? []) if (!udp.has(k)) stale.push(parseFlow(family, k));
+        const vipsBefore = st.ownerUdpVips.get(owner);
+        for (const k of udpVips) if (!vipsBefore?.has(k) && !k.startsWith('|')) fresh.push(parseFlow(family, k));
+        if (udp.size) st.ownerUdp.set(owner, udp);
+        else st.ownerUdp.delete(owner);
+        if (udpVips.size) st.ownerUdpVips.set(owner, udpVips);
+        else st.ownerUdpVips.delete(owner);
+      }
+      for (const c of st.elements.conflicts) this.warnOnce(`conflict ${family} ${c}`, `two services want the same nftables element (${c}); the first one (by name) wins`);
+      void f;
+    }
+    this.dirty = new Set();
+    this.nodeDirty = this.cidrsDirty = false;
+    return { stale, fresh };
+  }
+
+  /** chain -> rules this family needs now */
+  private desiredChains(st: FamilyState): Map<string, string[]> {
+    const out = staticChains(st.names, this.staticInputs(st.names));
+    for (const [k, refs] of st.lbRefs) {
+      if (refs <= 0) continue;
+      const [kind, proto, n, aff] = k.split('|');
+      for (const [name, rules] of lbChains(st.names, kind as LbRequirement['kind'], proto as LbRequirement['proto'], Number(n), Number(aff))) out.set(name, rules);
+    }
+    return out;
+  }
+
+  private affinitySlots(st: FamilyState): number {
+    let max = 0;
+    for (const [k, refs] of st.lbRefs) {
+      const [, , n, aff] = k.split('|');
+      if (refs > 0 && Number(aff) > 0) max = Math.max(max, Number(n));
+    }
+    return max;
+  }
+
+  // --- applying
+
+  private async syncNow(): Promise<void> {
+    clearTimeout(this.retryTimer);
+    const t0 = Date.now();
+    const { stale, fresh } = this.recompute();
+    const full = this.needReconcile;
+    try {
+      if (full) await this.adopt();
+      const { script, diffs, chains, stats } = this.render(full);
+      if (script) {
+        if (this.o.dryRun) (this.o.out ?? process.stdout).write(script);
+        else await runNft(['-f', '-'], script, this.o.nftPath);
+      }
+      for (const [family, st] of this.fam) {
+        st.elements.commit(diffs.get(family)!);
+        st.committedChains = chains.get(family)!;
+        st.committedSets = new Set([...Object.keys(setDeclarations(st.names)), ...Array.from({ length: this.affinitySlots(st) }, (_, i) => affinitySetName(i)), ...st.committedSets]);
+        st.rebuild = false;
+      }
+      this.needReconcile = false;
+      this.failuresInRow = 0;
+      this.stats.syncs++;
+      if (full) this.stats.fullSyncs++;
+      this.stats.lastSyncMs = Date.now() - t0;
+      this.stats.lastSuccess = Date.now();
+      this.stats.lastElementChanges = stats.elementChanges;
+      this.stats.lastTransactionBytes = script.length;
+      this.o.log.debug({ full, ms: this.stats.lastSyncMs, elementChanges: stats.elementChanges, bytes: script.length }, 'nft: synced');
+      if (full && !this.o.dryRun) await this.deleteUnusedChains();
+    } catch (e) {
+      this.stats.failures++;
+      this.failuresInRow++;
+      this.needReconcile = true;
+      if (this.failuresInRow >= 2) for (const st of this.fam.values()) st.rebuild = true;
+      const msg = e instanceof Error ? e.message : String(e);
+      this.o.log.error({ err: msg, failuresInRow: this.failuresInRow }, 'nft: sync failed; the last good rules stay in place, retrying with a full reconcile');
+      if (this.o.once) throw e;
+      if (!this.closed) {
+        const delay = Math.min(1000 * 2 ** (this.failuresInRow - 1), this.o.config.nftables.syncPeriodMs || 30_000);
+        this.retryTimer = setTimeout(() => void this.exclusive(() => this.syncNow()).catch(() => {}), delay);
+        this.retryTimer.unref?.();
+      }
+      return;
+    }
+    if (!this.o.dryRun) {
+      await this.conntrack.clean([...stale, ...fresh]);
+      this.health?.update(this.healthCheckServices());
+    }
+  }
+
+  /** Reads the kernel's tables back: what a previous kpng (or a failed sync) left. */
+  private async adopt(): Promise<void> {
+    for (const st of this.fam.values()) {
+      const listing = this.o.dryRun || st.rebuild ? undefined : await listTable(st.names.table, TABLE, this.o.nftPath);
+      if (!listing) {
+        st.elements.adopt(new Map());
+        st.committedChains = new Map();
+        st.committedSets = new Set();
+        continue;
+      }
+      // a set whose type changed (an upgrade) cannot be adopted: rebuild the table
+      const decl = setDeclarations(st.names);
+      const probe = [...listing.sets.keys()].filter((n) => n in decl);
+      void probe;
+      st.elements.adopt(listing.elements);
+      st.committedChains = new Map([...listing.chains].map((c) => [c, undefined]));
+      st.committedSets = new Set(listing.sets.keys());
+    }
+  }
+
+  private render(full: boolean): { script: string; diffs: Map<Family, ElementDiff>; chains: Map<Family, Map<string, string[] | undefined>>; stats: { elementChanges: number } } {
+    const lines: string[] = [];
+    const diffs = new Map<Family, ElementDiff>();
+    const chainsOut = new Map<Family, Map<string, string[] | undefined>>();
+    let elementChanges = 0;
+    for (const [family, st] of this.fam) {
+      const f = st.names;
+      const t = `${f.table} ${TABLE}`;
+      const desired = this.desiredChains(st);
+      const committed = st.committedChains;
+      if (full) {
+        if (st.rebuild) lines.push(`add table ${t}`, `delete table ${t}`);
+        lines.push(`add table ${t} { comment "rules for kpng" ; }`);
+        for (const [name, decl] of Object.entries(BASE_CHAINS)) lines.push(`add chain ${t} ${name} { ${decl} }`);
+      }
+      // sets and maps first: chains refer to them
+      const decls = setDeclarations(f);
+      for (const [name, d] of Object.entries(decls)) if (full || !st.committedSets.has(name)) lines.push(`add ${d.kind} ${t} ${name} { ${d.body} }`);
+      for (let i = 0; i < this.affinitySlots(st); i++) {
+        const name = affinitySetName(i);
+        if (full || !st.committedSets.has(name)) lines.push(`add set ${t} ${name} { ${affinitySetBody(f)} }`);
+      }
+      // chains: declare all new ones before any rule (rules jump between them)
+      const changed: string[] = [];
+      for (const [name, rules] of desired) {
+        const have = committed.get(name);
+        if (have && sameRules(have, rules)) continue;
+        if (!(name in BASE_CHAINS) && (!committed.has(name) || full)) lines.push(`add chain ${t} ${name}`);
+        changed.push(name);
+      }
+      for (const name of changed) {
+        if (committed.has(name)) lines.push(`flush chain ${t} ${name}`);
+        for (const r of desired.get(name)!) lines.push(`add rule ${t} ${name} ${r}`);
+      }
+      // elements: deletes, then adds (a changed value is both)
+      const diff = st.elements.diff();
+      elementChanges += diff.deletes.length + diff.adds.length;
+      pushElements(lines, 'delete', t, diff.deletes, false);
+      pushElements(lines, 'add', t, diff.adds, true);
+      diffs.set(family, diff);
+      const next = new Map<string, string[] | undefined>(committed);
+      for (const [name, rules] of desired) next.set(name, rules);
+      chainsOut.set(family, next);
+    }
+    return { script: lines.length ? lines.join('\n') + '\n' : '', diffs, chains: chainsOut, stats: { elementChanges } };
+  }
+
+  /** chains no element or rule points to anymore (after a reconcile) */
+  private async deleteUnusedChains(): Promise<void> {
+    const lines: string[] = [];
+    for (const st of this.fam.values()) {
+      const t = `${st.names.table} ${TABLE}`;
+      const desired = this.desiredChains(st);
+      const unused = [...st.committedChains.keys()].filter((c) => !desired.has(c) && !(c in BASE_CHAINS));
+      for (const c of unused) lines.push(`flush chain ${t} ${c}`);
+      for (const c of unused) lines.push(`delete chain ${t} ${c}`);
+      if (unused.length) {
+        try {
+          await runNft(['-f', '-'], lines.join('\n') + '\n', this.o.nftPath);
+          for (const c of unused) st.committedChains.delete(c);
+        } catch (e) {
+          this.o.log.debug({ err: (e as NftError).message }, 'nft: unused chains stay for now');
+        }
+        lines.length = 0;
+      }
+    }
+  }
+
+  private healthCheckServices() {
+    const out = [];
+    for (const [key, svc] of this.services) {
+      if (!svc.ExternalTrafficToLocal || !svc.HealthCheckNodePort) continue;
+      let local = 0;
+      for (const ep of this.endpoints.get(key)?.values() ?? []) if (ep.Local && ep.Scopes?.External && !ep.Terminating) local++;
+      out.push({ namespace: svc.Namespace, name: svc.Name, port: svc.HealthCheckNodePort, localEndpoints: local });
+    }
+    return out;
+  }
+
+  /** what is programmed, for introspection and tests */
+  desiredElements(family: Family, set: string) {
+    return this.fam.get(family)!.elements.desiredElements(set);
+  }
+
+  get conntrackDeleted(): number {
+    return this.conntrack.deleted;
+  }
+
+  get healthCheckPorts(): number[] {
+    return this.health?.ports() ?? [];
+  }
+}
+
+function lbKey(r: LbRequirement): string {
+  return `${r.kind}|${r.proto}|${r.n}|${r.affinitySeconds}`;
+}
+
+function flowKey(u: UdpFlow): string {
+  return `${u.vip}|${u.port}|${u.endpoint}`;
+}
+
+function parseFlow(family: Family, k: string): StaleFlow {
+  const [vip, port, endpoint] = k.split('|');
+  return { family, vip, port: Number(port), endpoint };
+}
+
+function sameRules(a: readonly string[], b: readonly string[]): boolean {
+  return a.length === b.length && a.every((r, i) => r === b[i]);
+}
+
+/** interval set elements: nft lists a /32 (/128) as the bare address */
+function singleAddress(cidr: string): string {
+  return cidr.endsWith('/32') || cidr.endsWith('/128') ? cidr.slice(0, cidr.lastIndexOf('/')) : cidr;
+}
+
+function pushElements(lines: string[], verb: 'add' | 'delete', t: string, list: readonly Element[], withData: boolean) {
+  const bySet = new Map<string, string[]>();
+  for (const e of list) {
+    let arr = bySet.get(e.set);
+    if (!arr) bySet.set(e.set, (arr = []));
+    const comment = withData && e.comment ? ` comment "${e.comment}"` : '';
+    arr.push(`${e.key}${comment}${withData && e.value ? ` : ${e.value}` : ''}`);
+  }
+  for (const [set, items] of bySet) {
+    for (let i = 0; i < items.length; i += MAX_ELEMENTS_PER_COMMAND) lines.push(`${verb} element ${t} ${set} { ${items.slice(i, i + MAX_ELEMENTS_PER_COMMAND).join(', ')} }`);
+  }
+}

@@ -1,0 +1,195 @@
+// The fixed part of kpng's nftables ruleset: one table per IP family, base
+// chains at kube-proxy's documented priorities, fixed chains, and a constant
+// number of sets and maps. Everything per Service lives in map and set
+// elements (see service-elements.ts); the only chains that vary are shared
+// load-balancing chains, one per endpoint count (lb-*), whatever the number
+// of Services.
+import type { Family } from '../../api/ip.js';
+
+export const TABLE = 'kpng';
+
+export interface FamilyNames {
+  readonly family: Family;
+  /** nft address family of the table */
+  readonly table: 'ip' | 'ip6';
+  /** payload protocol for addresses */
+  readonly ip: 'ip' | 'ip6';
+  readonly addr: 'ipv4_addr' | 'ipv6_addr';
+  readonly loopback: string;
+}
+
+export const FAMILIES: Record<Family, FamilyNames> = {
+  4: { family: 4, table: 'ip', ip: 'ip', addr: 'ipv4_addr', loopback: '127.0.0.0/8' },
+  6: { family: 6, table: 'ip6', ip: 'ip6', addr: 'ipv6_addr', loopback: '::1' },
+};
+
+/**
+ * base chains: name -> declaration, with kube-proxy's names and priorities
+ * (dstnat - 10, filter, dstnat, srcnat), written as numbers because nft 1.0.6
+ * accepts the symbolic "dstnat" only on prerouting.
+ */
+export const BASE_CHAINS: Record<string, string> = {
+  'filter-prerouting-pre-dnat': 'type filter hook prerouting priority -110 ;',
+  'filter-output-pre-dnat': 'type filter hook output priority -110 ;',
+  'filter-input': 'type filter hook input priority 0 ;',
+  'filter-forward': 'type filter hook forward priority 0 ;',
+  'filter-output': 'type filter hook output priority 0 ;',
+  'nat-prerouting': 'type nat hook prerouting priority -100 ;',
+  'nat-output': 'type nat hook output priority -100 ;',
+  'nat-postrouting': 'type nat hook postrouting priority 100 ;',
+};
+
+/** sets and maps: name -> declaration body, for a family */
+export function setDeclarations(f: FamilyNames): Record<string, { kind: 'set' | 'map'; body: string }> {
+  const vip = `${f.addr} . inet_proto . inet_service`;
+  const vmap = (key: string) => ({ kind: 'map' as const, body: `type ${key} : verdict ;` });
+  // one endpoints map per protocol: typing the data with "<proto> dport" (not
+  // "th dport", which nft 1.0.6 cannot read back from the kernel) makes the
+  // lb rule match that protocol only
+  const endpoints: Record<string, { kind: 'map'; body: string }> = {};
+  for (const kind of LB_KINDS) {
+    const key = kind.startsWith('nodeport') ? 'meta l4proto . th dport . ' : `${f.ip} daddr . meta l4proto . th dport . `;
+    for (const proto of PROTOCOLS) endpoints[endpointsMapOf(kind, proto)] = { kind: 'map', body: `typeof ${key}numgen random mod 1 : ${f.ip} daddr . ${proto} dport ;` };
+  }
+  return {
+    ...endpoints,
+    // dispatch: service IP . protocol . port -> where its traffic goes
+    'service-ips': vmap(vip),
+    'service-nodeports': vmap('inet_proto . inet_service'),
+    // external traffic: the load-balancing chain of each policy
+    'external-cluster-lb': vmap(vip),
+    'external-local-lb': vmap(vip),
+    'nodeport-cluster-lb': vmap('inet_proto . inet_service'),
+    'nodeport-local-lb': vmap('inet_proto . inet_service'),
+    // filtering
+    'no-endpoint-services': vmap(vip),
+    'no-endpoint-nodeports': vmap('inet_proto . inet_service'),
+    'cluster-ips': { kind: 'set', body: `type ${f.addr} ;` },
+    'service-cidrs': { kind: 'set', body: `type ${f.addr} ; flags interval ;` },
+    'nodeport-addresses': { kind: 'set', body: `type ${f.addr} ; flags interval ;` },
+    'firewall-ips': { kind: 'set', body: `type ${vip} ;` },
+    'firewall-allow': { kind: 'set', body: `type ${vip} . ${f.addr} ; flags interval ;` },
+    // endpoint . endpoint: a pod reaching itself through its Service
+    hairpin: { kind: 'set', body: `type ${f.addr} . ${f.addr} ;` },
+  };
+}
+
+/** ClientIP affinity: which slot a client (per service IP and port) last used */
+export function affinitySetName(slot: number): string {
+  return `affinity-${slot}`;
+}
+
+export function affinitySetBody(f: FamilyNames): string {
+  return `type ${f.addr} . ${f.addr} . inet_proto . inet_service ; flags dynamic,timeout ; timeout 3h ;`;
+}
+
+export interface StaticInputs {
+  /** 1 << masqueradeBit, as hex */
+  readonly mark: string;
+  readonly masqueradeAll: boolean;
+  /** nft match for "the source is a pod" (detect-local), undefined without a detector */
+  readonly podSource?: string;
+  /** nft match for "the source is not a pod" */
+  readonly notPodSource?: string;
+  /** NodePorts on every local address, or only on @nodeport-addresses */
+  readonly nodePortsOnAllAddresses: boolean;
+}
+
+/** The fixed chains and their rules for a family. */
+export function staticChains(f: FamilyNames, s: StaticInputs): Map<string, string[]> {
+  const ip = f.ip;
+  const vipKey = `${ip} daddr . meta l4proto . th dport`;
+  const mark = `meta mark set meta mark or ${s.mark}`;
+  const nodePortDst = s.nodePortsOnAllAddresses
+    ? `fib daddr type local ${ip} daddr != ${f.loopback}`
+    : `fib daddr type local ${ip} daddr @nodeport-addresses`;
+  const clusterMasq = s.masqueradeAll ? [`${ip} daddr @cluster-ips ${mark}`] : s.notPodSource ? [`${ip} daddr @cluster-ips ${s.notPodSource} ${mark}`] : [];
+  return new Map([
+    ['filter-prerouting-pre-dnat', ['ct state new jump firewall-check']],
+    ['filter-output-pre-dnat', ['ct state new jump firewall-check']],
+    ['filter-input', ['ct state new jump nodeport-endpoints-check', 'ct state new jump service-endpoints-check']],
+    ['filter-forward', ['ct state new jump service-endpoints-check', 'ct state new jump cluster-ips-check']],
+    ['filter-output', ['ct state new jump service-endpoints-check', 'ct state new jump cluster-ips-check']],
+    ['nat-prerouting', ['jump services']],
+    ['nat-output', ['jump services']],
+    ['nat-postrouting', ['jump masquerading']],
+    ['services', [...clusterMasq, `${vipKey} vmap @service-ips`, `${nodePortDst} meta l4proto . th dport vmap @service-nodeports`]],
+    [
+      'masquerading',
+      [`meta mark & ${s.mark} != 0 meta mark set meta mark xor ${s.mark} masquerade fully-random`, `ct status dnat ${ip} saddr . ${ip} daddr @hairpin masquerade fully-random`],
+    ],
+    ['reject-chain', ['reject']],
+    ['service-endpoints-check', [`${vipKey} vmap @no-endpoint-services`]],
+    ['nodeport-endpoints-check', [`${nodePortDst} meta l4proto . th dport vmap @no-endpoint-nodeports`]],
+    ['cluster-ips-check', [`${ip} daddr @cluster-ips reject`, `${ip} daddr @service-cidrs drop`]],
+    ['firewall-check', [`${vipKey} . ${ip} saddr @firewall-allow return`, `${vipKey} @firewall-ips drop`]],
+    // externalTrafficPolicy Cluster: masquerade, then any endpoint
+    ['external-policy-cluster', [mark, `${vipKey} vmap @external-cluster-lb`]],
+    ['nodeport-policy-cluster', [mark, 'meta l4proto . th dport vmap @nodeport-cluster-lb']],
+    // externalTrafficPolicy Local: pods and the node itself short-circuit to
+    // all endpoints (the node masqueraded); the rest keeps its source and
+    // goes to this node's endpoints, or is dropped
+    ['external-policy-local', externalLocal(vipKey, '@external-cluster-lb', '@external-local-lb', s.podSource, mark)],
+    ['nodeport-policy-local', externalLocal('meta l4proto . th dport', '@nodeport-cluster-lb', '@nodeport-local-lb', s.podSource, mark)],
+  ]);
+}
+
+function externalLocal(key: string, cluster: string, local: string, podSource: string | undefined, mark: string): string[] {
+  return [
+    ...(podSource ? [`${podSource} ${key} vmap ${cluster}`] : []),
+    `fib saddr type local ${mark}`,
+    `fib saddr type local ${key} vmap ${cluster}`,
+    `${key} vmap ${local}`,
+  ];
+}
+
+export type LbKind = 'cluster' | 'local' | 'nodeport-cluster' | 'nodeport-local';
+export type Proto = 'tcp' | 'udp' | 'sctp';
+export const LB_KINDS: readonly LbKind[] = ['cluster', 'local', 'nodeport-cluster', 'nodeport-local'];
+export const PROTOCOLS: readonly Proto[] = ['tcp', 'udp', 'sctp'];
+
+/** endpoints by slot, e.g. cluster-endpoints-tcp: the lb chains pick slot numgen random mod N */
+export function endpointsMapOf(kind: LbKind, proto: Proto): string {
+  return `${kind}-endpoints-${proto}`;
+}
+
+/** the chain that load-balances over n endpoints (with affinity: for that timeout) */
+export function lbChainName(kind: LbKind, proto: Proto, n: number, affinitySeconds = 0): string {
+  return affinitySeconds ? `lb-${kind}-${proto}-${n}-affinity-${affinitySeconds}` : `lb-${kind}-${proto}-${n}`;
+}
+
+function slotChainName(kind: LbKind, proto: Proto, slot: number, affinitySeconds: number): string {
+  return `lb-${kind}-${proto}-slot-${slot}-affinity-${affinitySeconds}`;
+}
+
+/**
+ * Load-balancing chains for n endpoints. Without affinity: one dnat through
+ * the endpoints map at slot `numgen random mod n`. With affinity: a client
+ * found in affinity-<i> goes back to slot i; otherwise a random slot, and the
+ * slot chain records the client (refreshing its timeout) before the dnat.
+ */
+export function lbChains(f: FamilyNames, kind: LbKind, proto: Proto, n: number, affinitySeconds: number): Map<string, string[]> {
+  const ip = f.ip;
+  const key = kind.startsWith('nodeport') ? 'meta l4proto . th dport' : `${ip} daddr . meta l4proto . th dport`;
+  const map = `@${endpointsMapOf(kind, proto)}`;
+  const out = new Map<string, string[]>();
+  if (!affinitySeconds) {
+    out.set(lbChainName(kind, proto, n), [`dnat ${ip} to ${key} . numgen random mod ${n} map ${map}`]);
+    return out;
+  }
+  const client = `${ip} saddr . ${ip} daddr . meta l4proto . th dport`;
+  const rules: string[] = [];
+  const slots: string[] = [];
+  for (let i = 0; i < n; i++) {
+    const slot = slotChainName(kind, proto, i, affinitySeconds);
+    rules.push(`${client} @${affinitySetName(i)} goto ${slot}`);
+    slots.push(`${i} : goto ${slot}`);
+    out.set(slot, [
+      `update @${affinitySetName(i)} { ${client} timeout ${affinitySeconds}s }`,
+      `dnat ${ip} to ${key} . numgen random mod 1 offset ${i} map ${map}`,
+    ]);
+  }
+  rules.push(`numgen random mod ${n} vmap { ${slots.join(', ')} }`);
+  out.set(lbChainName(kind, proto, n, affinitySeconds), rules);
+  return out;
+}

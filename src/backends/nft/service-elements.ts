@@ -1,0 +1,144 @@
+// What one service port puts in the kpng table: map and set elements only,
+// plus which shared load-balancing chains it needs.
+import type { ServicePort, Target } from '../shared/service-ports.js';
+import { rangesContain } from '../shared/service-ports.js';
+import { endpointsMapOf, lbChainName, type LbKind, type Proto } from './ruleset.js';
+
+export interface Element {
+  readonly set: string;
+  /** nft element key, e.g. "10.96.0.1 . tcp . 80" */
+  readonly key: string;
+  /** map data ("goto lb-cluster-3", "10.0.0.1 . 8080"), '' for sets */
+  readonly value: string;
+  readonly comment?: string;
+}
+
+export interface LbRequirement {
+  readonly kind: LbKind;
+  readonly proto: Proto;
+  readonly n: number;
+  readonly affinitySeconds: number;
+}
+
+/** A UDP flow this node programs (for conntrack cleanup when it goes away). */
+export interface UdpFlow {
+  /** service IP, or '' for a NodePort (any node address) */
+  readonly vip: string;
+  readonly port: number;
+  readonly endpoint: string;
+}
+
+export interface PortElements {
+  readonly elements: Element[];
+  readonly lbChains: LbRequirement[];
+  readonly udpFlows: UdpFlow[];
+  /** service IP:port (or :NodePort) that have endpoints, for conntrack cleanup of 0 -> N */
+  readonly udpWithEndpoints: UdpFlow[];
+}
+
+/** slot assignments from the previous sync, by endpoints map and key */
+export type Slots = Map<string, string[]>;
+
+/**
+ * Keeps each endpoint at its slot; a removed endpoint's slot is refilled by a
+ * new one, or by the last slot. One endpoint change is then a few element
+ * changes, and clients sticking to other endpoints (affinity) keep them.
+ */
+export function assignSlots(prev: readonly string[] | undefined, targets: readonly string[]): string[] {
+  const want = new Set(targets);
+  const slots: (string | undefined)[] = (prev ?? []).map((t) => (want.has(t) ? t : undefined));
+  const placed = new Set(slots);
+  const incoming = targets.filter((t) => !placed.has(t));
+  for (let i = 0; i < slots.length && incoming.length; i++) if (slots[i] === undefined) slots[i] = incoming.shift();
+  slots.push(...incoming);
+  for (let i = 0; i < slots.length; i++) {
+    if (slots[i] !== undefined) continue;
+    while (slots.length > i && slots[slots.length - 1] === undefined) slots.pop();
+    if (slots.length > i) slots[i] = slots.pop();
+  }
+  return slots as string[];
+}
+
+export interface NodeFacts {
+  /** the node's own addresses of this family (for source ranges covering the node) */
+  readonly nodeIPs: readonly string[];
+}
+
+export function portElements(sp: ServicePort, node: NodeFacts, prevSlots: Slots, nextSlots: Slots): PortElements {
+  const elements: Element[] = [];
+  const lbChains: LbRequirement[] = [];
+  const udpFlows: UdpFlow[] = [];
+  const udpWithEndpoints: UdpFlow[] = [];
+  const comment = sp.portName;
+  const proto = sp.protocol;
+  const P = sp.port.Port;
+  const vipKey = (ip: string) => `${ip} . ${proto} . ${P}`;
+  const noEndpoints = sp.hasEndpoints ? 'drop' : 'goto reject-chain';
+  const add = (set: string, key: string, value = '', withComment = false) => elements.push({ set, key, value, comment: withComment ? comment : undefined });
+
+  /** endpoints of a key in the map of kind; returns the verdict that load-balances over them */
+  const lb = (kind: LbKind, key: string, targets: readonly Target[], vip: string, port: number): string => {
+    const map = endpointsMapOf(kind, proto);
+    const slotKey = `${map}|${key}`;
+    const slots = assignSlots(prevSlots.get(slotKey), targets.map((t) => `${t.ip} . ${t.port}`));
+    nextSlots.set(slotKey, slots);
+    slots.forEach((t, i) => add(map, `${key} . ${i}`, t));
+    lbChains.push({ kind, proto, n: slots.length, affinitySeconds: sp.affinitySeconds });
+    if (proto === 'udp') {
+      for (const t of targets) udpFlows.push({ vip, port, endpoint: t.ip });
+      udpWithEndpoints.push({ vip, port, endpoint: '' });
+    }
+    return `goto ${lbChainName(kind, proto, slots.length, sp.affinitySeconds)}`;
+  };
+
+  // cluster IP: internal traffic policy; masquerading is in the services chain
+  add('cluster-ips', sp.clusterIP);
+  const internalKind: LbKind = sp.internalLocal ? 'local' : 'cluster';
+  if (sp.internal.length) add('service-ips', vipKey(sp.clusterIP), lb(internalKind, vipKey(sp.clusterIP), sp.internal, sp.clusterIP, P), true);
+  else add('no-endpoint-services', vipKey(sp.clusterIP), noEndpoints, true);
+
+  // external IPs and load-balancer IPs: external traffic policy
+  const lbIPs = new Set(sp.loadBalancerIPs);
+  const coversNode = sp.sourceRanges.length > 0 && node.nodeIPs.some((ip) => rangesContain(sp.sourceRanges, ip));
+  for (const vip of new Set([...sp.externalIPs, ...sp.loadBalancerIPs])) {
+    const key = vipKey(vip);
+    if (sp.cluster.length === 0) {
+      add('no-endpoint-services', key, noEndpoints, true);
+    } else {
+      add('service-ips', key, sp.externalLocal ? 'goto external-policy-local' : 'goto external-policy-cluster', true);
+      add('external-cluster-lb', key, lb('cluster', key, sp.cluster, vip, P));
+      if (sp.externalLocal) {
+        if (sp.external.length) add('external-local-lb', key, lb('local', key, sp.external, vip, P));
+        else add('no-endpoint-services', key, 'drop', true);
+      }
+    }
+    // loadBalancerSourceRanges apply to LB IPs only (not NodePorts, not external IPs)
+    if (lbIPs.has(vip) && sp.sourceRanges.length) {
+      add('firewall-ips', key, '', true);
+      for (const r of sp.sourceRanges) add('firewall-allow', `${key} . ${r}`);
+      // traffic from the node itself may come from an LB IP
+      if (coversNode) for (const l of sp.loadBalancerIPs) add('firewall-allow', `${key} . ${l}`);
+    }
+  }
+
+  // NodePort: external traffic policy, any allowed node address
+  if (sp.nodePort) {
+    const key = `${proto} . ${sp.nodePort}`;
+    if (sp.cluster.length === 0) {
+      add('no-endpoint-nodeports', key, noEndpoints, true);
+    } else {
+      add('service-nodeports', key, sp.externalLocal ? 'goto nodeport-policy-local' : 'goto nodeport-policy-cluster', true);
+      add('nodeport-cluster-lb', key, lb('nodeport-cluster', key, sp.cluster, '', sp.nodePort));
+      if (sp.externalLocal) {
+        if (sp.external.length) add('nodeport-local-lb', key, lb('nodeport-local', key, sp.external, '', sp.nodePort));
+        else add('no-endpoint-nodeports', key, 'drop', true);
+      }
+    }
+  }
+
+  // hairpin: endpoints that can be on this node (local, or node unknown)
+  const hairpin = new Set<string>();
+  for (const list of [sp.internal, sp.external, sp.cluster]) for (const t of list) if (t.local || t.nodeName === '') hairpin.add(t.ip);
+  for (const ip of hairpin) add('hairpin', `${ip} . ${ip}`);
+  return { elements, lbChains, udpFlows, udpWithEndpoints };
+}

@@ -1,0 +1,190 @@
+// The nftables backend without packets: what it renders, what one change
+// costs, and, against the real nft in a throwaway namespace, adoption after a
+// restart and minimal transactions.
+import { test, describe, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { Writable } from 'node:stream';
+import { pino } from 'pino';
+import { syncedStore, load, service, slice, node, serviceCIDR } from '../helpers/k8s.js';
+import { ServiceViews } from '../../src/localstate/views.js';
+import { LocalDiff } from '../../src/diff/local-diff.js';
+import { DecoderSink } from '../../src/diff/decoder.js';
+import { LocalSet } from '../../src/api/model.js';
+import { NftProxier } from '../../src/backends/nft/proxier.js';
+import { assignSlots } from '../../src/backends/nft/service-elements.js';
+import { defaultConfig, type KubeProxyConfiguration } from '../../src/backends/shared/config.js';
+import type { Store } from '../../src/store/store.js';
+import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
+
+const quiet = pino({ level: 'silent' });
+
+function config(over: Partial<KubeProxyConfiguration> = {}): KubeProxyConfiguration {
+  const c = defaultConfig();
+  c.clusterCIDRs = ['10.0.0.0/8'];
+  return { ...c, ...over };
+}
+
+/** a proxier fed by a store through the real diff stream */
+function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfiguration } = {}) {
+  const out: string[] = [];
+  const sink = new Writable({ write: (c, _e, cb) => (out.push(String(c)), cb()) });
+  const make = () =>
+    new NftProxier({
+      nodeName: 'n1',
+      config: opts.config ?? config(),
+      log: quiet,
+      dryRun: !opts.ns,
+      once: true,
+      out: sink,
+      nftPath: opts.ns?.wrapper('nft'),
+      conntrackPath: opts.ns?.wrapper('conntrack'),
+      healthChecks: false,
+    });
+  let proxier = make();
+  let diff = new LocalDiff(store, new ServiceViews(store), 'n1', { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
+  let decoder = new DecoderSink(proxier);
+  return {
+    get proxier() { return proxier; },
+    out,
+    async sync(): Promise<string> {
+      out.length = 0;
+      for (const op of diff.next()) await decoder.send(op);
+      return out.join('');
+    },
+    /** a new kpng process: fresh memory, same kernel */
+    restart() {
+      diff.close();
+      proxier = make();
+      decoder = new DecoderSink(proxier);
+      diff = new LocalDiff(store, new ServiceViews(store), 'n1', { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
+    },
+  };
+}
+
+const cluster = () => [
+  node('n1', 'z1', ['192.168.0.2']),
+  serviceCIDR('kubernetes', ['172.30.0.0/16']),
+  service('ns', 'web', { clusterIP: '172.30.0.10' }),
+  slice('ns', 'web-1', 'web', [{ ip: '10.1.0.1', node: 'n1', pod: 'w1' }, { ip: '10.2.0.1', node: 'n2', pod: 'w2' }]),
+  service('ns', 'lb', {
+    type: 'LoadBalancer',
+    clusterIP: '172.30.0.20',
+    externalTrafficPolicy: 'Local',
+    loadBalancerSourceRanges: ['203.0.113.0/25'],
+    ports: [{ name: 'http', port: 80, nodePort: 30080 }],
+  }, { status: { loadBalancer: { ingress: [{ ip: '1.2.3.4' }] } } }),
+  slice('ns', 'lb-1', 'lb', [{ ip: '10.1.0.2', node: 'n1', pod: 'l1' }, { ip: '10.2.0.2', node: 'n2', pod: 'l2' }]),
+  service('ns', 'dns', { clusterIP: '172.30.0.53', ports: [{ name: 'dns', port: 53, protocol: 'UDP' }], sessionAffinity: 'ClientIP', sessionAffinityConfig: { clientIP: { timeoutSeconds: 60 } } }),
+  slice('ns', 'dns-1', 'dns', [{ ip: '10.2.0.3', node: 'n2', pod: 'd1' }], [{ name: 'dns', port: 53, protocol: 'UDP' }]),
+  service('ns', 'empty', { clusterIP: '172.30.0.30' }),
+];
+
+describe('rendering (dry run)', () => {
+  test('the first sync programs every service as elements, with shared lb chains', async () => {
+    const h = harness(syncedStore(cluster()));
+    const tx = await h.sync();
+    assert.match(tx, /add element ip kpng service-ips \{[^}]*172\.30\.0\.10 \. tcp \. 80 comment "ns\/web:http" : goto lb-cluster-tcp-2/);
+    assert.match(tx, /172\.30\.0\.10 \. tcp \. 80 \. 0 : 10\.1\.0\.1 \. 8080/);
+    // eTP=Local LB IP: external dispatch, cluster set for pods/node, this node's endpoint for the rest
+    assert.match(tx, /1\.2\.3\.4 \. tcp \. 80 comment "ns\/lb:http" : goto external-policy-local/);
+    assert.match(tx, /add element ip kpng external-local-lb \{ 1\.2\.3\.4 \. tcp \. 80 : goto lb-local-tcp-1 \}/);
+    assert.match(tx, /add element ip kpng local-endpoints-tcp \{ 1\.2\.3\.4 \. tcp \. 80 \. 0 : 10\.1\.0\.2 \. 8080 \}/);
+    assert.match(tx, /add element ip kpng firewall-allow \{ 1\.2\.3\.4 \. tcp \. 80 \. 203\.0\.113\.0\/25 \}/);
+    assert.match(tx, /tcp \. 30080 comment "ns\/lb:http" : goto nodeport-policy-local/);
+    // no endpoints anywhere: REJECT
+    assert.match(tx, /172\.30\.0\.30 \. tcp \. 80 comment "ns\/empty:http" : goto reject-chain/);
+    // affinity: per-slot sets and chains, not per service
+    assert.match(tx, /add set ip kpng affinity-0 \{ type ipv4_addr \. ipv4_addr \. inet_proto \. inet_service ; flags dynamic,timeout ; timeout 3h ; \}/);
+    assert.match(tx, /goto lb-cluster-udp-1-affinity-60/);
+    // hairpin only for endpoints that can be on this node
+    assert.match(tx, /add element ip kpng hairpin \{[^}]*10\.1\.0\.1 \. 10\.1\.0\.1/);
+    assert.doesNotMatch(tx, /10\.2\.0\.1 \. 10\.2\.0\.1/);
+    // no per-service chain, no anonymous per-service map
+    assert.doesNotMatch(tx, /add chain [^\n]*(web|ns\/)/);
+  });
+
+  test('one endpoint change is a few element changes and no chain', async () => {
+    const store = syncedStore(cluster());
+    const h = harness(store);
+    await h.sync();
+    load(store, [slice('ns', 'web-1', 'web', [{ ip: '10.1.0.1', node: 'n1', pod: 'w1' }, { ip: '10.2.0.9', node: 'n2', pod: 'w3' }])]);
+    const tx = await h.sync();
+    assert.deepEqual(tx.trim().split('\n'), [
+      'delete element ip kpng cluster-endpoints-tcp { 172.30.0.10 . tcp . 80 . 1 }',
+      'add element ip kpng cluster-endpoints-tcp { 172.30.0.10 . tcp . 80 . 1 : 10.2.0.9 . 8080 }',
+    ]);
+  });
+
+  test('a service that goes away leaves nothing behind', async () => {
+    const store = syncedStore(cluster());
+    const h = harness(store);
+    const first = await h.sync();
+    store.update((tx) => {
+      for (const s of ['web', 'lb', 'dns', 'empty']) tx.deleteService('ns', s);
+      for (const s of ['web-1', 'lb-1', 'dns-1']) tx.deleteSlice('ns', s);
+    });
+    const tx = await h.sync();
+    const added = [...first.matchAll(/\{ ([^}]*) \}/g)].filter((m) => !m[0].includes('type ') && !m[0].includes('typeof')).length;
+    assert.ok(added > 0);
+    assert.doesNotMatch(tx, /^add element/m);
+    // every service element is deleted; only the node's and the ServiceCIDR's stay
+    for (const set of ['service-ips', 'service-nodeports', 'cluster-ips', 'cluster-endpoints-tcp', 'local-endpoints-tcp', 'firewall-allow', 'hairpin', 'no-endpoint-services']) {
+      assert.match(tx, new RegExp(`delete element ip kpng ${set} `), set);
+    }
+  });
+
+  test('slots stay put: a removed endpoint is replaced by the last one', () => {
+    assert.deepEqual(assignSlots(['a', 'b', 'c', 'd'], ['a', 'c', 'd']), ['a', 'd', 'c']);
+    assert.deepEqual(assignSlots(['a', 'b', 'c'], ['a', 'c', 'x']), ['a', 'x', 'c']);
+    assert.deepEqual(assignSlots(['a', 'b'], ['b', 'c', 'd']), ['c', 'b', 'd']);
+    assert.deepEqual(assignSlots(undefined, ['a', 'b']), ['a', 'b']);
+    assert.deepEqual(assignSlots(['a', 'b', 'c'], []), []);
+  });
+
+  test('detect-local modes and masqueradeAll shape the fixed chains', async () => {
+    const run = async (over: Partial<KubeProxyConfiguration>) => (await harness(syncedStore(cluster()), { config: config(over) }).sync()).split('\n').filter((l) => l.startsWith('add rule ip kpng services') || l.startsWith('add rule ip kpng external-policy-local')).join('\n');
+    assert.match(await run({}), /services ip daddr @cluster-ips ip saddr != 10\.0\.0\.0\/8 meta mark set/);
+    assert.match(await run({ masqueradeAll: true } as never), /services ip daddr @cluster-ips ip saddr != 10\.0\.0\.0\/8/);
+    const all = config();
+    all.nftables.masqueradeAll = true;
+    assert.match(await run(all), /services ip daddr @cluster-ips meta mark set/);
+    assert.match(await run({ detectLocalMode: 'BridgeInterface', detectLocal: { bridgeInterface: 'cbr0', interfaceNamePrefix: '' } }), /external-policy-local iifname "cbr0" ip daddr/);
+    assert.match(await run({ detectLocalMode: 'InterfaceNamePrefix', detectLocal: { bridgeInterface: '', interfaceNamePrefix: 'veth' } }), /services ip daddr @cluster-ips iifname != "veth\*"/);
+    assert.doesNotMatch(await run({ clusterCIDRs: [] }), /@cluster-ips .*mark set/);
+  });
+});
+
+describe('against nft in a namespace', { skip: canUseNetns() }, () => {
+  let ns: TestNetns;
+  before(() => (ns = createNetns()));
+  after(() => ns?.remove());
+
+  test('a restart adopts the table: nothing is flushed and no element changes', async () => {
+    const store = syncedStore(cluster());
+    const h = harness(store, { ns });
+    await h.sync();
+    const before = ns.exec('nft', ['list', 'table', 'ip', 'kpng']);
+    assert.match(before, /172\.30\.0\.10 \. tcp \. 80 \. 0 : 10\.1\.0\.1 \. 8080/);
+    h.restart();
+    await h.sync();
+    assert.equal(h.proxier.stats.lastElementChanges, 0);
+    assert.equal(ns.exec('nft', ['list', 'table', 'ip', 'kpng']), before);
+    // and a change after the restart is incremental again
+    load(store, [slice('ns', 'web-1', 'web', [{ ip: '10.1.0.1', node: 'n1', pod: 'w1' }])]);
+    await h.sync();
+    assert.equal(h.proxier.stats.lastElementChanges, 3);
+    assert.match(ns.exec('nft', ['list', 'map', 'ip', 'kpng', 'service-ips']), /172\.30\.0\.10 \. tcp \. 80 comment "ns\/web:http" : goto lb-cluster-tcp-1/);
+  });
+
+  test('after a failure the next sync reconciles from the kernel', async () => {
+    const store = syncedStore(cluster());
+    const h = harness(store, { ns });
+    await h.sync();
+    // someone deletes an element behind kpng's back, and a change fails because of it
+    ns.exec('nft', ['delete', 'element', 'ip', 'kpng', 'cluster-endpoints-tcp', '{ 172.30.0.10 . tcp . 80 . 0 }']);
+    load(store, [slice('ns', 'web-1', 'web', [{ ip: '10.1.0.7', node: 'n1', pod: 'w7' }])]);
+    await assert.rejects(h.sync());
+    await h.proxier.sync(); // what the retry timer does in a running kpng: a reconcile
+    assert.match(ns.exec('nft', ['list', 'map', 'ip', 'kpng', 'cluster-endpoints-tcp']), /172\.30\.0\.10 \. tcp \. 80 \. 0 : 10\.1\.0\.7 \. 8080/);
+  });
+});
