@@ -1,18 +1,9 @@
 // One service as one node must see it: the service (with per-node facts) and
 // the endpoints this node may use, each with the scopes it is used for.
-import { clone, toBinary } from '@bufbuild/protobuf';
+import { toBinary } from '@bufbuild/protobuf';
 import { createHash } from 'node:crypto';
-import {
-  ServiceSchema,
-  EndpointSchema,
-  EndpointScopesSchema,
-  PortNameSchema,
-  IPSetSchema,
-  type Service,
-  type Endpoint,
-  type PortMapping,
-} from '../api/gen/api/localv1/api_pb.js';
-import { create } from '@bufbuild/protobuf';
+import { ServiceSchema, type Service, type Endpoint, type PortMapping } from '../api/gen/api/localv1/api_pb.js';
+import { encodeEndpointFast } from '../api/fast-encode.js';
 import type { StoredSlice } from '../store/store.js';
 import { externallyAccessible } from '../api/model.js';
 import { categorize, isReady, type Candidate, type NodeContext } from './topology.js';
@@ -85,7 +76,8 @@ export function computeServiceView(
   const usesCluster = !itpLocal || extAcc;
   const usesLocal = itpLocal || etpLocal;
 
-  const out = clone(ServiceSchema, svc);
+  // the node's copy differs only in the ports' HasEndpoints flags: share the rest
+  const out: Service = { ...svc, Ports: svc.Ports.map((p) => ({ ...p })) };
   // identity (pod name or IP) -> family -> endpoint facts
   const byIdentity = new Map<string, { podName: string; fams: Map<4 | 6, FamilyEndpoint> }>();
 
@@ -173,19 +165,23 @@ export function computeServiceView(
     segments.forEach((seg, i) => {
       const first = seg.fams[0];
       const r0 = seg.ports[0];
-      const ep = create(EndpointSchema, {
+      // message literals: protobuf-es messages are plain objects, and its
+      // reflective create() is a large part of a cold sync
+      const ep: Endpoint = {
+        $typeName: 'localv1.Endpoint',
         Hostname: first.hostname,
-        IPs: create(IPSetSchema, {
+        IPs: {
+          $typeName: 'localv1.IPSet',
           V4: seg.fams.filter((f) => !f.ip.includes(':')).map((f) => f.ip),
           V6: seg.fams.filter((f) => f.ip.includes(':')).map((f) => f.ip),
-        }),
+        },
         Local: first.local,
-        PortOverrides: seg.ports.map((p) => create(PortNameSchema, { Name: p.port.Name, Port: p.target, Protocol: p.port.Protocol })),
-        Scopes: create(EndpointScopesSchema, { Internal: r0.internal, External: r0.external, Cluster: r0.cluster }),
+        PortOverrides: seg.ports.map((p) => ({ $typeName: 'localv1.PortName', Name: p.port.Name, Port: p.target, Protocol: p.port.Protocol })),
+        Scopes: { $typeName: 'localv1.EndpointScopes', Internal: r0.internal, External: r0.external, Cluster: r0.cluster },
         Terminating: first.terminating,
         NodeName: first.nodeName,
-      });
-      const bytes = toBinary(EndpointSchema, ep);
+      };
+      const bytes = encodeEndpointFast(ep);
       const named = ident.podName !== '' && i === 0;
       const path = named ? `${key}/${ident.podName}` : `${key}/${createHash('sha256').update(bytes).digest('hex').slice(0, 16)}`;
       endpoints.push({ path, endpoint: ep, bytes, named });
