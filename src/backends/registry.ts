@@ -7,12 +7,21 @@ import type { LocalSink } from '../diff/ops.js';
 import type { LocalSet } from '../api/model.js';
 import type { KubeProxyConfiguration } from './shared/config.js';
 
+/** How a backend tells the process (health, metrics) what each sync did. */
+export interface SyncReporter {
+  /** everything queued so far is applied */
+  synced(r: { full: boolean; durationMs: number }): void;
+  /** applying failed; the last good rules stay, a retry is scheduled */
+  failed(error: string): void;
+}
+
 export interface BackendContext {
   readonly nodeName: string;
   /** kube-proxy's configuration (defaults applied; from --config if given) */
   readonly config: KubeProxyConfiguration;
   readonly log: Logger;
   readonly signal: AbortSignal;
+  readonly report: SyncReporter;
 }
 
 export interface BackendInstance {
@@ -30,7 +39,19 @@ export interface BackendDefinition {
   readonly description: string;
   /** backend-specific flags (--node-name, --config and --once are added for every backend) */
   options?(cmd: Command): void;
+  /**
+   * A dataplane backend gets kube-proxy's /healthz, /livez and /metrics
+   * servers; this is its answer on /proxyMode (e.g. "nftables").
+   */
+  readonly proxyMode?: string;
+  /** the sync period that bounds health (2 x this), from the configuration */
+  syncPeriodMs?(config: KubeProxyConfiguration): number;
   create(opts: Record<string, any>, ctx: BackendContext): BackendInstance | Promise<BackendInstance>;
+  /**
+   * `kpng cleanup`: removes everything this backend installed on the node
+   * (its tables, chains, sets) and nothing else. Returns what it removed.
+   */
+  cleanup?(log: Logger): Promise<string[]>;
 }
 
 const backends = new Map<string, BackendDefinition>();

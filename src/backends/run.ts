@@ -5,8 +5,11 @@ import { hostname } from 'node:os';
 import type { Command } from 'commander';
 import type { Logger } from '../log.js';
 import type { LocalOp, LocalSink } from '../diff/ops.js';
-import { getBackend, type BackendDefinition, type BackendInstance } from './registry.js';
+import { LocalSet, type LocalNode } from '../api/model.js';
+import { getBackend, type BackendDefinition, type BackendInstance, type SyncReporter } from './registry.js';
 import { addConfigFlags, configFromFlags, type KubeProxyConfiguration } from './shared/config.js';
+import { ProxyHealth, startProxyServers } from './shared/health.js';
+import { metrics, enableProcessMetrics } from './shared/metrics.js';
 
 /** The flags every backend command has, then the backend's own. */
 export function addBackendOptions(cmd: Command, def: BackendDefinition): void {
@@ -21,10 +24,13 @@ export interface StartedBackend {
   readonly instance: BackendInstance;
   readonly nodeName: string;
   readonly config: KubeProxyConfiguration;
-  /** the sink to feed: the backend's, wrapped for --once */
+  /** the sink to feed: the backend's, with health, metrics and --once around it */
   readonly sink: LocalSink;
   /** resolves after the first Sync was applied when --once is set */
   readonly done: Promise<void>;
+  readonly health: ProxyHealth;
+  /** stops the backend and its servers (the dataplane stays) */
+  close(): Promise<void>;
 }
 
 export async function startBackend(name: string, opts: Record<string, any>, log: Logger, signal: AbortSignal): Promise<StartedBackend> {
@@ -32,16 +38,58 @@ export async function startBackend(name: string, opts: Record<string, any>, log:
   if (!def) throw new Error(`unknown backend ${name}`);
   const config = configFromFlags(opts);
   const nodeName = String(opts.nodeName || config.hostnameOverride || hostname());
-  const instance = await def.create(opts, { nodeName, config, log: log.child({ backend: name }), signal });
+  const health = new ProxyHealth(2 * (def.syncPeriodMs?.(config) ?? config.nftables.syncPeriodMs));
+  const report: SyncReporter = {
+    synced: ({ full, durationMs }) => {
+      health.updated();
+      metrics.syncDuration.observe({ ip_family: '' }, durationMs / 1000);
+      (full ? metrics.syncFullDuration : metrics.syncPartialDuration).observe({ ip_family: '' }, durationMs / 1000);
+    },
+    failed: () => {},
+  };
+  const blog = log.child({ backend: name });
+  const instance = await def.create(opts, { nodeName, config, log: blog, signal, report });
+  let closeServers = async () => {};
+  if (def.proxyMode && !opts.once) {
+    enableProcessMetrics();
+    closeServers = await startProxyServers(
+      health,
+      { healthzBindAddress: config.healthzBindAddress, metricsBindAddress: config.metricsBindAddress, proxyMode: def.proxyMode, hardFail: config.bindAddressHardFail },
+      blog,
+    );
+  }
   let resolveDone!: () => void;
   const done = new Promise<void>((r) => (resolveDone = r));
-  const sink: LocalSink = opts.once
-    ? {
-        async send(op: LocalOp) {
-          await instance.sink.send(op);
-          if (op.kind === 'sync') resolveDone();
-        },
+  let inDiff = false;
+  const sink: LocalSink = {
+    async send(op: LocalOp) {
+      if (!inDiff && op.kind !== 'sync') {
+        inDiff = true;
+        health.queued();
       }
-    : instance.sink;
-  return { instance, nodeName, config, sink, done };
+      if (op.kind === 'set' || op.kind === 'delete') {
+        const m = op.set === LocalSet.EndpointsSet ? metrics.endpointChangesTotal : op.set === LocalSet.ServicesSet ? metrics.serviceChangesTotal : undefined;
+        m?.inc();
+        if (op.set === LocalSet.NodesSet) health.nodeEligible = op.kind === 'delete' || !(op.value as LocalNode).Deleting;
+      }
+      metrics.opsSent.inc({ op: op.kind });
+      await instance.sink.send(op);
+      if (op.kind === 'sync') {
+        inDiff = false;
+        if (opts.once) resolveDone();
+      }
+    },
+  };
+  return {
+    instance,
+    nodeName,
+    config,
+    sink,
+    done,
+    health,
+    async close() {
+      await instance.close?.();
+      await closeServers();
+    },
+  };
 }

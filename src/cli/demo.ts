@@ -1,23 +1,243 @@
-// kpng demo: the embedded example through kpng's pipeline.
+// kpng demo: the example cluster built out of network namespaces (this node,
+// the other nodes, one namespace per pod, an outside world), kpng with to-nft
+// programming this node, real connections to a ClusterIP, a NodePort and a
+// LoadBalancer IP, a live endpoint change, and what kpng programmed. Removes
+// everything it made, also on Ctrl-C and on error.
+import { mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { parseAllDocuments, stringify } from 'yaml';
 import type { Logger } from '../log.js';
-import { Store } from '../store/store.js';
-import { ServiceViews } from '../localstate/views.js';
-import { FileSource } from '../sources/file/index.js';
-import { LocalDiff, runLocalDiff } from '../diff/local-diff.js';
-import { formatOp } from '../backends/log/index.js';
+import { flattenObjects } from '../sources/objects.js';
+import { canonicalIP, ipFamily, ipToBig, parseCIDR } from '../api/ip.js';
+import { Lab, labUnsupported, poll, seenSource, verdict, type KpngProcess, type LabProtocol, type Outcome } from '../lab/index.js';
 
 export const EXAMPLE = fileURLToPath(new URL('../../examples/cluster.yaml', import.meta.url));
 
-export async function runDemo(opts: { example?: string }, log: Logger, signal: AbortSignal): Promise<void> {
-  const store = new Store();
-  const src = new FileSource(store, log, { input: opts.example ?? EXAMPLE, watch: false });
-  src.start();
-  const views = new ServiceViews(store);
-  for (const node of ['node-a', 'node-b']) {
-    console.log(`\n# node-local diff stream of ${node}`);
-    const ac = new AbortController();
-    signal.addEventListener('abort', () => ac.abort(), { once: true });
-    await runLocalDiff(new LocalDiff(store, views, node), { send: (op) => { console.log(formatOp(op)); if (op.kind === 'sync') ac.abort(); } }, ac.signal);
+type Obj = Record<string, any>;
+
+const EXTERNAL_CLIENT = '198.51.100.7';
+const CONNECTIONS = 30;
+
+interface Row {
+  service: string;
+  to: string;
+  port: number;
+  protocol: LabProtocol;
+  from: string;
+  fromLabel: string;
+}
+
+function v4Hosts(cidr: string, skip: Set<string>, from: number): string[] {
+  const c = parseCIDR(cidr);
+  if (!c || c.family !== 4) return [];
+  const base = Number(ipToBig(c.ip));
+  const size = 2 ** (32 - c.prefix);
+  const out: string[] = [];
+  for (let i = from; i < size - 1 && out.length < 4; i++) {
+    const n = base + i;
+    const ip = [24, 16, 8, 0].map((s) => (n >>> s) & 255).join('.');
+    if (!skip.has(ip)) out.push(ip);
   }
+  return out;
+}
+
+export async function runDemo(opts: { example?: string; node?: string }, _log: Logger, signal: AbortSignal): Promise<void> {
+  const why = labUnsupported();
+  if (why) throw new Error(`kpng demo builds a cluster out of network namespaces: ${why}`);
+  const t0 = Date.now();
+  const example = opts.example ?? EXAMPLE;
+  const objects = parseAllDocuments(readFileSync(example, 'utf8')).flatMap((d) => flattenObjects(d.toJS())) as Obj[];
+  const of = (kind: string) => objects.filter((o) => o?.kind === kind);
+  const nodes = of('Node');
+  const services = of('Service');
+  const slices = of('EndpointSlice');
+  const me = opts.node ?? nodes[0]?.metadata?.name;
+  const myNode = nodes.find((n) => n.metadata?.name === me);
+  if (!myNode) throw new Error(`kpng demo: no Node ${me} in ${example}`);
+  const nodeIPs = (n: Obj): string[] => (n.status?.addresses ?? []).filter((a: Obj) => a.type === 'InternalIP').map((a: Obj) => canonicalIP(a.address)!).filter(Boolean);
+  const myIPs = nodeIPs(myNode);
+
+  // pods: every endpoint address, on its node
+  const pods = new Map<string, { name: string; node: string; tcp: Set<number>; udp: Set<number> }>();
+  for (const s of slices) {
+    for (const e of s.endpoints ?? []) {
+      for (const a of e.addresses ?? []) {
+        const ip = canonicalIP(a)!;
+        const p = pods.get(ip) ?? { name: e.targetRef?.name ?? `pod-${ip}`, node: nodes.some((n) => n.metadata?.name === e.nodeName) ? e.nodeName : me, tcp: new Set(), udp: new Set() };
+        pods.set(ip, p);
+        for (const port of s.ports ?? []) (port.protocol === 'UDP' ? p.udp : p.tcp).add(port.port);
+      }
+    }
+  }
+  const podName = (ip: string) => pods.get(ip)?.name ?? ip;
+  // a client pod, and the pod the scale-up adds, in this node's pod CIDR
+  const myCIDR = (myNode.spec?.podCIDRs ?? [myNode.spec?.podCIDR]).find((c: string) => c && !c.includes(':')) ?? '10.244.1.0/24';
+  const clientIP = v4Hosts(myCIDR, new Set(pods.keys()), 200)[0];
+  const grow = services.find((s) => (s.spec?.type ?? 'ClusterIP') === 'ClusterIP' && slices.some((sl) => sl.metadata?.labels?.['kubernetes.io/service-name'] === s.metadata?.name && (sl.endpoints ?? []).length >= 2));
+  const growSlice = grow && slices.find((sl) => sl.metadata?.labels?.['kubernetes.io/service-name'] === grow.metadata.name && sl.metadata?.namespace === grow.metadata?.namespace);
+  const newIP = v4Hosts(myCIDR, new Set([...pods.keys(), clientIP]), 10)[0];
+  const newName = growSlice ? `${grow!.metadata.name}-${1 + Math.max(0, ...growSlice.endpoints.map((e: Obj) => Number(/-(\d+)$/.exec(e.targetRef?.name ?? '')?.[1] ?? 0)))}` : 'new-pod';
+
+  const kubeProxy = of('ConfigMap').find((c) => c.metadata?.name === 'kube-proxy')?.data?.['config.conf'];
+  const config = kubeProxy ?? JSON.stringify({ apiVersion: 'kubeproxy.config.k8s.io/v1alpha1', kind: 'KubeProxyConfiguration', mode: 'nftables', clusterCIDR: myCIDR });
+
+  const say = (s = '') => console.log(s);
+  say(`kpng demo: ${example}`);
+  say(`  ${nodes.length} nodes (${me} runs kpng with to-nft; the others sit behind it), ${services.length} Services, ${pods.size} pods, one network namespace each`);
+
+  let lab: Lab | undefined;
+  let kpng: KpngProcess | undefined;
+  const dir = mkdtempSync(join(tmpdir(), 'kpng-demo-'));
+  // a second Ctrl-C must not cut the cleanup short
+  const patience = () => console.error('kpng demo: cleaning up, one moment');
+  process.on('SIGINT', patience);
+  process.on('SIGTERM', patience);
+  try {
+    lab = await Lab.create({
+      tag: 'demo',
+      node: { name: me, interfaces: [{ name: 'eth0', addresses: myIPs.map((ip) => `${ip}/${ipFamily(ip) === 4 ? 24 : 64}`) }] },
+      peers: nodes.filter((n) => n !== myNode).map((n) => ({ name: n.metadata.name, ips: nodeIPs(n) })),
+      pods: [
+        ...[...pods].map(([ip, p]) => ({ name: p.name, ips: [ip], node: p.node === me ? undefined : p.node })),
+        { name: 'client', ips: [clientIP] },
+        ...(growSlice ? [{ name: newName, ips: [newIP] }] : []),
+      ],
+    });
+    await Promise.all([
+      ...[...pods.values()].map((p) => lab!.serve(p.name, { tcp: [...p.tcp], udp: [...p.udp] })),
+      ...(growSlice ? [lab.serve(newName, { tcp: (growSlice.ports ?? []).filter((p: Obj) => p.protocol !== 'UDP').map((p: Obj) => p.port) })] : []),
+    ]);
+    say(`  lab built in ${lab.buildMs} ms: namespaces ${lab.stem}-*`);
+    signal.throwIfAborted();
+
+    // kpng follows a directory holding the example (and, later, its changes)
+    const stateDir = join(dir, 'state');
+    mkdirSync(stateDir);
+    const writeState = (items: Obj[]) => {
+      writeFileSync(join(dir, 'state.tmp'), stringify({ apiVersion: 'v1', kind: 'List', items }));
+      renameSync(join(dir, 'state.tmp'), join(stateDir, 'cluster.yaml'));
+    };
+    writeState(objects);
+    writeFileSync(join(dir, 'kube-proxy.yaml'), config);
+    const args = ['file', '--input', stateDir, 'to-local', 'to-nft', '--node-name', me, '--config', join(dir, 'kube-proxy.yaml')];
+    say(`  running: kpng ${args.join(' ').replaceAll(dir, '$TMP')}   (in ${me}'s namespace)`);
+    kpng = lab.startKpng(args);
+
+    // traffic: ClusterIPs from a pod, NodePorts from outside, LB IPs from both
+    const rows: Row[] = [];
+    for (const s of services) {
+      const sp = s.spec ?? {};
+      const name = s.metadata?.name;
+      for (const p of sp.ports ?? []) {
+        const protocol = (p.protocol ?? 'TCP') as LabProtocol;
+        if (protocol !== 'TCP' && protocol !== 'UDP') continue;
+        const type = sp.type ?? 'ClusterIP';
+        const lbs = (s.status?.loadBalancer?.ingress ?? []).map((i: Obj) => i.ip).filter(Boolean);
+        if (type === 'ClusterIP') rows.push({ service: name, to: sp.clusterIP, port: p.port, protocol, from: clientIP, fromLabel: `pod client` });
+        else if (type === 'NodePort' || (type === 'LoadBalancer' && !lbs.length)) rows.push({ service: name, to: myIPs[0], port: p.nodePort, protocol, from: EXTERNAL_CLIENT, fromLabel: 'outside' });
+        if (type === 'LoadBalancer') for (const lb of lbs) rows.push({ service: name, to: lb, port: p.port, protocol, from: EXTERNAL_CLIENT, fromLabel: 'outside' }, { service: name, to: lb, port: p.port, protocol, from: clientIP, fromLabel: 'pod client' });
+      }
+    }
+    if (!rows.length) throw new Error('kpng demo: the example has no Service to send traffic to');
+    const first = rows[0];
+    const ready = await poll(
+      () => {
+        if (kpng!.process.exitCode !== null) throw new Error(`kpng exited (${kpng!.process.exitCode}):\n${kpng!.stderr.slice(-3000)}`);
+        return lab!.connect({ from: first.from, to: first.to, port: first.port, protocol: first.protocol });
+      },
+      (o) => o.kind === 'answered',
+      { timeoutMs: 30_000, everyMs: 100, signal },
+    );
+    if (!ready.ok) throw new Error(`kpng did not program ${rows[0].to}:${rows[0].port} within 30 s\n${kpng.stderr.slice(-3000)}`);
+    say(`  kpng programmed the node ${ready.ms} ms after it started`);
+
+    const measure = (r: Row) => lab!.burst({ from: r.from, to: r.to, port: r.port, protocol: r.protocol, count: CONNECTIONS });
+    const table = async (rs: Row[]) => {
+      const results = await Promise.all(rs.map(measure));
+      const cells = rs.map((r, i) => [r.service, `${r.to}:${r.port}/${r.protocol}`, `${r.fromLabel} ${r.from}`, spreadText(results[i], r), sawText(results[i], r, lab!)]);
+      printTable(['Service', 'to', 'from', `answered by (of ${CONNECTIONS} connections)`, 'endpoint saw'], cells);
+      return results;
+    };
+    say();
+    say(`Traffic (${CONNECTIONS} new connections each):`);
+    await table(rows);
+    signal.throwIfAborted();
+
+    if (grow && growSlice) {
+      const row = rows.find((r) => r.service === grow.metadata.name)!;
+      const held = await lab.open({ from: row.from, to: row.to, port: row.port, protocol: row.protocol });
+      const heldIP = verdict(held.first, row.to, row.port).replace(/:\d+$/, '');
+      const keep = growSlice.endpoints.filter((e: Obj) => !(e.addresses ?? []).map((a: string) => canonicalIP(a)).includes(heldIP));
+      const added = { addresses: [newIP], conditions: { ready: true, serving: true, terminating: false }, nodeName: me, targetRef: { kind: 'Pod', name: newName, namespace: grow.metadata.namespace } };
+      growSlice.endpoints = [...keep, added];
+      say();
+      say(`Live change: ${grow.metadata.name} scales down (${podName(heldIP)} leaves its EndpointSlice) and ${newName} (${newIP}) joins;`);
+      say(`a connection opened to ${podName(heldIP)} before the change stays open.`);
+      writeState(objects);
+      const want = new Set([...keep.flatMap((e: Obj) => e.addresses.map((a: string) => canonicalIP(a))), newIP]);
+      const moved = await poll(() => measure(row), (out) => out.every((o) => o.kind === 'answered' && want.has(verdict(o, row.to, row.port).replace(/:\d+$/, ''))) && out.some((o) => verdict(o, row.to, row.port).startsWith(`${newIP}:`)), { timeoutMs: 30_000, everyMs: 100, signal });
+      if (!moved.ok) throw new Error(`traffic did not follow the change within 30 s\n${kpng.stderr.slice(-3000)}`);
+      say(`  new connections follow ${moved.ms} ms after the file changed:`);
+      await table([row]);
+      const again = await held.send();
+      const still = again.kind === 'answered' && verdict(again, row.to, row.port).startsWith(`${heldIP}:`);
+      say(`  the connection opened before the change ${still ? `is still answered by ${podName(heldIP)}` : `ended (${again.kind})`}`);
+      await held.close();
+    }
+    signal.throwIfAborted();
+
+    const listed = await lab.exec(me, ['nft', 'list', 'table', 'ip', 'kpng']);
+    const lines = listed.stdout.split('\n').filter((l) => l.trim());
+    say();
+    say(`What kpng programmed on ${me} (nft list table ip kpng: ${lines.length} lines, ${lines.filter((l) => /^\s*chain /.test(l)).length} chains, ${lines.filter((l) => /^\s*(map|set) /.test(l)).length} maps and sets):`);
+    for (const l of trimNft(lines, 45)) say(`  ${l}`);
+  } catch (e) {
+    if (!signal.aborted) throw e;
+    say();
+    say('Interrupted.');
+  } finally {
+    const stopped = kpng ? await kpng.stop('SIGTERM', 5000) : undefined;
+    const n = lab?.namespaces.length ?? 0;
+    await lab?.close();
+    rmSync(dir, { recursive: true, force: true });
+    say();
+    if (lab) say(`Cleaned up: ${stopped === undefined ? '' : `kpng stopped (exit ${stopped}), `}${n} network namespaces deleted (${((Date.now() - t0) / 1000).toFixed(1)} s in all).`);
+    process.off('SIGINT', patience);
+    process.off('SIGTERM', patience);
+  }
+}
+
+function spreadText(out: Outcome[], r: Row): string {
+  const counts = new Map<string, number>();
+  for (const o of out) {
+    const k = o.kind === 'answered' ? o.by : verdict(o, r.to, r.port);
+    counts.set(k, (counts.get(k) ?? 0) + 1);
+  }
+  return [...counts]
+    .sort((a, b) => a[0].localeCompare(b[0]))
+    .map(([k, n]) => `${k} ${n}`)
+    .join(', ');
+}
+
+function sawText(out: Outcome[], r: Row, lab: Lab): string {
+  const seen = new Set(out.map(seenSource).filter(Boolean) as string[]);
+  return [...seen]
+    .map((ip) => (ip === r.from ? `the client (${ip})` : lab.isNodeAddress(ip) ? `${lab.nodeName} (${ip}, masqueraded)` : ip))
+    .join(', ');
+}
+
+function printTable(head: string[], rows: string[][]) {
+  const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
+  const line = (cells: string[]) => '  ' + cells.map((c, i) => c.padEnd(w[i])).join('  ').trimEnd();
+  console.log(line(head));
+  console.log(line(w.map((n) => '-'.repeat(n))));
+  for (const r of rows) console.log(line(r));
+}
+
+/** The table's first lines, then how many more there are. */
+function trimNft(lines: string[], max: number): string[] {
+  if (lines.length <= max) return lines;
+  return [...lines.slice(0, max), `... ${lines.length - max} more lines (all of it: nft list table ip kpng, in the node's namespace)`];
 }

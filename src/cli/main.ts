@@ -37,7 +37,7 @@ export async function runPipeline(p: {
   const stopStats = p.sourceOpts.stats ? startStats(store) : undefined;
   const source = await p.source.start(p.sourceOpts, { store, log: p.log, signal: p.signal });
   try {
-    await p.sink.run(p.sinkOpts, { store, views, log: p.log, signal: p.signal }, p.backend);
+    await p.sink.run(p.sinkOpts, { store, views, log: p.log, signal: p.signal, nodeName: p.sourceOpts.nodeName }, p.backend);
   } finally {
     stopStats?.();
     await source.stop();
@@ -57,6 +57,7 @@ export function buildProgram(run: (fn: (log: Logger, signal: AbortSignal) => Pro
     source.options(sc);
     sc.option('--service-proxy-name <name>', 'handle only Services labelled service.kubernetes.io/service-proxy-name=<name>', '');
     sc.option('--stats', 'print one stats line per second on stderr');
+    sc.option('--node-name <name>', 'the node whose state sinks and backends use, unless they name one themselves');
     for (const sink of registeredSinks()) {
       const kc = sc.command(sink.name).description(sink.description).enablePositionalOptions();
       sink.options(kc);

@@ -10,6 +10,8 @@ export interface SinkContext {
   readonly views: ServiceViews;
   readonly log: Logger;
   readonly signal: AbortSignal;
+  /** --node-name given at the source (`kpng file --node-name N to-local ...`) */
+  readonly nodeName?: string;
 }
 
 /** the backend chosen below a sink like to-local, with its flags */

@@ -3,10 +3,14 @@ import { DecoderSink } from '../../diff/decoder.js';
 import { LocalSet } from '../../api/model.js';
 import { registerBackend } from '../registry.js';
 import { NftProxier } from './proxier.js';
+import { runNft } from './nft.js';
+import { TABLE } from './ruleset.js';
 
 registerBackend({
   name: 'nft',
   description: "program this node with nftables (kube-proxy's nftables mode semantics)",
+  proxyMode: 'nftables',
+  syncPeriodMs: (c) => c.nftables.syncPeriodMs,
   options(cmd) {
     cmd
       .option('--dry-run', 'print each nft transaction on stdout instead of applying it')
@@ -24,12 +28,26 @@ registerBackend({
       nftPath: opts.nftPath,
       conntrackPath: opts.conntrackPath,
       healthChecks: opts.healthChecks,
+      report: ctx.report,
     });
     return {
       sink: new DecoderSink(proxier),
       sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet],
       close: () => proxier.close(),
     };
+  },
+  async cleanup(log) {
+    const removed: string[] = [];
+    for (const family of ['ip', 'ip6']) {
+      try {
+        await runNft(['delete', 'table', family, TABLE]);
+        removed.push(`nftables table ${family} ${TABLE}`);
+      } catch (e) {
+        // no table: nothing of ours there
+        if (!/No such file or directory/.test((e as { stderr?: string }).stderr ?? '')) log.warn({ err: (e as Error).message }, 'cleanup: nft failed');
+      }
+    }
+    return removed;
   },
 });
 

@@ -10,6 +10,8 @@ import type { Family } from '../../api/ip.js';
 import { parseCIDR } from '../../api/ip.js';
 import { ipSetOf, type Endpoint, type LocalNode, type Service, type ServiceCIDR } from '../../api/model.js';
 import type { DecoderHandler } from '../../diff/decoder.js';
+import type { SyncReporter } from '../registry.js';
+import { metrics } from '../shared/metrics.js';
 import type { KubeProxyConfiguration } from '../shared/config.js';
 import { servicePorts, normalizeCIDRs } from '../shared/service-ports.js';
 import { ConntrackCleaner, type StaleFlow } from '../shared/conntrack.js';
@@ -45,6 +47,8 @@ export interface NftProxierOptions {
   readonly families?: readonly Family[];
   /** serve healthCheckNodePorts (default true) */
   readonly healthChecks?: boolean;
+  /** told about every sync (health, metrics) */
+  readonly report?: SyncReporter;
 }
 
 interface FamilyState {
@@ -94,6 +98,10 @@ export class NftProxier implements DecoderHandler {
   private readonly conntrack: ConntrackCleaner;
   private readonly health?: HealthCheckServers;
   private readonly warned = new Set<string>();
+  private readonly noLocalInternal = new Set<string>();
+  /** UDP flows to clean once a sync succeeds (a failed sync must not lose them) */
+  private pendingFlows: StaleFlow[] = [];
+  private readonly noLocalExternal = new Set<string>();
   readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, lastElementChanges: 0, lastTransactionBytes: 0 };
 
   constructor(private readonly o: NftProxierOptions) {
@@ -265,6 +273,7 @@ export class NftProxier implements DecoderHandler {
   private recompute(): { stale: StaleFlow[]; fresh: StaleFlow[] } {
     const stale: StaleFlow[] = [];
     const fresh: StaleFlow[] = [];
+    for (const key of this.dirty) this.noLocalEndpoints(key);
     for (const [family, st] of this.fam) {
       const f = st.names;
       if (this.nodeDirty) {
@@ -351,14 +360,21 @@ export class NftProxier implements DecoderHandler {
     clearTimeout(this.retryTimer);
     const t0 = Date.now();
     const { stale, fresh } = this.recompute();
+    this.pendingFlows.push(...stale, ...fresh);
     const full = this.needReconcile;
+    const computed = Date.now();
+    metrics.stageDuration.observe({ stage: 'compute' }, (computed - t0) / 1000);
     try {
       if (full) await this.adopt();
       const { script, diffs, chains, stats } = this.render(full);
+      const rendered = Date.now();
+      metrics.stageDuration.observe({ stage: 'render' }, (rendered - computed) / 1000);
       if (script) {
         if (this.o.dryRun) (this.o.out ?? process.stdout).write(script);
         else await runNft(['-f', '-'], script, this.o.nftPath);
       }
+      metrics.stageDuration.observe({ stage: 'apply' }, (Date.now() - rendered) / 1000);
+      metrics.elementChanges.inc(stats.elementChanges);
       for (const [family, st] of this.fam) {
         st.elements.commit(diffs.get(family)!);
         st.committedChains = chains.get(family)!;
@@ -374,6 +390,8 @@ export class NftProxier implements DecoderHandler {
       this.stats.lastElementChanges = stats.elementChanges;
       this.stats.lastTransactionBytes = script.length;
       this.o.log.debug({ full, ms: this.stats.lastSyncMs, elementChanges: stats.elementChanges, bytes: script.length }, 'nft: synced');
+      this.o.report?.synced({ full, durationMs: this.stats.lastSyncMs });
+      this.updateNoLocalEndpoints();
       if (full && !this.o.dryRun) await this.deleteUnusedChains();
     } catch (e) {
       this.stats.failures++;
@@ -381,6 +399,8 @@ export class NftProxier implements DecoderHandler {
       this.needReconcile = true;
       if (this.failuresInRow >= 2) for (const st of this.fam.values()) st.rebuild = true;
       const msg = e instanceof Error ? e.message : String(e);
+      metrics.nftablesSyncFailures.inc({ ip_family: '' });
+      this.o.report?.failed(msg);
       this.o.log.error({ err: msg, failuresInRow: this.failuresInRow }, 'nft: sync failed; the last good rules stay in place, retrying with a full reconcile');
       if (this.o.once) throw e;
       if (!this.closed) {
@@ -391,7 +411,9 @@ export class NftProxier implements DecoderHandler {
       return;
     }
     if (!this.o.dryRun) {
-      await this.conntrack.clean([...stale, ...fresh]);
+      const flows = this.pendingFlows;
+      this.pendingFlows = [];
+      await this.conntrack.clean(flows);
       this.health?.update(this.healthCheckServices());
     }
   }
@@ -482,6 +504,20 @@ export class NftProxier implements DecoderHandler {
         lines.length = 0;
       }
     }
+  }
+
+  /** kubeproxy_sync_proxy_rules_no_local_endpoints_total, kept per service as they change */
+  private noLocalEndpoints(key: string) {
+    const svc = this.services.get(key);
+    const eps = [...(this.endpoints.get(key)?.values() ?? [])];
+    const set = (on: boolean, s: Set<string>) => (on ? s.add(key) : s.delete(key));
+    set(!!svc?.InternalTrafficToLocal && !eps.some((e) => e.Local && e.Scopes?.Internal), this.noLocalInternal);
+    set(!!svc?.ExternalTrafficToLocal && !eps.some((e) => e.Local && e.Scopes?.External), this.noLocalExternal);
+  }
+
+  private updateNoLocalEndpoints() {
+    metrics.noLocalEndpoints.set({ traffic_policy: 'internal', ip_family: '' }, this.noLocalInternal.size);
+    metrics.noLocalEndpoints.set({ traffic_policy: 'external', ip_family: '' }, this.noLocalExternal.size);
   }
 
   private healthCheckServices() {

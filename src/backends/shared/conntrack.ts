@@ -5,6 +5,7 @@
 import { spawn } from 'node:child_process';
 import type { Logger } from '../../log.js';
 import type { Family } from '../../api/ip.js';
+import { metrics } from './metrics.js';
 
 export interface StaleFlow {
   readonly family: Family;
@@ -49,7 +50,10 @@ export class ConntrackCleaner {
       });
       p.on('close', (code) => {
         const m = /(\d+) flow entries have been deleted/.exec(err);
-        if (m) this.deleted += Number(m[1]);
+        if (m) {
+          this.deleted += Number(m[1]);
+          metrics.conntrackDeleted.inc({ ip_family: f.family === 4 ? 'IPv4' : 'IPv6' }, Number(m[1]));
+        }
         // exit 1 with "0 flow entries" just means there was nothing to delete
         if (code !== 0 && !m) {
           this.failures++;

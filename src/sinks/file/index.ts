@@ -70,12 +70,13 @@ registerSink({
     const onAbort = () => stop.abort();
     ctx.signal.addEventListener('abort', onAbort, { once: true });
     try {
-      if (opts.nodeName) {
+      const nodeName: string | undefined = opts.nodeName ?? ctx.nodeName;
+      if (nodeName) {
         const sink = new FullStateSink((state) => {
           write(nodeStateDocument(state));
           if (opts.once) stop.abort();
         });
-        const diff = new LocalDiff(ctx.store, ctx.views, opts.nodeName, { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
+        const diff = new LocalDiff(ctx.store, ctx.views, nodeName, { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
         await runLocalDiff(diff, sink, stop.signal);
         return;
       }

@@ -1,0 +1,232 @@
+// The packet-flow scenarios (test/data/flows, see its README) through the lab:
+// the lab a scenario needs, the state and configuration kpng gets, and the
+// check of one flow against what really happened to its packets.
+import { readFileSync, readdirSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import { canonicalIP, cidrContains, ipFamily, parseCIDR } from '../../src/api/ip.js';
+import { describeOutcome, hostPort, seenSource, spread, verdict, type Lab, type LabSpec, type Outcome } from '../../src/lab/index.js';
+import { kubeProxyConfig, list } from './lab-kpng.js';
+
+type Obj = Record<string, any>;
+
+export const FLOWS_DIR = fileURLToPath(new URL('../data/flows/', import.meta.url));
+
+export interface Flow {
+  name: string;
+  sourceIP: string;
+  protocol: 'TCP' | 'UDP' | 'SCTP';
+  destIP: string;
+  destPort: number;
+  output: string;
+  masq: boolean;
+}
+
+export interface Scenario {
+  source: string;
+  test: string;
+  subtest?: string;
+  step?: number;
+  node: { name: string; ips: string[]; primaryIP: string; labels: Record<string, string>; interfaces: { name: string; addresses: string[] }[] };
+  config: {
+    proxyMode: 'nftables' | 'iptables';
+    ipFamily: 'IPv4' | 'IPv6';
+    clusterCIDR: string | null;
+    detectLocal: 'ClusterCIDR' | 'None';
+    serviceCIDRs?: string[];
+    nodePortAddresses: string[];
+    masqueradeAll: boolean;
+    masqueradeBit: number;
+  };
+  services: Obj[];
+  endpointSlices: Obj[];
+  flows: Flow[];
+  notes?: string[];
+}
+
+export function scenarioFiles(mode: 'nftables' | 'iptables'): string[] {
+  return readdirSync(FLOWS_DIR)
+    .filter((f) => f.startsWith(`${mode}_`) && f.endsWith('.json'))
+    .sort();
+}
+
+export function loadScenario(file: string): Scenario {
+  return JSON.parse(readFileSync(FLOWS_DIR + file, 'utf8'));
+}
+
+// Pod addresses when the scenario has no clusterCIDR (detectLocal None): the
+// README's pods are in 10.0.0.0/8 and fd00:10::/64 all the same.
+const POD_NETS = ['10.0.0.0/8', 'fd00:10::/64'];
+
+function podNets(s: Scenario) {
+  return [...(s.config.clusterCIDR ? [s.config.clusterCIDR] : []), ...POD_NETS].map((c) => parseCIDR(c)!);
+}
+
+const podName = (ip: string) => `pod-${ip.replace(/[.:]+/g, '-').replace(/^-|-$/g, '')}`;
+
+function endpointIPs(s: Scenario): string[] {
+  return [...new Set(s.endpointSlices.flatMap((sl) => (sl.endpoints ?? []).flatMap((e: Obj) => (e.addresses ?? []).map((a: string) => canonicalIP(a) ?? a))))];
+}
+
+/**
+ * The lab for a scenario: the node with its interfaces; one pod per endpoint
+ * address; one pod per flow source inside the pod network that is not an
+ * endpoint; every other source is the node (its own addresses) or the world.
+ */
+export function labSpecFor(s: Scenario, tag = 'flows'): LabSpec {
+  const nodeIPs = new Set(s.node.interfaces.flatMap((i) => i.addresses.map((a) => canonicalIP(a.split('/')[0])!)));
+  const pods = new Set(endpointIPs(s));
+  const nets = podNets(s);
+  for (const f of s.flows) {
+    const ip = canonicalIP(f.sourceIP)!;
+    if (!nodeIPs.has(ip) && nets.some((c) => cidrContains(c, ip))) pods.add(ip);
+  }
+  return {
+    tag,
+    node: { name: s.node.name, interfaces: s.node.interfaces },
+    pods: [...pods].filter((ip) => !nodeIPs.has(ip)).map((ip) => ({ name: podName(ip), ips: [ip] })),
+  };
+}
+
+/** The Kubernetes objects kpng reads: Services, EndpointSlices, the Node, the ServiceCIDR. */
+export function stateFor(s: Scenario): Obj {
+  const primary = canonicalIP(s.node.primaryIP)!;
+  const other = s.node.ips.find((ip) => ipFamily(ip) !== ipFamily(primary));
+  const node = {
+    apiVersion: 'v1',
+    kind: 'Node',
+    metadata: { name: s.node.name, labels: { 'kubernetes.io/hostname': s.node.name, ...s.node.labels } },
+    spec: {},
+    status: { addresses: [primary, ...(other ? [other] : [])].map((address) => ({ type: 'InternalIP', address })) },
+  };
+  const cidrs = s.config.serviceCIDRs?.length
+    ? [{ apiVersion: 'networking.k8s.io/v1', kind: 'ServiceCIDR', metadata: { name: 'kubernetes' }, spec: { cidrs: s.config.serviceCIDRs } }]
+    : [];
+  return list([node, ...cidrs, ...s.services, ...s.endpointSlices]);
+}
+
+export function configFor(s: Scenario): Obj {
+  return kubeProxyConfig({
+    mode: s.config.proxyMode,
+    localhostNodePorts: (s.config as { localhostNodePorts?: boolean }).localhostNodePorts,
+    clusterCIDR: s.config.detectLocal === 'ClusterCIDR' ? (s.config.clusterCIDR ?? '') : '',
+    nodePortAddresses: s.config.nodePortAddresses,
+    masqueradeAll: s.config.masqueradeAll,
+  });
+}
+
+const runnable = (f: Flow) => f.protocol === 'TCP' || f.protocol === 'UDP';
+
+/**
+ * Servers for every flow: endpoints on their ports; the node and the world on
+ * every flow port (so a packet kpng leaves alone is answered, from the address
+ * it was sent to). Not on a healthCheckNodePort: kpng may serve it.
+ */
+export async function serveScenario(lab: Lab, s: Scenario): Promise<void> {
+  const hc = new Set(s.services.map((x) => x.spec?.healthCheckNodePort).filter(Boolean));
+  const flows = s.flows.filter(runnable);
+  const ports = (p: string) => [...new Set(flows.filter((f) => f.protocol === p).map((f) => f.destPort))];
+  const tcp = ports('TCP');
+  const udp = ports('UDP');
+  const byIP = new Map<string, { tcp: Set<number>; udp: Set<number> }>();
+  for (const sl of s.endpointSlices) {
+    for (const e of sl.endpoints ?? []) {
+      for (const a of e.addresses ?? []) {
+        const ip = canonicalIP(a)!;
+        const m = byIP.get(ip) ?? { tcp: new Set<number>(), udp: new Set<number>() };
+        byIP.set(ip, m);
+        for (const p of sl.ports ?? []) {
+          if ((p.protocol ?? 'TCP') === 'TCP') m.tcp.add(p.port);
+          if (p.protocol === 'UDP') m.udp.add(p.port);
+        }
+      }
+    }
+  }
+  const jobs: Promise<void>[] = [];
+  const nodeExtra = { tcp: new Set<number>(), udp: new Set<number>() };
+  for (const [ip, m] of byIP) {
+    const owner = lab.ownerOf(ip);
+    if (owner === lab.nodeName) {
+      m.tcp.forEach((p) => nodeExtra.tcp.add(p));
+      m.udp.forEach((p) => nodeExtra.udp.add(p));
+      continue;
+    }
+    jobs.push(lab.serve(owner, { tcp: [...m.tcp, ...tcp], udp: [...m.udp, ...udp] }));
+  }
+  for (const ip of labSpecFor(s).pods!.flatMap((p) => p.ips)) if (!byIP.has(ip)) jobs.push(lab.serve(lab.ownerOf(ip), { tcp, udp }));
+  jobs.push(
+    lab.serve(lab.nodeName, { tcp: [...tcp, ...nodeExtra.tcp].filter((p) => !hc.has(p)), udp: [...udp, ...nodeExtra.udp].filter((p) => !hc.has(p)) }),
+    lab.serve('world', { tcp, udp, udpHosts: [...new Set(flows.filter((f) => f.protocol === 'UDP').map((f) => canonicalIP(f.destIP)!))] }),
+  );
+  await Promise.all(jobs);
+}
+
+/** The Service a flow is addressed to (by ClusterIP/externalIP/LB IP and port, or NodePort). */
+function serviceOf(s: Scenario, f: Flow): Obj | undefined {
+  const dst = canonicalIP(f.destIP);
+  return s.services.find((svc) => {
+    const sp = svc.spec ?? {};
+    const ips = [...(sp.clusterIPs ?? [sp.clusterIP]), ...(sp.externalIPs ?? []), ...(svc.status?.loadBalancer?.ingress ?? []).map((i: Obj) => i.ip)]
+      .filter(Boolean)
+      .map((x: string) => canonicalIP(x));
+    return (sp.ports ?? []).some((p: Obj) => (ips.includes(dst) && p.port === f.destPort) || p.nodePort === f.destPort);
+  });
+}
+
+export function parseEndpoints(output: string): string[] {
+  return output
+    .split(',')
+    .map((x) => x.trim())
+    .filter(Boolean);
+}
+
+export interface FlowResult {
+  problems: string[];
+  outcomes: Outcome[];
+}
+
+/**
+ * Sends a flow's packets for real and compares with the expectation:
+ * endpoints (as a set; with several, a bounded number of connections, all
+ * answered by one of them, more than one seen unless the Service has ClientIP
+ * affinity), REJECT, DROP or "", and masq (the endpoint saw a node address
+ * instead of the client's).
+ */
+export async function checkFlow(lab: Lab, s: Scenario, f: Flow, timeoutMs = 1500): Promise<FlowResult> {
+  const problems: string[] = [];
+  const client = canonicalIP(f.sourceIP)!;
+  const expectEndpoints = !['', 'DROP', 'REJECT', 'ACCEPT'].includes(f.output);
+  const want = expectEndpoints ? new Set(parseEndpoints(f.output)) : undefined;
+  const affinity = serviceOf(s, f)?.spec?.sessionAffinity === 'ClientIP';
+  const count = !want ? 1 : want.size === 1 ? 3 : Math.min(40, Math.max(16, 10 * want.size));
+  const protocol = f.protocol as 'TCP' | 'UDP';
+  const outcomes = count === 1 ? [await lab.connect({ from: client, to: f.destIP, port: f.destPort, protocol, timeoutMs })] : await lab.burst({ from: client, to: f.destIP, port: f.destPort, protocol, timeoutMs, count });
+  const verdicts = outcomes.map((o) => verdict(o, f.destIP, f.destPort));
+  const show = () => `\n  observed: ${[...spread(outcomes)].map(([k, n]) => `${k || '""'}×${n}`).join(', ')}\n  first: ${describeOutcome(outcomes[0])}`;
+
+  if (want) {
+    const bad = verdicts.filter((v) => !want.has(v));
+    if (bad.length) problems.push(`expected only ${[...want].join(', ')}; got ${[...new Set(bad)].map((b) => b || '"" (not DNATed)').join(', ')}${show()}`);
+    const seen = new Set(verdicts.filter((v) => want.has(v)));
+    if (want.size > 1 && !affinity && seen.size < 2 && !bad.length) problems.push(`expected the connections to spread over ${[...want].join(', ')}; all ${count} went to ${[...seen].join(', ')}`);
+  } else {
+    const expected = f.output === '' ? '' : f.output;
+    if (verdicts.some((v) => v !== expected)) problems.push(`expected ${expected === '' ? '"" (not DNATed: answered by the destination itself)' : expected}; got ${verdicts[0] || '"" (not DNATed)'}${show()}`);
+  }
+  for (const o of outcomes) {
+    if (o.kind !== 'answered') continue;
+    const saw = seenSource(o)!;
+    if (f.masq && (saw === client || !lab.isNodeAddress(saw))) {
+      problems.push(`expected masquerade (the endpoint sees a node address); ${o.by} saw ${saw}${saw === client ? ' (the client itself)' : ''}`);
+      break;
+    }
+    if (!f.masq && saw !== client) {
+      problems.push(`expected no masquerade; ${o.by} saw ${saw} instead of the client ${client}${lab.isNodeAddress(saw) ? ' (a node address: masqueraded)' : ''}`);
+      break;
+    }
+  }
+  return { problems, outcomes };
+}
+
+export function flowTitle(f: Flow, i: number): string {
+  return `#${i} ${f.name} [${f.protocol} ${hostPort(f.sourceIP, 0).replace(/:0$/, '')} -> ${hostPort(f.destIP, f.destPort)}] => ${f.output === '' ? '""' : f.output}${f.masq ? ' (masq)' : ''}`;
+}

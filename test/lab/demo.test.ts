@@ -1,0 +1,76 @@
+// `kpng demo` as users run it (the README's first command): real traffic
+// through a namespace cluster, a live change, the programmed table; exit 0
+// and nothing left behind, also when interrupted.
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { KPNG_BIN, listNamespaces } from '../../src/lab/index.js';
+import { nftLabUnsupported } from '../helpers/lab-kpng.js';
+
+const skip = await nftLabUnsupported();
+
+function demo(opts: { interruptWhen?: RegExp } = {}): Promise<{ code: number | null; out: string; ms: number }> {
+  const t0 = Date.now();
+  // its own process group, so that an interrupt reaches it and its children as Ctrl-C does
+  const p = spawn(process.execPath, [KPNG_BIN, 'demo'], { detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  let sent = false;
+  const onData = (d: Buffer) => {
+    out += d;
+    if (opts.interruptWhen && !sent && opts.interruptWhen.test(out)) {
+      sent = true;
+      process.kill(-p.pid!, 'SIGINT');
+    }
+  };
+  p.stdout.on('data', onData);
+  p.stderr.on('data', onData);
+  const timer = setTimeout(() => process.kill(-p.pid!, 'SIGKILL'), 90_000);
+  return new Promise((resolve) =>
+    p.on('close', (code) => {
+      clearTimeout(timer);
+      resolve({ code, out, ms: Date.now() - t0 });
+    }),
+  );
+}
+
+const stemOf = (out: string) => /namespaces (kpng-demo-\d+-[0-9a-f]+)-\*/.exec(out)?.[1];
+
+describe('kpng demo', { skip }, () => {
+  it('runs the example cluster, shows traffic spread and following a change, exits 0 and cleans up', async () => {
+    const r = await demo();
+    assert.equal(r.code, 0, r.out);
+    assert.ok(r.ms < 60_000, `took ${r.ms} ms`);
+    const stem = stemOf(r.out);
+    assert.ok(stem, r.out);
+    assert.deepEqual(listNamespaces().filter((n) => n.startsWith(stem!)), [], 'namespaces left behind');
+    const row = (re: RegExp) => r.out.split('\n').find((l) => re.test(l)) ?? '';
+    // ClusterIP from a pod: all three web pods, the client's address kept
+    assert.match(row(/^\s+web\s+10\.96\.0\.10:80\/TCP\s+pod client/), /web-1 \d+, web-2 \d+, web-3 \d+\s+the client/);
+    // NodePort from outside (eTP=Cluster): both nodes' pods, masqueraded by node-a
+    assert.match(row(/^\s+echo\s+192\.168\.50\.2:30007\/TCP\s+outside/), /echo-1 \d+, echo-2 \d+\s+node-a \(.*masqueraded\)/);
+    assert.match(row(/^\s+echo\s+192\.168\.50\.2:30007\/UDP\s+outside/), /echo-1 \d+, echo-2 \d+/);
+    // LoadBalancer (eTP=Local) from outside: only node-a's pod, client address kept; from a pod: both
+    assert.match(row(/^\s+shop\s+203\.0\.113\.10:80\/TCP\s+outside/), /shop-1 30\s+the client/);
+    assert.match(row(/^\s+shop\s+203\.0\.113\.10:80\/TCP\s+pod client/), /shop-1 \d+, shop-2 \d+/);
+    // the live change: web-4 joins, the removed pod no longer gets new connections
+    const left = /\((web-\d) leaves its EndpointSlice\)/.exec(r.out)?.[1];
+    assert.ok(left, r.out);
+    const after = r.out.slice(r.out.indexOf('new connections follow'));
+    const webRow = after.split('\n').find((l) => /^\s+web\s+10\.96\.0\.10/.test(l)) ?? '';
+    assert.match(webRow, /web-4 \d+/);
+    assert.ok(!webRow.includes(`${left} `), webRow);
+    assert.match(r.out, new RegExp(`opened before the change is still answered by ${left}`));
+    assert.match(r.out, /table ip kpng \{/);
+    assert.match(r.out, /Cleaned up: kpng stopped \(exit 0\), \d+ network namespaces deleted/);
+  });
+
+  it('on Ctrl-C, stops and removes everything it made', async () => {
+    const r = await demo({ interruptWhen: /running: kpng/ });
+    assert.equal(r.code, 0, r.out);
+    assert.match(r.out, /Interrupted/);
+    assert.match(r.out, /Cleaned up: .*network namespaces deleted/);
+    const stem = stemOf(r.out);
+    assert.ok(stem, r.out);
+    assert.deepEqual(listNamespaces().filter((n) => n.startsWith(stem!)), []);
+  });
+});

@@ -1,0 +1,83 @@
+// IPv6: ClusterIP and NodePort, single-stack IPv6 and dual-stack Services,
+// through the ip6 table.
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { Lab, POD_GATEWAY, describeOutcome, seenSource, verdict } from '../../src/lab/index.js';
+import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
+import { answeredBy, applyOnce, kubeProxyConfig, nftLabUnsupported } from '../helpers/lab-kpng.js';
+
+const skip = await nftLabUnsupported();
+const NODE6 = '2001:db8::1';
+
+describe('IPv6 ClusterIP and NodePort', { skip }, () => {
+  let lab: Lab;
+  before(async () => {
+    lab = await Lab.create({
+      tag: 'ipv6',
+      node: { name: 'node-a', interfaces: [{ name: 'eth0', addresses: ['192.168.0.2/24', `${NODE6}/64`] }] },
+      pods: [
+        { name: 'web-1', ips: ['10.244.1.10', 'fd00:10::10'] },
+        { name: 'web-2', ips: ['10.244.1.11', 'fd00:10::11'] },
+        { name: 'client', ips: ['10.244.1.50', 'fd00:10::50'] },
+      ],
+    });
+    await Promise.all(['web-1', 'web-2'].map((p) => lab.serve(p, { tcp: [8080], udp: [5353] })));
+    await applyOnce(
+      lab,
+      [
+        node('node-a', undefined, ['192.168.0.2', NODE6]),
+        serviceCIDR('kubernetes', ['10.96.0.0/16', 'fd00:96::/112']),
+        service('demo', 'web6', {
+          type: 'NodePort',
+          clusterIP: 'fd00:96::10',
+          ipFamilies: ['IPv6'],
+          ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: 8080, nodePort: 30080 }, { name: 'dns', port: 53, protocol: 'UDP', targetPort: 5353, nodePort: 30053 }],
+        }),
+        slice('demo', 'web6-1', 'web6', [{ ip: 'fd00:10::10', node: 'node-a' }, { ip: 'fd00:10::11', node: 'node-a' }], [{ name: 'http', port: 8080 }, { name: 'dns', port: 5353, protocol: 'UDP' }]),
+        service('demo', 'dual', {
+          clusterIP: '10.96.0.20',
+          clusterIPs: ['10.96.0.20', 'fd00:96::20'],
+          ipFamilies: ['IPv4', 'IPv6'],
+          ipFamilyPolicy: 'RequireDualStack',
+          ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: 8080 }],
+        }),
+        slice('demo', 'dual-v4', 'dual', [{ ip: '10.244.1.10', node: 'node-a' }]),
+        slice('demo', 'dual-v6', 'dual', [{ ip: 'fd00:10::11', node: 'node-a' }]),
+      ],
+      kubeProxyConfig({ clusterCIDR: '10.244.0.0/16,fd00:10::/64' }),
+    );
+  });
+  after(() => lab?.close());
+
+  it('a pod reaches an IPv6 ClusterIP: both endpoints, unmasqueraded (TCP and UDP)', async () => {
+    for (const [port, protocol, target] of [[80, 'TCP', 8080], [53, 'UDP', 5353]] as const) {
+      const out = await lab.burst({ from: 'fd00:10::50', to: 'fd00:96::10', port, protocol, count: 20 });
+      assert.deepEqual(answeredBy(out), [`[fd00:10::10]:${target}`, `[fd00:10::11]:${target}`], out.map(describeOutcome).join('\n'));
+      for (const o of out) assert.equal(seenSource(o), 'fd00:10::50');
+    }
+  });
+
+  it('an external IPv6 client reaches the NodePort on the node\'s IPv6 address, masqueraded', async () => {
+    const out = await lab.burst({ from: '2600:5200::1', to: NODE6, port: 30080, count: 20 });
+    assert.deepEqual(answeredBy(out), ['[fd00:10::10]:8080', '[fd00:10::11]:8080'], out.map(describeOutcome).join('\n'));
+    for (const o of out) assert.equal(seenSource(o), POD_GATEWAY[6]);
+    const udp = await lab.connect({ from: '2600:5200::1', to: NODE6, port: 30053, protocol: 'UDP' });
+    assert.match(verdict(udp, NODE6, 30053), /^\[fd00:10::1[01]\]:5353$/, describeOutcome(udp));
+  });
+
+  it('a known IPv6 ClusterIP on an undefined port is rejected; an unallocated one in the service CIDR is dropped', async () => {
+    const [rej, drop] = await Promise.all([
+      lab.connect({ from: 'fd00:10::50', to: 'fd00:96::10', port: 443 }),
+      lab.connect({ from: 'fd00:10::50', to: 'fd00:96::99', port: 80 }),
+    ]);
+    assert.equal(verdict(rej, 'fd00:96::10', 443), 'REJECT', describeOutcome(rej));
+    assert.equal(verdict(drop, 'fd00:96::99', 80), 'DROP', describeOutcome(drop));
+  });
+
+  it('a dual-stack Service answers on both ClusterIPs, each from its family\'s endpoints', async () => {
+    const v4 = await lab.connect({ from: '10.244.1.50', to: '10.96.0.20', port: 80 });
+    const v6 = await lab.connect({ from: 'fd00:10::50', to: 'fd00:96::20', port: 80 });
+    assert.equal(verdict(v4, '10.96.0.20', 80), '10.244.1.10:8080', describeOutcome(v4));
+    assert.equal(verdict(v6, 'fd00:96::20', 80), '[fd00:10::11]:8080', describeOutcome(v6));
+  });
+});
