@@ -1,13 +1,15 @@
 // A hand-written protobuf encoder for localv1.Endpoint, the most frequent
 // message (one per endpoint per node view). Byte-identical to
 // toBinary(EndpointSchema) (test/core/fast-encode.test.ts checks it), and
-// several times faster: a cold sync encodes every endpoint once.
+// several times faster: a cold sync encodes every endpoint once. Two scratch
+// writers are reused (Endpoint's submessages do not nest), so encoding
+// allocates only its result.
 import type { Endpoint } from './gen/api/localv1/api_pb.js';
 
 const utf8 = new TextEncoder();
 
 class Writer {
-  buf = new Uint8Array(128);
+  buf = new Uint8Array(1024);
   pos = 0;
 
   private ensure(n: number) {
@@ -43,8 +45,16 @@ class Writer {
   }
 
   string(field: number, s: string) {
-    const b = utf8.encode(s);
     this.tag(field, 2);
+    let ascii = true;
+    for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) > 0x7f) (ascii = false), (i = s.length);
+    if (ascii) {
+      this.varint(s.length);
+      this.ensure(s.length);
+      for (let i = 0; i < s.length; i++) this.buf[this.pos++] = s.charCodeAt(i);
+      return;
+    }
+    const b = utf8.encode(s);
     this.varint(b.length);
     this.ensure(b.length);
     this.buf.set(b, this.pos);
@@ -56,49 +66,45 @@ class Writer {
     this.varint(v ? 1 : 0);
   }
 
-  /** writes a length-delimited submessage */
-  message(field: number, write: (w: Writer) => void) {
-    const sub = new Writer();
-    write(sub);
+  /** appends a finished submessage from `sub` (which is then reset) */
+  message(field: number, sub: Writer) {
     this.tag(field, 2);
     this.varint(sub.pos);
     this.ensure(sub.pos);
     this.buf.set(sub.buf.subarray(0, sub.pos), this.pos);
     this.pos += sub.pos;
-  }
-
-  finish(): Uint8Array {
-    return this.buf.slice(0, this.pos);
+    sub.pos = 0;
   }
 }
 
+const main = new Writer();
+const sub = new Writer();
+
 export function encodeEndpointFast(e: Endpoint): Uint8Array {
-  const w = new Writer();
+  const w = main;
+  w.pos = 0;
+  sub.pos = 0;
   if (e.Hostname) w.string(1, e.Hostname);
   if (e.IPs) {
-    const ips = e.IPs;
-    w.message(2, (m) => {
-      for (const ip of ips.V4) m.string(1, ip);
-      for (const ip of ips.V6) m.string(2, ip);
-    });
+    for (const ip of e.IPs.V4) sub.string(1, ip);
+    for (const ip of e.IPs.V6) sub.string(2, ip);
+    w.message(2, sub);
   }
   if (e.Local) w.bool(3, true);
   for (const p of e.PortOverrides) {
-    w.message(4, (m) => {
-      if (p.Name) m.string(1, p.Name);
-      if (p.Port) (m.tag(2, 0), m.varint(p.Port));
-      if (p.Protocol) (m.tag(3, 0), m.varint(p.Protocol));
-    });
+    if (p.Name) sub.string(1, p.Name);
+    if (p.Port) (sub.tag(2, 0), sub.varint(p.Port));
+    if (p.Protocol) (sub.tag(3, 0), sub.varint(p.Protocol));
+    w.message(4, sub);
   }
   if (e.Scopes) {
     const s = e.Scopes;
-    w.message(5, (m) => {
-      if (s.Internal) m.bool(1, true);
-      if (s.External) m.bool(2, true);
-      if (s.Cluster) m.bool(3, true);
-    });
+    if (s.Internal) sub.bool(1, true);
+    if (s.External) sub.bool(2, true);
+    if (s.Cluster) sub.bool(3, true);
+    w.message(5, sub);
   }
   if (e.Terminating) w.bool(6, true);
   if (e.NodeName) w.string(7, e.NodeName);
-  return w.finish();
+  return w.buf.slice(0, w.pos);
 }

@@ -1,86 +1,110 @@
 // Desired and committed map/set elements. Each owner (a service, the node,
 // the ServiceCIDRs) declares its elements; only keys touched since the last
 // sync are compared, so an incremental sync is proportional to the change
-// and never lists the kernel's table.
+// and never lists the kernel's table. The element objects themselves are
+// stored (desired and committed), so a sync allocates nothing per element
+// beyond what its owner declared.
 import type { Element } from './service-elements.js';
-
-interface Owned {
-  owner: string;
-  value: string;
-  comment?: string;
-}
 
 export interface ElementValue {
   readonly value: string;
-  readonly comment?: string;
+  readonly comment: string;
 }
 
 export interface ElementDiff {
-  readonly deletes: Element[];
-  readonly adds: Element[];
+  readonly deletes: readonly Element[];
+  readonly adds: readonly Element[];
 }
 
 export class ElementTable {
-  /** set -> key -> owners (the first owner's value wins on conflict) */
-  private readonly desired = new Map<string, Map<string, Owned[]>>();
-  private readonly byOwner = new Map<string, Element[]>();
+  /** set -> key -> the element that wins (the first owner by name) */
+  private readonly desired = new Map<string, Map<string, Element>>();
+  /** set\0key -> further owners of a key (rare: a conflict, or a shared element) */
+  private readonly others = new Map<string, Element[]>();
+  private readonly byOwner = new Map<string, readonly Element[]>();
   /** what the kernel has: set -> key -> value */
   private committed = new Map<string, Map<string, ElementValue>>();
-  private pending = new Map<string, Set<string>>();
+  /** keys to compare at the next diff; 'all' after an adoption */
+  private pending: Map<string, Set<string>> | 'all' = new Map();
   /** keys wanted by two owners with different values (reported once) */
   readonly conflicts = new Set<string>();
 
-  /** Replaces everything an owner declared. */
-  setOwner(owner: string, elements: readonly Element[]): void {
-    for (const e of this.byOwner.get(owner) ?? []) {
-      const owners = this.desired.get(e.set)?.get(e.key);
-      if (!owners) continue;
-      const i = owners.findIndex((o) => o.owner === owner);
-      if (i >= 0) owners.splice(i, 1);
-      if (!owners.length) this.desired.get(e.set)!.delete(e.key);
-      this.touch(e.set, e.key);
-    }
-    if (elements.length) this.byOwner.set(owner, [...elements]);
-    else this.byOwner.delete(owner);
+  /** Replaces everything an owner declared (its elements are kept, not copied). */
+  setOwner(owner: string, elements: Element[]): void {
+    for (const e of this.byOwner.get(owner) ?? []) this.remove(e);
     for (const e of elements) {
-      let keys = this.desired.get(e.set);
-      if (!keys) this.desired.set(e.set, (keys = new Map()));
-      let owners = keys.get(e.key);
-      if (!owners) keys.set(e.key, (owners = []));
-      const mine = owners.find((o) => o.owner === owner);
-      if (mine) continue; // an owner declaring a key twice: the first counts
-      owners.push({ owner, value: e.value, comment: e.comment });
-      if (owners.length > 1 && owners.some((o) => o.value !== owners![0].value)) this.conflicts.add(`${e.set} ${e.key}`);
+      e.owner = owner;
+      this.add(e);
+    }
+    if (elements.length) this.byOwner.set(owner, elements);
+    else this.byOwner.delete(owner);
+  }
+
+  private add(e: Element) {
+    let keys = this.desired.get(e.set);
+    if (!keys) this.desired.set(e.set, (keys = new Map()));
+    const cur = keys.get(e.key);
+    if (!cur) {
+      keys.set(e.key, e);
       this.touch(e.set, e.key);
+      return;
+    }
+    if (cur.owner === e.owner) return; // declared twice by one owner: the first counts
+    if (cur.value !== e.value) this.conflicts.add(`${e.set} ${e.key}`);
+    const id = `${e.set}\0${e.key}`;
+    const list = this.others.get(id) ?? [];
+    if (e.owner < cur.owner) {
+      list.push(cur);
+      keys.set(e.key, e);
+      this.touch(e.set, e.key);
+    } else list.push(e);
+    this.others.set(id, list);
+  }
+
+  private remove(e: Element) {
+    const keys = this.desired.get(e.set);
+    const cur = keys?.get(e.key);
+    if (!cur) return;
+    const id = `${e.set}\0${e.key}`;
+    const list = this.others.get(id);
+    if (cur === e) {
+      if (list?.length) {
+        // the next owner by name takes over
+        list.sort((a, b) => (a.owner < b.owner ? -1 : 1));
+        keys!.set(e.key, list.shift()!);
+        if (!list.length) this.others.delete(id);
+      } else keys!.delete(e.key);
+      this.touch(e.set, e.key);
+    } else if (list) {
+      const i = list.indexOf(e);
+      if (i >= 0) list.splice(i, 1);
+      if (!list.length) this.others.delete(id);
     }
   }
 
   private touch(set: string, key: string) {
+    if (this.pending === 'all') return;
     let keys = this.pending.get(set);
     if (!keys) this.pending.set(set, (keys = new Set()));
     keys.add(key);
-  }
-
-  private want(set: string, key: string): ElementValue | undefined {
-    const owners = this.desired.get(set)?.get(key);
-    if (!owners?.length) return undefined;
-    const o = owners.reduce((a, b) => (b.owner < a.owner ? b : a));
-    return { value: o.value, comment: o.comment };
   }
 
   /** Differences between desired and committed for the keys touched since the last commit. */
   diff(): ElementDiff {
     const deletes: Element[] = [];
     const adds: Element[] = [];
-    for (const [set, keys] of this.pending) {
-      const have = this.committed.get(set);
-      for (const key of keys) {
-        const want = this.want(set, key);
-        const cur = have?.get(key);
-        if (cur && want && cur.value === want.value && cur.comment === want.comment) continue;
-        if (cur) deletes.push({ set, key, value: cur.value });
-        if (want) adds.push({ set, key, value: want.value, comment: want.comment });
-      }
+    const compare = (set: string, key: string) => {
+      const want = this.desired.get(set)?.get(key);
+      const cur = this.committed.get(set)?.get(key);
+      if (cur && want && cur.value === want.value && cur.comment === want.comment) return;
+      if (cur) deletes.push({ set, key, value: cur.value, comment: '', owner: '' });
+      if (want) adds.push(want);
+    };
+    if (this.pending === 'all') {
+      for (const [set, keys] of this.committed) for (const key of keys.keys()) if (!this.desired.get(set)?.has(key)) compare(set, key);
+      for (const [set, keys] of this.desired) for (const key of keys.keys()) compare(set, key);
+    } else {
+      for (const [set, keys] of this.pending) for (const key of keys) compare(set, key);
     }
     return { deletes, adds };
   }
@@ -91,7 +115,7 @@ export class ElementTable {
     for (const e of d.adds) {
       let keys = this.committed.get(e.set);
       if (!keys) this.committed.set(e.set, (keys = new Map()));
-      keys.set(e.key, { value: e.value, comment: e.comment });
+      keys.set(e.key, e);
     }
     this.pending = new Map();
   }
@@ -99,21 +123,10 @@ export class ElementTable {
   /** Adopts what the kernel has (after a restart or a failure): every key is compared next. */
   adopt(kernel: Map<string, Map<string, ElementValue>>): void {
     this.committed = kernel;
-    this.pending = new Map();
-    for (const [set, keys] of kernel) for (const key of keys.keys()) this.touch(set, key);
-    for (const [set, keys] of this.desired) for (const key of keys.keys()) this.touch(set, key);
-  }
-
-  /** Verdict targets (chains) that committed elements point to. */
-  committedSize(): number {
-    let n = 0;
-    for (const keys of this.committed.values()) n += keys.size;
-    return n;
+    this.pending = 'all';
   }
 
   desiredElements(set: string): Map<string, ElementValue> {
-    const out = new Map<string, ElementValue>();
-    for (const key of this.desired.get(set)?.keys() ?? []) out.set(key, this.want(set, key)!);
-    return out;
+    return new Map(this.desired.get(set) ?? []);
   }
 }

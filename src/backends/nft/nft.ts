@@ -71,10 +71,10 @@ export function parseListing(doc: J): TableListing {
       if (o.map) {
         const [k, v] = el as [J, J];
         const { val, comment } = unwrap(k);
-        m.set(atom(val), { value: verdictOrData(v), comment });
+        m.set(atom(val), { value: verdictOrData(v), comment: comment ?? '' });
       } else {
         const { val, comment } = unwrap(el);
-        m.set(atom(val), { value: '', comment });
+        m.set(atom(val), { value: '', comment: comment ?? '' });
       }
     }
     elements.set(s.name, m);

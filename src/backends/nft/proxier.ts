@@ -278,11 +278,11 @@ export class NftProxier implements DecoderHandler {
       const f = st.names;
       if (this.nodeDirty) {
         const np = this.nodePortAddresses(family);
-        st.elements.setOwner('node', np === 'all' ? [] : np.map((key) => ({ set: 'nodeport-addresses', key, value: '' })));
+        st.elements.setOwner('node', np === 'all' ? [] : np.map((key) => ({ set: 'nodeport-addresses', key, value: '', comment: '', owner: '' })));
       }
       if (this.cidrsDirty) {
         const list = normalizeCIDRs([...this.cidrs.values()].flatMap((c) => c.CIDRs).filter((c) => parseCIDR(c)?.family === family));
-        st.elements.setOwner('service-cidrs', list.map((c) => ({ set: 'service-cidrs', key: singleAddress(c), value: '' })));
+        st.elements.setOwner('service-cidrs', list.map((c) => ({ set: 'service-cidrs', key: singleAddress(c), value: '', comment: '', owner: '' })));
       }
       const nodeIPs = ipSetOf(this.node?.IPs, family);
       // a source range covering the node changes with the node's IPs

@@ -10,7 +10,10 @@ export interface Element {
   readonly key: string;
   /** map data ("goto lb-cluster-3", "10.0.0.1 . 8080"), '' for sets */
   readonly value: string;
-  readonly comment?: string;
+  /** '' for none */
+  readonly comment: string;
+  /** who declared it (set by the element table) */
+  owner: string;
 }
 
 export interface LbRequirement {
@@ -74,7 +77,7 @@ export function portElements(sp: ServicePort, node: NodeFacts, prevSlots: Slots,
   const P = sp.port.Port;
   const vipKey = (ip: string) => `${ip} . ${proto} . ${P}`;
   const noEndpoints = sp.hasEndpoints ? 'drop' : 'goto reject-chain';
-  const add = (set: string, key: string, value = '', withComment = false) => elements.push({ set, key, value, comment: withComment ? comment : undefined });
+  const add = (set: string, key: string, value = '', withComment = false) => elements.push({ set, key, value, comment: withComment ? comment : '', owner: '' });
 
   /** endpoints of a key in the map of kind; returns the verdict that load-balances over them */
   const lb = (kind: LbKind, key: string, targets: readonly Target[], vip: string, port: number): string => {
