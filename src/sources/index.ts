@@ -1,2 +1,3 @@
 // Every source registers itself when imported; this is the list.
 import './file/index.js';
+import './kube/index.js';

@@ -30,6 +30,7 @@ export const HEADLESS_LABEL = 'service.kubernetes.io/headless';
 export const ZONE_LABEL = 'topology.kubernetes.io/zone';
 const LEGACY_ZONE_LABEL = 'failure-domain.beta.kubernetes.io/zone';
 const TO_BE_DELETED_TAINT = 'ToBeDeletedByClusterAutoscaler';
+const NODE_LABELS = new Set(['kubernetes.io/hostname', ZONE_LABEL, 'topology.kubernetes.io/region', LEGACY_ZONE_LABEL]);
 
 type Obj = Record<string, unknown>;
 
@@ -305,8 +306,10 @@ export function convertNode(o: Obj): Converted {
   const deleting =
     (md.deletionTimestamp !== undefined && md.deletionTimestamp !== null) ||
     taints.some((t, i) => str(obj(t, `spec.taints[${i}]`, true).key, `spec.taints[${i}].key`) === TO_BE_DELETED_TAINT);
+  // only the labels that matter to a proxy (kpng's --with-node-labels
+  // default): churn of other labels must not move the store's revision
   const sortedLabels: Record<string, string> = {};
-  for (const k of Object.keys(labels).sort()) sortedLabels[k] = labels[k];
+  for (const k of Object.keys(labels).sort()) if (NODE_LABELS.has(k)) sortedLabels[k] = labels[k];
   const node = create(G.NodeSchema, {
     Name: name,
     Labels: sortedLabels,

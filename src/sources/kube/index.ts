@@ -1,0 +1,132 @@
+// The kube source: lists and watches a real Kubernetes API server (Services,
+// EndpointSlices, Nodes, ServiceCIDRs) with our own reflector, and keeps the
+// store equal to what the server has. See docs/kube-source.md.
+import { readFileSync } from 'node:fs';
+import type { Logger } from '../../log.js';
+import type { Store } from '../../store/store.js';
+import { HEADLESS_LABEL, SERVICE_NAME_LABEL } from '../objects.js';
+import { SERVICE_PROXY_NAME_LABEL } from '../../localstate/service-view.js';
+import { registerSource } from '../registry.js';
+import { KubeClient } from './client.js';
+import { resolveConnection, type Connection } from './config.js';
+import { DEFAULT_REFLECTOR_OPTIONS, Reflector, StoreWriter, type ReflectorOptions, type Resource } from './reflector.js';
+
+export { resolveConnection, type Connection } from './config.js';
+
+export interface KubeSourceOptions {
+  connection: Connection;
+  /** --service-proxy-name: only Services (and their slices) labelled with it */
+  serviceProxyName?: string;
+  /** --watch-node: watch only this Node (a node-local proxy); default all */
+  watchNode?: string;
+  reflector?: Partial<ReflectorOptions>;
+}
+
+/** What to watch, with the selectors that keep out what a proxy never uses. */
+export function kubeResources(opts: { serviceProxyName?: string; watchNode?: string }): Resource[] {
+  // kube-proxy's own selector, on Services and EndpointSlices alike (the
+  // EndpointSlice controller copies a Service's labels to its slices)
+  const proxyName = opts.serviceProxyName ? `${SERVICE_PROXY_NAME_LABEL}=${opts.serviceProxyName}` : `!${SERVICE_PROXY_NAME_LABEL}`;
+  return [
+    { kind: 'Service', storeKind: 'services', plural: 'services', path: '/api/v1/services', namespaced: true, labelSelector: proxyName },
+    {
+      kind: 'EndpointSlice',
+      storeKind: 'endpointSlices',
+      plural: 'endpointslices',
+      path: '/apis/discovery.k8s.io/v1/endpointslices',
+      namespaced: true,
+      labelSelector: `${SERVICE_NAME_LABEL},!${HEADLESS_LABEL},${proxyName}`,
+    },
+    {
+      kind: 'Node',
+      storeKind: 'nodes',
+      plural: 'nodes',
+      path: '/api/v1/nodes',
+      namespaced: false,
+      fieldSelector: opts.watchNode ? `metadata.name=${opts.watchNode}` : undefined,
+    },
+    {
+      kind: 'ServiceCIDR',
+      storeKind: 'serviceCIDRs',
+      plural: 'servicecidrs',
+      path: '/apis/networking.k8s.io/v1/servicecidrs',
+      namespaced: false,
+      groupVersion: 'networking.k8s.io/v1',
+      optional: true,
+    },
+  ];
+}
+
+function userAgent(): string {
+  let v = '0.0.0';
+  try {
+    v = JSON.parse(readFileSync(new URL('../../../package.json', import.meta.url), 'utf8')).version;
+  } catch {
+    // not fatal: only for the server's logs
+  }
+  return `kpng/${v} (node ${process.version})`;
+}
+
+export class KubeSource {
+  readonly client: KubeClient;
+  readonly writer: StoreWriter;
+  readonly reflectors: Reflector[];
+  private readonly started = performance.now();
+
+  constructor(
+    private readonly store: Store,
+    private readonly log: Logger,
+    opts: KubeSourceOptions,
+  ) {
+    this.client = new KubeClient(opts.connection, userAgent());
+    const ropts = { ...DEFAULT_REFLECTOR_OPTIONS, ...opts.reflector };
+    this.writer = new StoreWriter((fn) => this.apply(fn), log);
+    this.reflectors = kubeResources(opts).map((r) => new Reflector(this.client, r, this.writer, log, ropts));
+  }
+
+  private apply(fn: Parameters<Store['update']>[0]): void {
+    const change = this.store.update(fn);
+    if (change?.becameSynced) {
+      const counts = Object.fromEntries(this.reflectors.map((r) => [r.resource.plural, r.size]));
+      this.log.info({ ...counts, ms: Math.round(performance.now() - this.started) }, 'kube source: initial state complete');
+    }
+  }
+
+  start(): void {
+    for (const r of this.reflectors) r.start();
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all(this.reflectors.map((r) => r.stop()));
+    this.writer.flush();
+    this.client.close();
+  }
+
+  /** Applies the writes queued so far now (tests; normally on the next tick). */
+  flush(): void {
+    this.writer.flush();
+  }
+}
+
+registerSource({
+  name: 'kube',
+  description: 'list and watch a Kubernetes API server (kubeconfig, KUBECONFIG, or in-cluster credentials)',
+  options(cmd) {
+    cmd
+      .option('--kubeconfig <path>', 'kubeconfig file (default: $KUBECONFIG, then in-cluster, then ~/.kube/config)')
+      .option('--master <url>', 'API server URL (overrides the kubeconfig\'s server)')
+      .option('--context <name>', 'kubeconfig context (default: its current-context)')
+      .option('--watch-node <name>', 'watch only this Node (enough for a node-local proxy; a to-api brain needs all nodes)');
+  },
+  async start(opts, ctx) {
+    const connection = resolveConnection({ kubeconfig: opts.kubeconfig, master: opts.master, context: opts.context });
+    const src = new KubeSource(ctx.store, ctx.log, {
+      connection,
+      serviceProxyName: opts.serviceProxyName || undefined,
+      watchNode: opts.watchNode || undefined,
+    });
+    ctx.log.info({ server: connection.server.origin, origin: connection.origin }, `kube source: watching ${connection.server.origin}`);
+    src.start();
+    return { stop: () => src.stop() };
+  },
+});

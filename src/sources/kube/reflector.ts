@@ -1,0 +1,480 @@
+// client-go's reflector for one resource: list (paginated), then watch from
+// the list's resourceVersion; resume after a drop from the last version seen
+// (bookmarks move it); relist and reconcile on 410 Gone; an idle watchdog;
+// jittered exponential backoff on errors, each retry logged with its cause.
+// It keeps only key -> resourceVersion; the store holds the converted model.
+import type { Logger } from '../../log.js';
+import type { Kind, StoreTx } from '../../store/store.js';
+import { convertObject, InvalidObject, objectRef } from '../objects.js';
+import { applyObject, type ModelObject } from '../apply.js';
+import { IdleTimeout, readBody, statusError, StatusError, type KubeClient } from './client.js';
+
+export type KubeKind = 'Service' | 'EndpointSlice' | 'Node' | 'ServiceCIDR';
+
+export interface Resource {
+  kind: KubeKind;
+  storeKind: Kind;
+  /** plural, for logs and discovery: "services" */
+  plural: string;
+  /** collection path: /api/v1/services */
+  path: string;
+  namespaced: boolean;
+  labelSelector?: string;
+  fieldSelector?: string;
+  /** ask discovery first: a group-version that may not serve it */
+  groupVersion?: string;
+  /** optional kinds (ServiceCIDRs) are skipped on 403 too: old RBAC roles lack them */
+  optional?: boolean;
+}
+
+export interface ReflectorOptions {
+  pageSize: number;
+  /** the watch's timeoutSeconds is drawn at random in [min, max] */
+  watchTimeoutSeconds: readonly [number, number];
+  /** no byte (event, bookmark, list data) for this long: drop the connection */
+  idleTimeoutMs: number;
+  /** response headers must arrive within this */
+  requestTimeoutMs: number;
+  backoffMinMs: number;
+  backoffMaxMs: number;
+}
+
+export const DEFAULT_REFLECTOR_OPTIONS: ReflectorOptions = {
+  pageSize: 500,
+  // client-go: 5 to 10 minutes, so that watches of many clients spread out
+  watchTimeoutSeconds: [300, 600],
+  // real API servers send a bookmark about once a minute
+  idleTimeoutMs: 90_000,
+  requestTimeoutMs: 60_000,
+  backoffMinMs: 100,
+  backoffMaxMs: 30_000,
+};
+
+/** A watch that ends this fast without one event counts as an error (no tight loop). */
+const SHORT_WATCH_MS = 1000;
+
+/** Exponential backoff with jitter: delay in [d/2, d], d doubling from min to max. */
+export class Backoff {
+  private attempt = 0;
+  constructor(
+    private readonly minMs: number,
+    private readonly maxMs: number,
+    private readonly random: () => number = Math.random,
+  ) {}
+  next(): number {
+    const d = Math.min(this.maxMs, this.minMs * 2 ** this.attempt);
+    if (d < this.maxMs) this.attempt++;
+    return Math.round(d / 2 + (this.random() * d) / 2);
+  }
+  reset(): void {
+    this.attempt = 0;
+  }
+}
+
+/** Collects store writes and applies those that arrive together in one update. */
+export class StoreWriter {
+  private queue: ((tx: StoreTx) => void)[] = [];
+  private scheduled = false;
+
+  constructor(
+    private readonly update: (fn: (tx: StoreTx) => void) => unknown,
+    private readonly log: Logger,
+  ) {}
+
+  enqueue(fn: (tx: StoreTx) => void): void {
+    this.queue.push(fn);
+    if (!this.scheduled) {
+      this.scheduled = true;
+      setImmediate(() => this.flush());
+    }
+  }
+
+  /** Applies everything queued now, as one update (one revision at most). */
+  flush(): void {
+    this.scheduled = false;
+    if (!this.queue.length) return;
+    const q = this.queue;
+    this.queue = [];
+    this.update((tx) => {
+      for (const fn of q) {
+        try {
+          fn(tx);
+        } catch (e) {
+          this.log.error({ err: (e as Error).stack ?? String(e) }, 'kube source: store write failed; skipping it');
+        }
+      }
+    });
+  }
+}
+
+export class Reflector {
+  /** namespace/name (or name) -> resourceVersion of every object seen: enough to reconcile a relist */
+  private known = new Map<string, string>();
+  /** last resourceVersion seen (list, event or bookmark) */
+  resourceVersion = '';
+  synced = false;
+  /** false once the server said it does not serve this resource */
+  served = true;
+  readonly stats = { lists: 0, watches: 0, events: 0, bookmarks: 0, gone: 0, errors: 0 };
+  private readonly backoff: Backoff;
+  private readonly ac = new AbortController();
+  private running?: Promise<void>;
+  /** an invalid object is reported once per version */
+  private reported = new Map<string, string>();
+  /** a list succeeded or an event arrived since the last error: the next backoff starts over */
+  private progressed = false;
+  /** 410s since the last event: relist at once only the first time */
+  private goneInARow = 0;
+
+  constructor(
+    private readonly client: KubeClient,
+    readonly resource: Resource,
+    private readonly writer: StoreWriter,
+    private readonly log: Logger,
+    private readonly opts: ReflectorOptions = DEFAULT_REFLECTOR_OPTIONS,
+  ) {
+    this.backoff = new Backoff(opts.backoffMinMs, opts.backoffMaxMs);
+  }
+
+  /** objects currently known (the size of the reconciliation map) */
+  get size(): number {
+    return this.known.size;
+  }
+
+  start(): void {
+    this.running ??= this.run().catch((e) => {
+      // a bug, not a fault of the server: say so loudly, never silently stop
+      this.log.fatal({ err: (e as Error).stack ?? String(e) }, `kube source: ${this.resource.plural} reflector crashed`);
+      throw e;
+    });
+  }
+
+  async stop(): Promise<void> {
+    this.ac.abort();
+    await this.running?.catch(() => {});
+  }
+
+  private get signal(): AbortSignal {
+    return this.ac.signal;
+  }
+
+  private async run(): Promise<void> {
+    const r = this.resource;
+    let mustList = true;
+    while (!this.signal.aborted) {
+      let delay = 0;
+      try {
+        if (mustList) {
+          if (!this.synced && r.groupVersion && !(await this.discover())) {
+            return this.skip('info', `${r.plural} are not served by this API server (${r.groupVersion}); skipping them`);
+          }
+          await this.list();
+          mustList = false;
+        }
+        const events = await this.watch();
+        this.log.debug({ resource: r.plural, resourceVersion: this.resourceVersion, events }, `kube source: ${r.plural} watch ended; resuming`);
+        continue;
+      } catch (e) {
+        if (this.signal.aborted) return;
+        this.stats.errors++;
+        if (this.progressed) this.backoff.reset();
+        this.progressed = false;
+        const err = e as Error;
+        if (err instanceof StatusError && err.code === 410) {
+          this.stats.gone++;
+          mustList = true;
+          // relist at once, but not in a loop if the server keeps saying 410
+          delay = this.goneInARow++ > 0 ? this.backoff.next() : 0;
+          this.log.warn(
+            { resource: r.plural, resourceVersion: this.resourceVersion, retryInMs: delay },
+            `kube source: ${r.plural}: resourceVersion ${this.resourceVersion} expired (410 Gone); relisting${delay ? ` in ${delay} ms` : ''}`,
+          );
+        } else if (mustList && err instanceof StatusError && (err.code === 404 || (err.code === 403 && r.optional))) {
+          return this.skip(
+            'warn',
+            err.code === 404
+              ? `${r.plural}: not found on this API server (404); skipping them`
+              : `${r.plural}: forbidden (403; does the RBAC role grant list/watch on ${r.plural}?); skipping them`,
+          );
+        } else {
+          // the server may say how long to wait (429 from priority and fairness, 503)
+          const retryAfter = err instanceof StatusError ? Math.min(err.retryAfterMs, this.opts.backoffMaxMs) : 0;
+          delay = Math.max(this.backoff.next(), retryAfter);
+          this.log.warn(
+            { resource: r.plural, resourceVersion: this.resourceVersion || undefined, retryInMs: delay, err: describe(err) },
+            `kube source: ${r.plural} ${mustList ? 'list' : 'watch'} failed: ${describe(err)}; retrying in ${delay} ms`,
+          );
+        }
+      }
+      if (delay > 0) await sleep(delay, this.signal);
+    }
+  }
+
+  /** The kind is not served: it is complete as it is (empty). */
+  private skip(level: 'info' | 'warn', msg: string): void {
+    this.served = false;
+    this.synced = true;
+    this.log[level]({ resource: this.resource.plural }, `kube source: ${msg}`);
+    const kind = this.resource.storeKind;
+    // the API went away after we had listed it: forget what it had
+    const gone = [...this.known.keys()];
+    this.known.clear();
+    this.writer.enqueue((tx) => {
+      for (const key of gone) this.deleteKey(tx, key);
+      tx.setSynced(kind);
+    });
+  }
+
+  private async discover(): Promise<boolean> {
+    const r = this.resource;
+    try {
+      const doc = await this.client.getJSON(`/apis/${r.groupVersion}`, {}, { signal: this.signal, timeoutMs: this.opts.requestTimeoutMs, idleMs: this.opts.idleTimeoutMs });
+      return Array.isArray(doc?.resources) && doc.resources.some((x: { name?: unknown }) => x?.name === r.plural);
+    } catch (e) {
+      if (e instanceof StatusError && e.code === 404) return false;
+      throw e;
+    }
+  }
+
+  private query(extra: Record<string, string | undefined>): Record<string, string | undefined> {
+    return { labelSelector: this.resource.labelSelector, fieldSelector: this.resource.fieldSelector, ...extra };
+  }
+
+  /** Lists every page, then applies the difference to what we had in one store update. */
+  private async list(): Promise<void> {
+    const r = this.resource;
+    const t0 = performance.now();
+    let seen = new Map<string, string>();
+    let writes: ((tx: StoreTx) => void)[] = [];
+    let cont: string | undefined;
+    let rv = '';
+    let restarted = false;
+    for (;;) {
+      let page: any;
+      try {
+        page = await this.client.getJSON(r.path, this.query({ limit: String(this.opts.pageSize), continue: cont }), {
+          signal: this.signal,
+          timeoutMs: this.opts.requestTimeoutMs,
+          idleMs: this.opts.idleTimeoutMs,
+        });
+      } catch (e) {
+        // the continue token expired between pages: start over, once
+        if (e instanceof StatusError && e.code === 410 && cont && !restarted) {
+          this.log.warn({ resource: r.plural }, `kube source: ${r.plural}: list continue token expired; listing again from the start`);
+          restarted = true;
+          seen = new Map();
+          writes = [];
+          cont = undefined;
+          continue;
+        }
+        throw e;
+      }
+      if (!Array.isArray(page?.items)) throw new Error(`${r.path}: the list has no items`);
+      for (const item of page.items) {
+        const w = this.observe(item, seen);
+        if (w) writes.push(w);
+      }
+      rv = String(page.metadata?.resourceVersion ?? '');
+      cont = page.metadata?.continue || undefined;
+      if (!cont) break;
+    }
+    if (!rv) throw new Error(`${r.path}: the list has no resourceVersion`);
+    // whatever disappeared while we were not watching
+    let deleted = 0;
+    for (const key of this.known.keys()) {
+      if (seen.has(key)) continue;
+      deleted++;
+      writes.push((tx) => this.deleteKey(tx, key));
+    }
+    const first = !this.synced;
+    this.known = seen;
+    this.resourceVersion = rv;
+    this.synced = true;
+    this.progressed = true;
+    this.stats.lists++;
+    const kind = r.storeKind;
+    this.writer.enqueue((tx) => {
+      for (const w of writes) w(tx);
+      if (first) tx.setSynced(kind);
+    });
+    this.log[first ? 'info' : 'warn'](
+      { resource: r.plural, objects: seen.size, changed: writes.length, deleted, resourceVersion: rv, ms: Math.round(performance.now() - t0) },
+      first ? `kube source: listed ${seen.size} ${r.plural}` : `kube source: relisted ${r.plural}: ${writes.length} changes (${deleted} deleted)`,
+    );
+    for (const k of this.reported.keys()) if (!seen.has(k)) this.reported.delete(k);
+  }
+
+  /**
+   * Watches from the last resourceVersion until the server ends the watch
+   * (returns the number of events) or something fails (throws).
+   */
+  private async watch(): Promise<number> {
+    const r = this.resource;
+    const [lo, hi] = this.opts.watchTimeoutSeconds;
+    const started = performance.now();
+    this.stats.watches++;
+    const res = await this.client.get(
+      r.path,
+      this.query({
+        watch: 'true',
+        allowWatchBookmarks: 'true',
+        resourceVersion: this.resourceVersion,
+        timeoutSeconds: String(lo + Math.floor(Math.random() * (hi - lo + 1))),
+      }),
+      { signal: this.signal, timeoutMs: this.opts.requestTimeoutMs },
+    );
+    if (res.statusCode !== 200) throw statusError(res, await readBody(res, this.opts.idleTimeoutMs));
+    const idleMs = this.opts.idleTimeoutMs;
+    const idle = setTimeout(() => res.destroy(new IdleTimeout(`no event or bookmark for ${idleMs} ms`)), idleMs);
+    let events = 0;
+    let rest = '';
+    res.setEncoding('utf8');
+    try {
+      for await (const chunk of res) {
+        idle.refresh();
+        const lines = (rest + (chunk as string)).split('\n');
+        rest = lines.pop()!;
+        for (const line of lines) {
+          if (!line.trim()) continue;
+          let ev: any;
+          try {
+            ev = JSON.parse(line);
+          } catch {
+            throw new Error(`malformed watch event: ${line.slice(0, 100)}`);
+          }
+          this.handle(ev);
+          events++;
+        }
+      }
+    } finally {
+      clearTimeout(idle);
+      res.destroy();
+    }
+    if (events === 0 && performance.now() - started < SHORT_WATCH_MS) throw new Error('the watch closed at once without an event');
+    return events;
+  }
+
+  private handle(ev: { type?: unknown; object?: any }): void {
+    const obj = ev.object;
+    if (ev.type !== 'ERROR') {
+      this.progressed = true;
+      this.goneInARow = 0;
+    }
+    switch (ev.type) {
+      case 'ADDED':
+      case 'MODIFIED': {
+        this.stats.events++;
+        const w = this.observe(obj, this.known);
+        if (w) this.writer.enqueue(w);
+        break;
+      }
+      case 'DELETED': {
+        this.stats.events++;
+        const key = this.keyOf(obj);
+        if (key !== undefined && this.known.delete(key)) {
+          this.reported.delete(key);
+          this.writer.enqueue((tx) => this.deleteKey(tx, key));
+        }
+        break;
+      }
+      case 'BOOKMARK':
+        this.stats.bookmarks++;
+        break;
+      case 'ERROR': {
+        const code = Number(obj?.code ?? 0);
+        throw new StatusError(code, String(obj?.reason ?? ''), `watch ERROR event ${code}${obj?.reason ? ` ${obj.reason}` : ''}: ${String(obj?.message ?? '')}`);
+      }
+      default:
+        throw new Error(`unknown watch event type ${JSON.stringify(ev.type)}`);
+    }
+    const rv = obj?.metadata?.resourceVersion;
+    if (typeof rv === 'string' && rv) this.resourceVersion = rv;
+  }
+
+  private keyOf(obj: any): string | undefined {
+    const md = obj?.metadata;
+    const name = md?.name;
+    if (typeof name !== 'string' || !name) return undefined;
+    return this.resource.namespaced ? `${md.namespace || 'default'}/${name}` : name;
+  }
+
+  /**
+   * Records one object in `into` and returns the store write it needs: none
+   * when we already have this version, the converted object, a delete when a
+   * known object became irrelevant (Ignored). An invalid object keeps its
+   * last good version and is reported once.
+   */
+  private observe(obj: any, into: Map<string, string>): ((tx: StoreTx) => void) | undefined {
+    const key = this.keyOf(obj);
+    if (key === undefined) {
+      this.log.error({ resource: this.resource.plural, object: objectRef(obj), field: 'metadata.name', reason: 'missing' }, `kube source: skipping ${objectRef(obj)}: metadata.name: missing`);
+      return undefined;
+    }
+    const rv = String(obj.metadata.resourceVersion ?? '');
+    const prev = this.known.get(key);
+    into.set(key, rv);
+    if (rv && prev === rv) return undefined;
+    const c = this.convert(obj, key, rv);
+    if (c === 'invalid') return undefined;
+    if (c === 'ignored') return prev === undefined ? undefined : (tx) => this.deleteKey(tx, key);
+    return (tx) => applyObject(tx, c);
+  }
+
+  private convert(obj: any, key: string, rv: string): ModelObject | 'ignored' | 'invalid' {
+    // list items carry no kind
+    if (obj.kind === undefined) obj.kind = this.resource.kind;
+    let c;
+    try {
+      c = convertObject(obj);
+      if (c.kind !== 'Ignored' && c.kind !== this.resource.kind) throw new InvalidObject('kind', `${c.kind} in a ${this.resource.plural} stream`);
+    } catch (e) {
+      if (this.reported.get(key) !== rv) {
+        this.reported.set(key, rv);
+        const ref = objectRef(obj);
+        const inv = e instanceof InvalidObject ? e : undefined;
+        this.log.error(
+          { resource: this.resource.plural, object: ref, resourceVersion: rv, field: inv?.field, reason: inv?.reason ?? String(e) },
+          `kube source: skipping invalid ${ref}: ${inv ? inv.message : (e as Error).message}${this.known.has(key) ? ' (keeping its last good version)' : ''}`,
+        );
+      }
+      return 'invalid';
+    }
+    this.reported.delete(key);
+    if (c.kind === 'Ignored') {
+      this.log.debug({ resource: this.resource.plural, object: objectRef(obj), reason: c.reason }, 'kube source: ignoring object');
+      return 'ignored';
+    }
+    return c;
+  }
+
+  private deleteKey(tx: StoreTx, key: string): void {
+    const slash = key.indexOf('/');
+    const ns = key.slice(0, slash);
+    const name = key.slice(slash + 1);
+    switch (this.resource.kind) {
+      case 'Service': return tx.deleteService(ns, name);
+      case 'EndpointSlice': return tx.deleteSlice(ns, name);
+      case 'Node': return tx.deleteNode(key);
+      case 'ServiceCIDR': return tx.deleteServiceCIDR(key);
+    }
+  }
+}
+
+function describe(e: Error): string {
+  const code = (e as NodeJS.ErrnoException).code;
+  if (e instanceof StatusError || e instanceof IdleTimeout) return e.message;
+  if (code === 'ECONNRESET' && e.message === 'aborted') return 'connection dropped mid-stream';
+  return code && !e.message.includes(code) ? `${e.message} (${code})` : e.message;
+}
+
+function sleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const t = setTimeout(done, ms);
+    signal.addEventListener('abort', done, { once: true });
+    function done() {
+      clearTimeout(t);
+      signal.removeEventListener('abort', done);
+      resolve();
+    }
+  });
+}
