@@ -33,7 +33,7 @@ export async function runPipeline(p: {
   signal: AbortSignal;
 }): Promise<void> {
   const store = new Store();
-  const views = new ServiceViews(store, p.sourceOpts.serviceProxyName ?? '');
+  const views = new ServiceViews(store, p.sourceOpts.serviceProxyName ?? '', { keepDecoded: !p.sink.compactViews });
   const stopStats = p.sourceOpts.stats ? startStats(store) : undefined;
   const source = await p.source.start(p.sourceOpts, { store, log: p.log, signal: p.signal });
   try {

@@ -8,17 +8,45 @@ import type { Store, StoreChange } from '../store/store.js';
 import type { ServiceViews } from '../localstate/views.js';
 import type { ServiceView, EndpointView } from '../localstate/service-view.js';
 import type { NodeContext } from '../localstate/topology.js';
-import type { LocalOp } from './ops.js';
+import type { LocalOp, LocalValue } from './ops.js';
 
 export interface LocalDiffOptions {
   /** extra sets beyond services and endpoints (NodesSet, ServiceCIDRsSet) */
   sets?: readonly LocalSet[];
 }
 
+// Set ops of views read the value only when a sink asks for it (a getter:
+// `value` is not an own property): views keep values encoded, and a server
+// sending them to nodes never decodes them.
+class ServiceSetOp {
+  readonly kind = 'set';
+  readonly set = LocalSet.ServicesSet;
+  readonly path: string;
+  readonly bytes: Uint8Array;
+  constructor(private readonly view: ServiceView) {
+    this.path = view.key;
+    this.bytes = view.bytes;
+  }
+  get value(): LocalValue { return this.view.service; }
+}
+
+class EndpointSetOp {
+  readonly kind = 'set';
+  readonly set = LocalSet.EndpointsSet;
+  readonly path: string;
+  readonly bytes: Uint8Array;
+  constructor(private readonly view: EndpointView) {
+    this.path = view.path;
+    this.bytes = view.bytes;
+  }
+  get value(): LocalValue { return this.view.endpoint; }
+}
+
 const NODE_LABEL_PREFIXES = ['topology.kubernetes.io/', 'kubernetes.io/hostname'];
 
 export class LocalDiff {
-  private readonly sent = new Map<string, ServiceView>();
+  /** what was last sent of each service: view ids (0: nothing) by the views' slot of its key */
+  private sent = new Int32Array(0);
   private sentNode?: { node: LocalNode; bytes: Uint8Array };
   private readonly sentCIDRs = new Map<string, { cidr: ServiceCIDR; bytes: Uint8Array }>();
   private dirty = new Set<string>();
@@ -57,6 +85,11 @@ export class LocalDiff {
     return this.first || this.allDirty || this.nodeDirty || this.cidrsDirty || this.dirty.size > 0;
   }
 
+  /** How many services the next diff may look at: lets a server pace big diffs. */
+  get pendingSize(): number {
+    return this.first || this.allDirty ? Number.MAX_SAFE_INTEGER : this.dirty.size;
+  }
+
   /** Resolves when a diff may be non-empty (or the diff is closed). */
   async changed(): Promise<void> {
     while (!this.closed && !(this.pending && this.store.allSynced)) {
@@ -68,12 +101,43 @@ export class LocalDiff {
   close() {
     this.closed = true;
     this.unsubscribe();
+    this.forgetSent();
     this.wake?.();
+  }
+
+  private forgetSent() {
+    const sent = this.sent;
+    this.sent = new Int32Array(0);
+    sent.forEach((id, slot) => {
+      if (id === 0) return;
+      this.views.unref(id);
+      this.views.release(slot);
+    });
+  }
+
+  private sentView(slot: number | undefined): ServiceView | undefined {
+    return slot === undefined || slot >= this.sent.length ? undefined : this.views.viewById(this.sent[slot]);
+  }
+
+  private setSent(slot: number, view: ServiceView | undefined) {
+    if (slot >= this.sent.length) {
+      if (!view) return;
+      const grown = new Int32Array(Math.max(slot + 1, this.views.slotLimit + 16));
+      grown.set(this.sent);
+      this.sent = grown;
+    }
+    const old = this.sent[slot];
+    this.sent[slot] = view ? this.views.ref(view) : 0;
+    if (view && !old) this.views.hold(slot);
+    if (old) {
+      this.views.unref(old);
+      if (!view) this.views.release(slot);
+    }
   }
 
   /** Forgets what was sent: the next diff is a Reset and the full state. */
   reset() {
-    this.sent.clear();
+    this.forgetSent();
     this.sentNode = undefined;
     this.sentCIDRs.clear();
     this.first = true;
@@ -100,7 +164,11 @@ export class LocalDiff {
       if (ctx.zone !== this.ctx.zone) this.allDirty = true; // topology of every service may change
       this.ctx = ctx;
     }
-    const keys = this.allDirty ? new Set([...this.store.serviceKeys(), ...this.sent.keys()]) : this.dirty;
+    let keys: Set<string> = this.dirty;
+    if (this.allDirty) {
+      keys = new Set(this.store.serviceKeys());
+      for (const id of this.sent) if (id) keys.add(this.views.viewById(id)!.key);
+    }
     this.dirty = new Set();
     this.allDirty = false;
 
@@ -113,12 +181,17 @@ export class LocalDiff {
 
     for (const key of keys) {
       const view = this.views.view(key, this.ctx);
-      const prev = this.sent.get(key);
+      const slot = view ? this.views.slot(key) : this.views.existingSlot(key);
+      const prev = this.sentView(slot);
       if (view === prev) continue;
-      if (view) this.sent.set(key, view);
-      else this.sent.delete(key);
+      this.setSent(slot!, view);
       if (view && (!prev || !bytesEqual(prev.bytes, view.bytes))) svcSets.push(view);
-      const prevEps = new Map(prev?.endpoints.map((e) => [e.path, e]));
+      if (!prev) {
+        // nothing sent before (a first diff): no lookup table to build
+        for (const ep of view!.endpoints) (ep.named ? namedSets : anonSets).push(ep);
+        continue;
+      }
+      const prevEps = new Map(prev.endpoints.map((e) => [e.path, e]));
       for (const ep of view?.endpoints ?? []) {
         const old = prevEps.get(ep.path);
         prevEps.delete(ep.path);
@@ -139,15 +212,15 @@ export class LocalDiff {
     const desc = (a: string, b: string) => (a < b ? 1 : a > b ? -1 : 0);
     ops.push(...nodeOps.sets, ...cidrOps.sets);
     for (const v of svcSets.sort(asc((v) => v.key))) {
-      ops.push({ kind: 'set', set: LocalSet.ServicesSet, path: v.key, value: v.service, bytes: v.bytes });
+      ops.push(new ServiceSetOp(v));
     }
     for (const p of anonDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.EndpointsSet, path: p });
     for (const e of namedSets.sort(asc((e) => e.path))) {
-      ops.push({ kind: 'set', set: LocalSet.EndpointsSet, path: e.path, value: e.endpoint, bytes: e.bytes });
+      ops.push(new EndpointSetOp(e));
     }
     for (const p of namedDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.EndpointsSet, path: p });
     for (const e of anonSets.sort(asc((e) => e.path))) {
-      ops.push({ kind: 'set', set: LocalSet.EndpointsSet, path: e.path, value: e.endpoint, bytes: e.bytes });
+      ops.push(new EndpointSetOp(e));
     }
     for (const k of svcDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.ServicesSet, path: k });
     ops.push(...cidrOps.deletes, ...nodeOps.deletes);

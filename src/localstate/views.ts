@@ -4,8 +4,15 @@
 // it host an endpoint, is it named in a node hint) and its zone (only if the
 // endpoints carry zone hints). Nodes of the same "class" share one computed
 // view, so one change costs one computation per class, not per node.
+//
+// The views of one service version also share their parts: a node-specific
+// view (a node hosting an endpoint) reuses the shared view's Service and
+// every endpoint that is the same for it, so memory grows with what differs
+// per node, and each distinct value has one bytes object (encoded once for
+// every node that is sent it).
 import type { Store } from '../store/store.js';
-import { computeServiceView, type ServiceView } from './service-view.js';
+import { bytesEqual, decodeEndpoint, decodeService, type Endpoint, type Service } from '../api/model.js';
+import { computeServiceView, type EndpointView, type ServiceView } from './service-view.js';
 import type { NodeContext } from './topology.js';
 
 interface Entry {
@@ -14,6 +21,9 @@ interface Entry {
   specialNodes: Set<string>;
   usesZones: boolean;
   byClass: Map<string, ServiceView | undefined>;
+  /** distinct services and endpoints (by path) among this version's views */
+  services: LazyServiceView[];
+  endpoints: Map<string, EndpointView[]>;
 }
 
 export class ServiceViews {
@@ -22,16 +32,115 @@ export class ServiceViews {
   /** views computed (cache misses), for benchmarks and stats */
   computed = 0;
 
+  // Slots: dense numbers for service keys, so that each LocalDiff keeps what
+  // it sent in an array indexed by slot rather than in a Map per node (~45
+  // bytes per service and node on the JS heap). A slot is reused only once
+  // its service is gone and no LocalDiff holds a view in it.
+  private readonly slots = new Map<string, number>();
+  private readonly slotKeys: (string | undefined)[] = [];
+  private readonly slotHolders: number[] = [];
+  private readonly freeSlots: number[] = [];
+
+  /** keep decoded values (in-process consumers read them all) or only their bytes (a server fanning out) */
+  private readonly keepDecoded: boolean;
+
   constructor(
     private readonly store: Store,
     readonly proxyName = '',
+    opts: { keepDecoded?: boolean } = {},
   ) {
+    this.keepDecoded = opts.keepDecoded ?? true;
     // drop entries of deleted services as soon as the store forgets them
     this.unsubscribe = store.subscribe((change) => {
       for (const key of change.services) {
-        if (!store.getService(key) && store.slicesOfService(key).length === 0) this.entries.delete(key);
+        if (!this.gone(key)) continue;
+        this.entries.delete(key);
+        const slot = this.slots.get(key);
+        if (slot !== undefined && this.slotHolders[slot] === 0) this.freeSlot(slot);
       }
     });
+  }
+
+  private gone(key: string): boolean {
+    return !this.store.getService(key) && this.store.slicesOfService(key).length === 0;
+  }
+
+  /** The slot of a service key (assigned on first use). */
+  slot(key: string): number {
+    let s = this.slots.get(key);
+    if (s === undefined) {
+      s = this.freeSlots.pop() ?? this.slotKeys.length;
+      this.slots.set(key, s);
+      this.slotKeys[s] = key;
+      this.slotHolders[s] = 0;
+    }
+    return s;
+  }
+
+  /** The slot of a service key, if it has one. */
+  existingSlot(key: string): number | undefined {
+    return this.slots.get(key);
+  }
+
+  /** A LocalDiff now holds a view in this slot. */
+  hold(slot: number): void {
+    this.slotHolders[slot]++;
+  }
+
+  /** A LocalDiff no longer holds a view in this slot. */
+  release(slot: number): void {
+    if (--this.slotHolders[slot] > 0) return;
+    const key = this.slotKeys[slot];
+    if (key !== undefined && this.gone(key)) this.freeSlot(slot);
+  }
+
+  private freeSlot(slot: number) {
+    const key = this.slotKeys[slot];
+    if (key === undefined) return;
+    this.slots.delete(key);
+    this.slotKeys[slot] = undefined;
+    this.freeSlots.push(slot);
+  }
+
+  /** slots in use (for tests and stats) */
+  get slotCount(): number {
+    return this.slots.size;
+  }
+
+  /** every slot number is below this */
+  get slotLimit(): number {
+    return this.slotKeys.length;
+  }
+
+  // View ids: a LocalDiff keeps the id of each view it sent in an Int32Array
+  // (off the JS heap, 4 bytes per service and node); a view stays known by
+  // its id while some LocalDiff holds it.
+  private readonly table: (ServiceView | undefined)[] = [undefined];
+  private readonly tableRefs: number[] = [0];
+  private readonly freeIds: number[] = [];
+  /** The id of a view (from view()) a LocalDiff now holds; 0 is never an id. */
+  ref(v: ServiceView): number {
+    const lv = v as LazyServiceView;
+    if (!(lv instanceof LazyServiceView)) throw new Error('ServiceViews.ref: not a view of these views');
+    if (lv.id === 0) {
+      lv.id = this.freeIds.pop() ?? this.table.length;
+      this.table[lv.id] = lv;
+      this.tableRefs[lv.id] = 0;
+    }
+    this.tableRefs[lv.id]++;
+    return lv.id;
+  }
+
+  /** A LocalDiff no longer holds this view. */
+  unref(id: number): void {
+    if (--this.tableRefs[id] > 0) return;
+    (this.table[id] as LazyServiceView).id = 0;
+    this.table[id] = undefined;
+    this.freeIds.push(id);
+  }
+
+  viewById(id: number): ServiceView | undefined {
+    return this.table[id];
   }
 
   /** Stops following the store (a ServiceViews that outlives its use would leak). */
@@ -51,10 +160,32 @@ export class ServiceViews {
     const cls = e.specialNodes.has(node.name) ? `n:${node.name}|${zone}` : zone;
     if (e.byClass.has(cls)) return e.byClass.get(cls);
     const stored = this.store.getService(key);
-    const view = stored ? computeServiceView(stored.service, this.store.slicesOfService(key), node, this.proxyName) : undefined;
+    const computed = stored ? computeServiceView(stored.service, this.store.slicesOfService(key), node, this.proxyName) : undefined;
+    const view = computed && this.intern(e, computed);
     this.computed++;
     e.byClass.set(cls, view);
     return view;
+  }
+
+  /**
+   * The view with the parts it has in common with this version's other views
+   * replaced by theirs. Values are kept as their encoding only and decoded
+   * when first read: a server fanning views out to nodes only sends bytes,
+   * and the decoded messages would be most of a view's memory.
+   */
+  private intern(e: Entry, v: ServiceView): ServiceView {
+    let svc = e.services.find((x) => bytesEqual(x.bytes, v.bytes));
+    if (!svc) e.services.push((svc = lazyService(v, this.keepDecoded)));
+    const endpoints = v.endpoints.map((ep) => {
+      let variants = e.endpoints.get(ep.path);
+      if (!variants) e.endpoints.set(ep.path, (variants = []));
+      const same = variants.find((x) => x.named === ep.named && bytesEqual(x.bytes, ep.bytes));
+      if (same) return same;
+      const lazy = lazyEndpoint(ep, this.keepDecoded);
+      variants.push(lazy);
+      return lazy;
+    });
+    return new LazyServiceView(v.key, svc.bytes, endpoints, svc);
   }
 
   private newEntry(key: string, version: number): Entry {
@@ -67,6 +198,39 @@ export class ServiceViews {
         if ((info.Hints?.Zones.length ?? 0) > 0) usesZones = true;
       }
     }
-    return { version, specialNodes, usesZones, byClass: new Map() };
+    return { version, specialNodes, usesZones, byClass: new Map(), services: [], endpoints: new Map() };
   }
 }
+
+// Classes, not object literals with getters: a literal's getter is a closure
+// and a dictionary-mode object, several times the size of these.
+class LazyServiceView implements ServiceView {
+  /** ServiceViews.ref's id while some LocalDiff holds this view (a field: no WeakMap for the GC to trace) */
+  id = 0;
+  constructor(
+    readonly key: string,
+    readonly bytes: Uint8Array,
+    readonly endpoints: readonly EndpointView[],
+    private readonly from?: LazyServiceView,
+    private decoded?: Service,
+  ) {}
+  get service(): Service {
+    if (this.from) return this.from.service;
+    return (this.decoded ??= decodeService(this.bytes));
+  }
+}
+
+class LazyEndpointView implements EndpointView {
+  constructor(
+    readonly path: string,
+    readonly bytes: Uint8Array,
+    readonly named: boolean,
+    private decoded?: Endpoint,
+  ) {}
+  get endpoint(): Endpoint {
+    return (this.decoded ??= decodeEndpoint(this.bytes));
+  }
+}
+
+const lazyService = (v: ServiceView, keep: boolean) => new LazyServiceView(v.key, v.bytes, [], undefined, keep ? v.service : undefined);
+const lazyEndpoint = (ep: EndpointView, keep: boolean) => new LazyEndpointView(ep.path, ep.bytes, ep.named, keep ? ep.endpoint : undefined);

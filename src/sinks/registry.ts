@@ -27,6 +27,8 @@ export interface SinkDefinition {
   options(cmd: Command): void;
   /** true for sinks whose work is done by a to-<backend> subcommand (to-local) */
   readonly takesBackend?: boolean;
+  /** node-local views keep only their encoding (a server fanning out to many nodes sends bytes) */
+  readonly compactViews?: boolean;
   /** runs until ctx.signal aborts, or until the sink is done (e.g. --once) */
   run(opts: Record<string, any>, ctx: SinkContext, backend?: SubcommandRun): Promise<void>;
 }

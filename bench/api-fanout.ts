@@ -1,0 +1,311 @@
+// npm run bench -- api-fanout [--nodes 1000] [--services 10000] [--endpoints 5] [--changes 100] [--procs 2]
+//
+// One brain (this process: store, views, to-api server on 127.0.0.1) serves
+// N node watchers that run in separate processes (raw HTTP/2 gRPC clients,
+// one connection per node, each asking for its next diff after every Sync,
+// as kpng's clients do). The cluster: S ClusterIP services with E endpoints
+// each, spread over the nodes. After the initial sync, one endpoint changes
+// at a time (a pod restarted with a new IP); every node sees that service,
+// so every node is affected. Reported per change: time from the change to
+// each node's Sync (p50/p99 over all node syncs) and to the last node's Sync
+// (p50/p99/max over changes), brain CPU, bytes sent; and the brain's RSS.
+// --profile FILE writes a CPU profile of the change phase;
+// KPNG_BENCH_TRACE_GC=1 prints the brain's GCs during the change phase.
+import { fork, type ChildProcess } from 'node:child_process';
+import { connect, type ClientHttp2Session } from 'node:http2';
+import { fileURLToPath } from 'node:url';
+import { writeFileSync } from 'node:fs';
+import inspector from 'node:inspector';
+import { pino } from 'pino';
+import { Store, KINDS } from '../src/store/store.js';
+import { ServiceViews } from '../src/localstate/views.js';
+import { convertObject } from '../src/sources/objects.js';
+import { applyObject } from '../src/sources/apply.js';
+import { ApiServer } from '../src/sinks/api/server.js';
+
+interface Config {
+  nodes: number;
+  services: number;
+  endpoints: number;
+  changes: number;
+  procs: number;
+  /** write a CPU profile of the change phase to this file (cpuprofile) */
+  profile?: string;
+}
+
+const post = (s: inspector.Session, method: string) => new Promise((resolve, reject) => s.post(method, (e, r) => (e ? reject(e) : resolve(r))));
+const now = () => Number(process.hrtime.bigint()) / 1e6; // ms, CLOCK_MONOTONIC: comparable across processes
+
+// --- watcher processes
+
+interface WatcherJob {
+  port: number;
+  nodes: string[];
+}
+
+type FromWatcher = { type: 'first'; count: number } | { type: 'syncs'; times: number[]; nodes: number[] } | { type: 'ready' };
+
+function grpcFrame(msg: Buffer): Buffer {
+  const f = Buffer.allocUnsafe(5 + msg.length);
+  f[0] = 0;
+  f.writeUInt32BE(msg.length, 1);
+  msg.copy(f, 5);
+  return f;
+}
+
+function watchReq(node: string): Buffer {
+  const name = Buffer.from(node);
+  return grpcFrame(Buffer.concat([Buffer.from([0x0a, name.length]), name])); // WatchReq{NodeName}
+}
+
+async function watcherMain(job: WatcherJob) {
+  const send = (m: FromWatcher) => process.send!(m);
+  let firstSyncs = 0;
+  let pending: { times: number[]; nodes: number[] } = { times: [], nodes: [] };
+  let flush: NodeJS.Timeout | undefined;
+  const sessions: ClientHttp2Session[] = [];
+  job.nodes.forEach((node, idx) => {
+    const session = connect(`http://127.0.0.1:${job.port}`);
+    sessions.push(session);
+    session.on('error', (e) => console.error(`watcher ${node}: ${e.message}`));
+    const stream = session.request({ ':method': 'POST', ':path': '/localv1.Sets/Watch', 'content-type': 'application/grpc', te: 'trailers' }, { endStream: false });
+    const req = watchReq(node);
+    stream.write(req);
+    let buf: Buffer = Buffer.alloc(0);
+    let synced = 0;
+    stream.on('data', (d: Buffer) => {
+      buf = buf.length ? Buffer.concat([buf, d]) : d;
+      let off = 0;
+      while (buf.length - off >= 5) {
+        const len = buf.readUInt32BE(off + 1);
+        if (buf.length - off < 5 + len) break;
+        const isSync = len === 2 && buf[off + 5] === 0x0a && buf[off + 6] === 0x00;
+        off += 5 + len;
+        if (!isSync) continue;
+        const t = now();
+        stream.write(req);
+        if (synced++ === 0) {
+          if (++firstSyncs % 50 === 0 || firstSyncs === job.nodes.length) send({ type: 'first', count: firstSyncs });
+          continue;
+        }
+        pending.times.push(t);
+        pending.nodes.push(idx);
+        flush ??= setTimeout(() => {
+          send({ type: 'syncs', ...pending });
+          pending = { times: [], nodes: [] };
+          flush = undefined;
+        }, 5);
+      }
+      buf = off === buf.length ? Buffer.alloc(0) : buf.subarray(off);
+    });
+    stream.on('error', (e) => console.error(`watcher ${node}: ${e.message}`));
+  });
+  process.on('disconnect', () => {
+    sessions.forEach((s) => s.destroy());
+    process.exit(0);
+  });
+}
+
+if (process.env.KPNG_BENCH_WATCHERS) await watcherMain(JSON.parse(process.env.KPNG_BENCH_WATCHERS));
+
+// --- the brain
+
+function rng(seed: number) {
+  return () => {
+    seed = (seed * 1103515245 + 12345) & 0x7fffffff;
+    return seed / 0x80000000;
+  };
+}
+
+const ip = (n: number) => `10.${(n >> 16) & 255}.${(n >> 8) & 255}.${n & 255}`;
+
+function buildCluster(store: Store, c: Config) {
+  const rand = rng(42);
+  const nodeOf = () => `node-${String(Math.floor(rand() * c.nodes)).padStart(4, '0')}`;
+  const objects: Record<string, any>[] = [];
+  for (let i = 0; i < c.nodes; i++) {
+    objects.push({ apiVersion: 'v1', kind: 'Node', metadata: { name: `node-${String(i).padStart(4, '0')}`, labels: { 'topology.kubernetes.io/zone': `z${i % 3}` } }, spec: {}, status: {} });
+  }
+  let podIP = 1 << 16;
+  const slices: Record<string, any>[] = [];
+  for (let i = 0; i < c.services; i++) {
+    const ns = `ns-${i % 100}`;
+    const name = `svc-${i}`;
+    objects.push({
+      apiVersion: 'v1',
+      kind: 'Service',
+      metadata: { namespace: ns, name },
+      spec: { type: 'ClusterIP', clusterIP: `10.96.${(i >> 8) & 255}.${i & 255}`, clusterIPs: [`10.96.${(i >> 8) & 255}.${i & 255}`], ports: [{ name: 'http', port: 80, targetPort: 8080 }] },
+    });
+    const s = {
+      apiVersion: 'discovery.k8s.io/v1',
+      kind: 'EndpointSlice',
+      metadata: { namespace: ns, name: `${name}-1`, labels: { 'kubernetes.io/service-name': name } },
+      addressType: 'IPv4',
+      ports: [{ name: 'http', port: 8080, protocol: 'TCP' }],
+      endpoints: Array.from({ length: c.endpoints }, (_, j) => ({
+        addresses: [ip(podIP++)],
+        conditions: { ready: true },
+        nodeName: nodeOf(),
+        targetRef: { kind: 'Pod', name: `${name}-${j}`, namespace: ns },
+      })),
+    };
+    slices.push(s);
+    objects.push(s);
+  }
+  store.update((tx) => {
+    for (const o of objects) {
+      const conv = convertObject(o);
+      if (conv.kind !== 'Ignored') applyObject(tx, conv);
+    }
+    KINDS.forEach((k) => tx.setSynced(k));
+  });
+  return { slices, nextIP: () => ip(podIP++), rand };
+}
+
+const pct = (xs: number[], p: number) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length ? s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] : NaN;
+};
+const mb = (b: number) => (b / 2 ** 20).toFixed(0);
+
+function parseArgs(args: string[]): Config {
+  const c: Config = { nodes: 1000, services: 10_000, endpoints: 5, changes: 100, procs: 2 };
+  for (let i = 0; i < args.length; i += 2) {
+    const k = args[i].replace(/^--/, '') as keyof Config;
+    if (k === 'profile') c.profile = args[i + 1];
+    else if (!(k in c)) throw new Error(`unknown option ${args[i]}`);
+    else c[k] = Number(args[i + 1]);
+  }
+  return c;
+}
+
+export default async function main(args: string[]) {
+  const c = parseArgs(args);
+  const log = pino({ level: 'warn' });
+  const t0 = now();
+  const store = new Store();
+  const cluster = buildCluster(store, c);
+  const views = new ServiceViews(store, "", { keepDecoded: false }); // as to-api runs it
+  console.log(`cluster: ${c.nodes} nodes, ${c.services} services, ${c.services * c.endpoints} endpoints (built in ${(now() - t0).toFixed(0)} ms, rss ${mb(process.memoryUsage.rss())} MB)`);
+
+  const server = new ApiServer({ store, views, log, listen: 'tcp://127.0.0.1:0' });
+  const port = Number((await server.start()).split(':').pop());
+  const names = Array.from({ length: c.nodes }, (_, i) => `node-${String(i).padStart(4, '0')}`);
+  const children: ChildProcess[] = [];
+  const syncTimes: number[][] = [];
+  let firstSyncs = 0;
+  let lastSyncCount = 0;
+  const perChild = Math.ceil(c.nodes / c.procs);
+  let maxRss = 0;
+  const rssTimer = setInterval(() => (maxRss = Math.max(maxRss, process.memoryUsage.rss())), 200);
+  rssTimer.unref();
+  try {
+    const tStart = now();
+    const cpuStart = process.cpuUsage();
+    for (let p = 0; p < c.procs; p++) {
+      const nodes = names.slice(p * perChild, (p + 1) * perChild);
+      const firstByChild = { n: 0 };
+      const child = fork(fileURLToPath(import.meta.url), [], {
+        execArgv: ['--import', 'tsx'],
+        env: { ...process.env, KPNG_BENCH_WATCHERS: JSON.stringify({ port, nodes } satisfies WatcherJob) },
+        stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+      });
+      children.push(child);
+      child.on('message', (m: FromWatcher) => {
+        if (m.type === 'first') {
+          firstSyncs += m.count - firstByChild.n;
+          firstByChild.n = m.count;
+        } else if (m.type === 'syncs') {
+          syncTimes.push(m.times);
+          lastSyncCount += m.times.length;
+        }
+      });
+    }
+    const deadline = now() + 30 * 60_000;
+    let lastReport = now();
+    while (firstSyncs < c.nodes) {
+      if (now() > deadline) throw new Error('initial sync did not finish in 30 minutes');
+      await new Promise((r) => setTimeout(r, 100));
+      if (now() - lastReport > 10_000) {
+        lastReport = now();
+        console.log(`  initial sync: ${firstSyncs}/${c.nodes} nodes, ${mb(server.stats.bytes)} MB sent, rss ${mb(process.memoryUsage.rss())} MB`);
+      }
+    }
+    const initMs = now() - tStart;
+    const initCpu = process.cpuUsage(cpuStart);
+    maxRss = Math.max(maxRss, process.memoryUsage.rss());
+    (globalThis as { gc?: () => void }).gc?.(); // live memory, not what the initial sync left to collect
+    const rssAfterInit = process.memoryUsage.rss();
+    const heapAfterInit = process.memoryUsage().heapUsed;
+    console.log(
+      `initial sync: all ${c.nodes} nodes in ${(initMs / 1000).toFixed(1)} s, ${server.stats.messages} messages, ${mb(server.stats.bytes)} MB, ` +
+        `brain cpu ${((initCpu.user + initCpu.system) / 1e6).toFixed(1)} s; brain rss max ${mb(maxRss)} MB, after gc ${mb(rssAfterInit)} MB (heap ${mb(heapAfterInit)} MB)`,
+    );
+    await new Promise((r) => setTimeout(r, 5000));
+    (globalThis as { gc?: () => void }).gc?.();
+    await new Promise((r) => setTimeout(r, 1000));
+    const rssSettled = process.memoryUsage.rss();
+    const m = process.memoryUsage();
+    console.log(`brain rss 6 s after the initial sync: ${mb(rssSettled)} MB (V8 heap used ${mb(m.heapUsed)} MB, committed ${mb(m.heapTotal)} MB; external ${mb(m.external)} MB)`);
+    let maxRssChanges = 0;
+
+    const session = c.profile ? new inspector.Session() : undefined;
+    if (session) {
+      session.connect();
+      await post(session, 'Profiler.enable');
+      await post(session, 'Profiler.start');
+    }
+    if (process.env.KPNG_BENCH_TRACE_GC) (await import('node:v8')).setFlagsFromString('--trace-gc');
+    // one endpoint change at a time
+    const allNode: number[] = [];
+    const lastNode: number[] = [];
+    const cpuMs: number[] = [];
+    const bytes: number[] = [];
+    const msgs: number[] = [];
+    for (let k = 0; k < c.changes; k++) {
+      const s = cluster.slices[Math.floor(cluster.rand() * cluster.slices.length)];
+      const e = s.endpoints[Math.floor(cluster.rand() * s.endpoints.length)];
+      e.addresses = [cluster.nextIP()];
+      const conv = convertObject(s);
+      syncTimes.length = 0;
+      lastSyncCount = 0;
+      const b0 = server.stats.bytes;
+      const m0 = server.stats.messages;
+      const cpu0 = process.cpuUsage();
+      const tc = now();
+      store.update((tx) => conv.kind !== 'Ignored' && applyObject(tx, conv));
+      const until = now() + 30_000;
+      while (lastSyncCount < c.nodes) {
+        if (now() > until) throw new Error(`change ${k}: only ${lastSyncCount}/${c.nodes} nodes synced in 30 s`);
+        await new Promise((r) => setTimeout(r, 2));
+      }
+      const cpu = process.cpuUsage(cpu0);
+      const times = syncTimes.flat().map((t) => t - tc);
+      allNode.push(...times);
+      lastNode.push(Math.max(...times));
+      cpuMs.push((cpu.user + cpu.system) / 1000);
+      bytes.push(server.stats.bytes - b0);
+      msgs.push(server.stats.messages - m0);
+      maxRssChanges = Math.max(maxRssChanges, process.memoryUsage.rss());
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    if (session) {
+      const { profile } = (await post(session, 'Profiler.stop')) as { profile: unknown };
+      writeFileSync(c.profile!, JSON.stringify(profile));
+      session.disconnect();
+    }
+    const avg = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
+    console.log(`changes: ${c.changes} endpoint changes, each affecting all ${c.nodes} nodes`);
+    console.log(`  change -> a node's Sync:      p50 ${pct(allNode, 50).toFixed(1)} ms, p99 ${pct(allNode, 99).toFixed(1)} ms`);
+    console.log(`  change -> every node's Sync:  p50 ${pct(lastNode, 50).toFixed(1)} ms, p99 ${pct(lastNode, 99).toFixed(1)} ms, max ${Math.max(...lastNode).toFixed(1)} ms`);
+    console.log(`  brain cpu per change:         avg ${avg(cpuMs).toFixed(1)} ms, p99 ${pct(cpuMs, 99).toFixed(1)} ms (${(avg(cpuMs) / c.nodes * 1000).toFixed(1)} us per node)`);
+    console.log(`  sent per change:              ${avg(msgs).toFixed(0)} messages, ${(avg(bytes) / 1024).toFixed(1)} KiB (${(avg(bytes) / c.nodes).toFixed(0)} bytes per node)`);
+    console.log(`brain rss: max ${mb(maxRssChanges)} MB during the changes, ${mb(process.memoryUsage.rss())} MB at the end; max ${mb(maxRss)} MB over the run (initial sync)`);
+    console.log(`views computed: ${views.computed}`);
+  } finally {
+    clearInterval(rssTimer);
+    for (const ch of children) ch.kill('SIGKILL');
+    await server.stop(200);
+  }
+}

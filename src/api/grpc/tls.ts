@@ -1,0 +1,62 @@
+// TLS for the API: the server's --tls-cert/--tls-key (+ --tls-ca: client
+// certificates required, i.e. mTLS), the clients' --tls-ca (+ cert/key for
+// mTLS). Files are read once at start.
+import { readFileSync } from 'node:fs';
+import type { Command } from 'commander';
+import * as grpc from '@grpc/grpc-js';
+
+export interface TLSFiles {
+  cert?: string;
+  key?: string;
+  ca?: string;
+}
+
+export interface ClientTLS extends TLSFiles {
+  /** name to verify in the server certificate (default: the host dialled; "localhost" for unix sockets) */
+  serverName?: string;
+}
+
+export function tlsFromOpts(opts: Record<string, any>): TLSFiles | undefined {
+  const t: TLSFiles = { cert: opts.tlsCert, key: opts.tlsKey, ca: opts.tlsCa };
+  return t.cert || t.key || t.ca ? t : undefined;
+}
+
+export function clientTLSFromOpts(opts: Record<string, any>): ClientTLS | undefined {
+  const t = tlsFromOpts(opts);
+  if (!t && !opts.tlsServerName) return undefined;
+  return { ...t, serverName: opts.tlsServerName };
+}
+
+export function addClientTLSOptions(cmd: Command): void {
+  cmd
+    .option('--tls-ca <file>', 'verify the API server with this CA (enables TLS)')
+    .option('--tls-cert <file>', 'client certificate, for a server that requires one (mTLS)')
+    .option('--tls-key <file>', 'key of --tls-cert')
+    .option('--tls-server-name <name>', 'name to expect in the server certificate (default: the host in --api)');
+}
+
+const read = (f: string, what: string) => {
+  try {
+    return readFileSync(f);
+  } catch (e) {
+    throw new Error(`cannot read ${what} ${f}: ${(e as Error).message}`);
+  }
+};
+
+export function serverCredentials(t: TLSFiles | undefined): grpc.ServerCredentials {
+  if (!t) return grpc.ServerCredentials.createInsecure();
+  if (!t.cert || !t.key) throw new Error('TLS needs both --tls-cert and --tls-key');
+  const ca = t.ca ? read(t.ca, '--tls-ca') : null;
+  // with a CA, a client certificate signed by it is required (mTLS)
+  return grpc.ServerCredentials.createSsl(ca, [{ cert_chain: read(t.cert, '--tls-cert'), private_key: read(t.key, '--tls-key') }], ca !== null);
+}
+
+export function channelCredentials(t: ClientTLS | undefined): grpc.ChannelCredentials {
+  if (!t || (!t.ca && !t.cert && !t.key)) return grpc.credentials.createInsecure();
+  if (!!t.cert !== !!t.key) throw new Error('a client certificate needs both --tls-cert and --tls-key');
+  return grpc.credentials.createSsl(
+    t.ca ? read(t.ca, '--tls-ca') : null,
+    t.key ? read(t.key, '--tls-key') : null,
+    t.cert ? read(t.cert, '--tls-cert') : null,
+  );
+}

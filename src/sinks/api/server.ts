@@ -1,0 +1,330 @@
+// The API server (to-api): /localv1.Sets/Watch serves each node its
+// node-local diff stream, /globalv1.Sets/Watch serves the global state.
+//
+// Flow control is kpng's: a stream gets Reset and the full state for its
+// first WatchReq, then one diff (ending with Sync) per further WatchReq, and
+// only when its view really changed. While a node has not asked, its
+// changes coalesce in its LocalDiff (a set of dirty service keys, bounded by
+// the cluster), so a slow node never makes the brain buffer diffs; when it
+// asks, it gets one diff covering everything meanwhile. Writes wait for the
+// peer (StreamWriter), and at most a few big diffs (first syncs, mass
+// changes) are built and sent at once, so their op lists never pile up.
+import { chmodSync, lstatSync, mkdirSync, unlinkSync } from 'node:fs';
+import { connect } from 'node:net';
+import { dirname } from 'node:path';
+import * as grpc from '@grpc/grpc-js';
+import type { Logger } from '../../log.js';
+import type { Store } from '../../store/store.js';
+import type { ServiceViews } from '../../localstate/views.js';
+import { LocalDiff } from '../../diff/local-diff.js';
+import type { LocalOp } from '../../diff/ops.js';
+import { LocalSet } from '../../api/model.js';
+import type { WatchReq } from '../../api/gen/api/localv1/api_pb.js';
+import { formatAddress, grpcTarget, isLoopback, parseAddress, type ApiAddress } from '../../api/grpc/address.js';
+import { serverCredentials, type TLSFiles } from '../../api/grpc/tls.js';
+import { rawCallInterceptor, StreamWriter } from '../../api/grpc/server-stream.js';
+import { encodeDeleteOp, encodeSetOp, GLOBAL_SETS_HEADER, globalServerDefinition, localServerDefinition, RESET_FRAME, setOpFrame, SYNC_FRAME } from '../../api/grpc/wire.js';
+import { GlobalDiff, GlobalEncoder, type GlobalOp } from './global-diff.js';
+
+/** extra local sets a client may ask for in WatchReq.Sets */
+const LOCAL_EXTRA_SETS = new Set([LocalSet.NodesSet, LocalSet.ServiceCIDRsSet]);
+const GLOBAL_EXTRA_SETS = new Set([LocalSet.GlobalServiceCIDRInfos]);
+/** a diff that may touch more objects than this waits for a big-diff slot */
+const BIG_DIFF = 1000;
+
+export interface ApiServerOptions {
+  readonly store: Store;
+  readonly views: ServiceViews;
+  readonly log: Logger;
+  /** unix:///path, tcp://host:port or host:port */
+  readonly listen: string;
+  readonly tls?: TLSFiles;
+  /** allow a non-loopback TCP listener without TLS */
+  readonly insecure?: boolean;
+  readonly localApi?: boolean;
+  readonly globalApi?: boolean;
+  /** big diffs built and sent at once (default 2) */
+  readonly bigDiffs?: number;
+  /** bytes in flight per stream (default 64 KiB) */
+  readonly windowBytes?: number;
+}
+
+export interface ApiServerStats {
+  /** open Watch streams */
+  streams: number;
+  /** diffs sent completely */
+  diffs: number;
+  /** OpItems written, and their bytes with gRPC framing (5 bytes each) */
+  messages: number;
+  bytes: number;
+}
+
+class Semaphore {
+  private waiting: (() => void)[] = [];
+  constructor(private free: number) {}
+  async acquire(): Promise<() => void> {
+    if (this.free > 0) this.free--;
+    else await new Promise<void>((r) => this.waiting.push(r));
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      const next = this.waiting.shift();
+      if (next) next();
+      else this.free++;
+    };
+  }
+}
+
+/** Requests of one stream: each permits one diff; extra ones coalesce. */
+class Requests<Req> {
+  private latest?: Req;
+  private count = 0;
+  private ended = false;
+  private wake?: () => void;
+
+  push(r: Req) {
+    this.latest = r;
+    this.count = Math.min(this.count + 1, 1000);
+    this.wakeUp();
+  }
+
+  end() {
+    this.ended = true;
+    this.wakeUp();
+  }
+
+  async next(): Promise<Req | undefined> {
+    while (this.count === 0 && !this.ended) await new Promise<void>((r) => (this.wake = r));
+    if (this.count === 0) return undefined;
+    this.count--;
+    return this.latest;
+  }
+
+  private wakeUp() {
+    const w = this.wake;
+    this.wake = undefined;
+    w?.();
+  }
+}
+
+export function localOpFrame(op: LocalOp): Buffer {
+  switch (op.kind) {
+    case 'reset': return RESET_FRAME;
+    case 'sync': return SYNC_FRAME;
+    case 'set': return setOpFrame(op.set, op.path, op.bytes);
+    case 'delete': return encodeDeleteOp(op.set, op.path);
+  }
+}
+
+function globalOpFrame(op: GlobalOp): Buffer {
+  switch (op.kind) {
+    case 'reset': return RESET_FRAME;
+    case 'sync': return SYNC_FRAME;
+    // a global value is sent under two paths: no frame cache
+    case 'set': return encodeSetOp(op.set, op.path, op.bytes);
+    case 'delete': return encodeDeleteOp(op.set, op.path);
+  }
+}
+
+/** Prepares a unix socket path: its directory exists, a stale socket is gone, a live one is not taken over. */
+async function prepareUnixSocket(path: string): Promise<void> {
+  mkdirSync(dirname(path), { recursive: true, mode: 0o750 });
+  let st;
+  try {
+    st = lstatSync(path);
+  } catch {
+    return;
+  }
+  if (!st.isSocket()) throw new Error(`${path} exists and is not a socket; not removing it`);
+  const live = await new Promise<boolean>((resolve) => {
+    const s = connect(path);
+    s.once('connect', () => (s.destroy(), resolve(true)));
+    s.once('error', () => resolve(false));
+  });
+  if (live) throw new Error(`${path}: another server is listening there`);
+  unlinkSync(path);
+}
+
+export class ApiServer {
+  readonly stats: ApiServerStats = { streams: 0, diffs: 0, messages: 0, bytes: 0 };
+  private readonly server: grpc.Server;
+  private readonly address: ApiAddress;
+  private readonly enc = new GlobalEncoder();
+  private readonly bigDiffs: Semaphore;
+  private readonly active = new Set<(abort?: boolean) => void>();
+  private boundAddress?: string;
+
+  constructor(private readonly opts: ApiServerOptions) {
+    this.address = parseAddress(opts.listen);
+    if (this.address.kind === 'tcp' && !isLoopback(this.address) && !opts.tls && !opts.insecure) {
+      throw new Error(`refusing to serve the API on ${opts.listen} without TLS: give --tls-cert/--tls-key (and --tls-ca for client certificates), or --insecure`);
+    }
+    if (opts.localApi === false && opts.globalApi === false) throw new Error('both the local and the global API are disabled');
+    this.bigDiffs = new Semaphore(opts.bigDiffs ?? 2);
+    this.server = new grpc.Server({
+      interceptors: [rawCallInterceptor],
+      // notice nodes that vanished without closing their connection
+      'grpc.keepalive_time_ms': 60_000,
+      'grpc.keepalive_timeout_ms': 20_000,
+    });
+    if (opts.localApi !== false) this.server.addService(localServerDefinition, { Watch: (call: grpc.ServerDuplexStream<WatchReq, Buffer>) => this.serveLocal(call) });
+    if (opts.globalApi !== false) this.server.addService(globalServerDefinition, { Watch: (call: grpc.ServerDuplexStream<unknown, Buffer>) => this.serveGlobal(call) });
+  }
+
+  /** Binds and serves; returns the address served (tcp port 0 becomes the real port). */
+  async start(): Promise<string> {
+    const a = this.address;
+    const creds = serverCredentials(this.opts.tls);
+    let port: number;
+    if (a.kind === 'unix') {
+      await prepareUnixSocket(a.path);
+      // created 0660 from the start (no window where it is world-accessible)
+      const old = process.umask(0o117);
+      try {
+        port = await this.bind(grpcTarget(a, true), creds);
+      } finally {
+        process.umask(old);
+      }
+      chmodSync(a.path, 0o660);
+      this.boundAddress = formatAddress(a);
+    } else {
+      port = await this.bind(grpcTarget(a, true), creds);
+      this.boundAddress = formatAddress({ ...a, port });
+    }
+    this.opts.log.info(
+      { listen: this.boundAddress, tls: !!this.opts.tls, mtls: !!this.opts.tls?.ca, local: this.opts.localApi !== false, global: this.opts.globalApi !== false },
+      'to-api: serving',
+    );
+    return this.boundAddress;
+  }
+
+  private bind(target: string, creds: grpc.ServerCredentials): Promise<number> {
+    return new Promise((resolve, reject) => this.server.bindAsync(target, creds, (err, port) => (err ? reject(err) : resolve(port))));
+  }
+
+  /** Ends every stream and stops listening (the unix socket file is removed). */
+  async stop(graceMs = 1000): Promise<void> {
+    for (const finish of [...this.active]) finish();
+    await new Promise<void>((resolve) => {
+      const t = setTimeout(() => (this.server.forceShutdown(), resolve()), graceMs);
+      this.server.tryShutdown(() => (clearTimeout(t), resolve()));
+    });
+    if (this.address.kind === 'unix') {
+      try {
+        unlinkSync(this.address.path);
+      } catch {
+        // already gone
+      }
+    }
+  }
+
+  /** Kills every open stream at once (tests: simulate a dropped connection). */
+  dropStreams(): void {
+    for (const finish of [...this.active]) finish(true);
+  }
+
+  private track<Req>(call: grpc.ServerDuplexStream<Req, Buffer>, onClose: () => void) {
+    const writer = new StreamWriter(call as grpc.ServerDuplexStream<unknown, Buffer>, { windowBytes: this.opts.windowBytes });
+    const requests = new Requests<Req>();
+    let done = false;
+    const finish = (abort = false) => {
+      if (done) return;
+      done = true;
+      this.active.delete(finish);
+      this.stats.streams--;
+      writer.close();
+      requests.end();
+      onClose();
+      // an error status ends the call (grpc-js sends it as the trailers)
+      if (abort) call.emit('error', { code: grpc.status.UNAVAILABLE, details: 'stream dropped by the server' });
+      else call.end();
+    };
+    this.active.add(finish);
+    this.stats.streams++;
+    call.on('data', (r: Req) => requests.push(r));
+    call.on('end', () => requests.end());
+    call.on('cancelled', () => finish());
+    call.on('error', () => finish());
+    return { writer, requests, finish };
+  }
+
+  private async send<Op>(writer: StreamWriter, ops: readonly Op[], frameOf: (op: Op) => Buffer): Promise<void> {
+    for (const op of ops) {
+      const f = frameOf(op);
+      this.stats.messages++;
+      this.stats.bytes += f.length + 5;
+      const wait = writer.write(f);
+      if (wait) await wait;
+      if (writer.isClosed) return;
+    }
+  }
+
+  private serveLocal(call: grpc.ServerDuplexStream<WatchReq, Buffer>) {
+    const log = this.opts.log;
+    let diff: LocalDiff | undefined;
+    let setsKey = '';
+    const { writer, requests, finish } = this.track(call, () => diff?.close());
+    void (async () => {
+      try {
+        for (let req = await requests.next(); req && !writer.isClosed; req = await requests.next()) {
+          const sets = [...new Set(req.Sets.filter((s) => LOCAL_EXTRA_SETS.has(s)))].sort();
+          if (!diff || diff.nodeName !== req.NodeName || sets.join(',') !== setsKey) {
+            // a new node (or new sets) on this stream starts over with Reset
+            diff?.close();
+            if (req.NodeName === '') log.warn({ peer: call.getPeer() }, 'to-api: watch without a node name; no endpoint is local to it');
+            log.debug({ node: req.NodeName, peer: call.getPeer(), sets: sets.map((s) => LocalSet[s]) }, 'to-api: node watching');
+            diff = new LocalDiff(this.opts.store, this.opts.views, req.NodeName, { sets });
+            setsKey = sets.join(',');
+          }
+          await this.nextDiff(diff, writer, () => diff!.next(), localOpFrame);
+        }
+      } catch (e) {
+        log.error({ err: (e as Error).stack ?? String(e) }, 'to-api: local watch failed');
+      } finally {
+        finish();
+      }
+    })();
+  }
+
+  private serveGlobal(call: grpc.ServerDuplexStream<unknown, Buffer>) {
+    const log = this.opts.log;
+    const asked = String(call.metadata.get(GLOBAL_SETS_HEADER)[0] ?? '')
+      .split(',')
+      .map((s) => LocalSet[s.trim() as keyof typeof LocalSet])
+      .filter((s) => GLOBAL_EXTRA_SETS.has(s));
+    const diff = new GlobalDiff(this.opts.store, this.enc, { sets: asked });
+    const { writer, requests, finish } = this.track(call, () => diff.close());
+    log.debug({ peer: call.getPeer() }, 'to-api: global watch');
+    void (async () => {
+      try {
+        for (let req = await requests.next(); req && !writer.isClosed; req = await requests.next()) {
+          await this.nextDiff(diff, writer, () => diff.next(), globalOpFrame);
+        }
+      } catch (e) {
+        log.error({ err: (e as Error).stack ?? String(e) }, 'to-api: global watch failed');
+      } finally {
+        finish();
+      }
+    })();
+  }
+
+  /** Waits for a non-empty diff and sends it (kpng: an empty diff is not answered). */
+  private async nextDiff<Op>(diff: LocalDiff | GlobalDiff, writer: StreamWriter, build: () => Op[], frameOf: (op: Op) => Buffer): Promise<void> {
+    while (!writer.isClosed) {
+      await diff.changed();
+      if (writer.isClosed) return;
+      const release = diff.pendingSize > BIG_DIFF ? await this.bigDiffs.acquire() : undefined;
+      try {
+        if (writer.isClosed) return;
+        const ops = build();
+        if (ops.length === 0) continue;
+        await this.send(writer, ops, frameOf);
+        this.stats.diffs++;
+        return;
+      } finally {
+        release?.();
+      }
+    }
+  }
+}

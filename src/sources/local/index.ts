@@ -1,0 +1,158 @@
+// kpng local: the node side of a split deployment. It watches its node-local
+// state on another kpng's /localv1.Sets/Watch (to-api) and drives a backend,
+// with no store of its own. After a reconnect the server resends everything
+// after a Reset; FilterResetSink turns that into what really changed, so the
+// backend never sees a flush and refill (QuietResyncSink: not even a Sync
+// when nothing changed).
+import { create } from '@bufbuild/protobuf';
+import type { Command } from 'commander';
+import { WatchReqSchema, type OpItem } from '../../api/gen/api/localv1/api_pb.js';
+import { LocalSet, decodeEndpoint, decodeLocalNode, decodeService, decodeServiceCIDR } from '../../api/model.js';
+import { DEFAULT_API } from '../../api/grpc/address.js';
+import { runWatch, type WatchClientOptions } from '../../api/grpc/client.js';
+import { addClientTLSOptions, clientTLSFromOpts } from '../../api/grpc/tls.js';
+import { localWatchMethod } from '../../api/grpc/wire.js';
+import { FilterResetSink } from '../../diff/filter-reset.js';
+import type { LocalOp, LocalSink, LocalValue } from '../../diff/ops.js';
+import { registeredBackends } from '../../backends/registry.js';
+import { addBackendOptions, startBackend } from '../../backends/run.js';
+import { registerCommand } from '../../cli/commands.js';
+import type { Logger } from '../../log.js';
+
+const DECODERS: Partial<Record<LocalSet, (b: Uint8Array) => LocalValue>> = {
+  [LocalSet.ServicesSet]: decodeService,
+  [LocalSet.EndpointsSet]: decodeEndpoint,
+  [LocalSet.NodesSet]: decodeLocalNode,
+  [LocalSet.ServiceCIDRsSet]: decodeServiceCIDR,
+};
+
+const RESET: LocalOp = { kind: 'reset' };
+const SYNC: LocalOp = { kind: 'sync' };
+
+/** An OpItem as a LocalOp; the value is decoded only if someone reads it (FilterResetSink drops most resent ones). Undefined for sets this side does not know. */
+export function toLocalOp(item: OpItem): LocalOp | undefined {
+  const op = item.Op;
+  switch (op.case) {
+    case 'Sync': return SYNC;
+    case 'Reset': return RESET;
+    case 'Set': {
+      const set = op.value.Ref?.Set ?? LocalSet.UnknownSet;
+      const decode = DECODERS[set];
+      if (!decode) return undefined;
+      const path = op.value.Ref?.Path ?? '';
+      const bytes = op.value.Bytes;
+      let value: LocalValue | undefined;
+      return {
+        kind: 'set',
+        set,
+        path,
+        bytes,
+        get value() {
+          return (value ??= decode(bytes));
+        },
+      };
+    }
+    case 'Delete': {
+      const set = op.value.Set;
+      if (!DECODERS[set]) return undefined;
+      return { kind: 'delete', set, path: op.value.Path };
+    }
+    default:
+      return undefined;
+  }
+}
+
+/**
+ * After a reconnect the resend ends with a Sync even when FilterResetSink
+ * found nothing changed: that Sync is dropped, so the backend does not even
+ * wake up. Other Syncs pass (the server never sends an empty diff).
+ */
+export class QuietResyncSink implements LocalSink {
+  private resending = false;
+  private forwarded = false;
+  private readonly inner: FilterResetSink;
+
+  constructor(backend: LocalSink) {
+    this.inner = new FilterResetSink({
+      send: (op) => {
+        if (op.kind === 'sync' && this.resending && !this.forwarded) return;
+        this.forwarded = op.kind !== 'sync';
+        return backend.send(op);
+      },
+    });
+  }
+
+  async send(op: LocalOp): Promise<void> {
+    // ops a broken stream left without their Sync still count as forwarded
+    if (op.kind === 'reset') this.resending = true;
+    await this.inner.send(op);
+    if (op.kind === 'sync') (this.resending = false), (this.forwarded = false);
+  }
+}
+
+/** Watches one node's state until the signal aborts, reconnecting as needed; ops go to sink as they arrive. */
+export async function watchLocalApi(opts: WatchClientOptions, nodeName: string, sets: readonly LocalSet[], sink: LocalSink): Promise<void> {
+  const req = create(WatchReqSchema, { NodeName: nodeName, Sets: [...sets] });
+  await runWatch(opts, localWatchMethod, {
+    request: () => req,
+    op: (item) => {
+      const op = toLocalOp(item);
+      if (op) return sink.send(op);
+    },
+  });
+}
+
+export async function runLocal(localOpts: Record<string, any>, backend: string, backendOpts: Record<string, any>, log: Logger, signal: AbortSignal): Promise<void> {
+  const b = await startBackend(backend, { ...backendOpts, nodeName: backendOpts.nodeName ?? localOpts.nodeName }, log, signal);
+  log.info({ node: b.nodeName, backend, api: localOpts.api }, 'local: starting');
+  const stop = new AbortController();
+  const onAbort = () => stop.abort();
+  signal.addEventListener('abort', onAbort, { once: true });
+  void b.done.then(() => stop.abort());
+  try {
+    await watchLocalApi(
+      {
+        address: localOpts.api,
+        tls: clientTLSFromOpts(localOpts),
+        log,
+        signal: stop.signal,
+        minBackoffMs: localOpts.errorDelay,
+        maxBackoffMs: localOpts.maxErrorDelay,
+      },
+      b.nodeName,
+      b.instance.sets ?? [],
+      new QuietResyncSink(b.sink),
+    );
+  } finally {
+    signal.removeEventListener('abort', onAbort);
+    await b.instance.close?.();
+  }
+}
+
+const ms = (v: string) => {
+  const n = Number(v);
+  if (!Number.isFinite(n) || n <= 0) throw new Error(`not a positive number of milliseconds: ${v}`);
+  return n;
+};
+
+export function addApiClientOptions(cmd: Command): void {
+  cmd
+    .option('--api <address>', 'the kpng API: unix:///path/to.sock, tcp://host:port or host:port', DEFAULT_API)
+    .option('--error-delay <ms>', 'first retry delay after a failure (doubles, with jitter)', ms, 200)
+    .option('--max-error-delay <ms>', 'longest retry delay', ms, 10_000);
+  addClientTLSOptions(cmd);
+}
+
+registerCommand((program, run) => {
+  const lc = program
+    .command('local')
+    .description("program this node from another kpng's node-local API (to-api): kpng local --api ADDR to-<backend>")
+    .enablePositionalOptions()
+    .option('--node-name <name>', 'the node to watch (default: the backend\'s --node-name, hostnameOverride, then the hostname)');
+  addApiClientOptions(lc);
+  for (const def of registeredBackends()) {
+    const bc = lc.command(`to-${def.name}`).description(def.description);
+    addBackendOptions(bc, def);
+    bc.action(() => run((log, signal) => runLocal(lc.opts(), def.name, bc.opts(), log, signal)));
+  }
+});

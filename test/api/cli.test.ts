@@ -1,0 +1,117 @@
+// The commands as a user runs them, as processes: `kpng file ... to-api`
+// on a unix socket (directory created, mode 0660, a stale socket replaced,
+// a live one not taken over, removed on exit), `kpng local ... to-log`,
+// `kpng api ... to-file`, and the refusal of a non-loopback listener
+// without TLS. Every process is killed at the end, also on failure.
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, statSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { TempDirs, waitFor } from './helpers.js';
+
+const KPNG = fileURLToPath(new URL('../../bin/kpng.js', import.meta.url));
+const dirs = new TempDirs();
+const procs = new Set<ChildProcess>();
+after(() => {
+  for (const p of procs) p.kill('SIGKILL');
+  dirs.cleanup();
+});
+
+interface Run {
+  proc: ChildProcess;
+  out: () => string;
+  err: () => string;
+  exit: Promise<number | null>;
+}
+
+function kpng(...args: string[]): Run {
+  const proc = spawn(process.execPath, [KPNG, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  procs.add(proc);
+  let out = '';
+  let err = '';
+  proc.stdout!.on('data', (d) => (out += d));
+  proc.stderr!.on('data', (d) => (err += d));
+  const exit = new Promise<number | null>((resolve) => proc.on('exit', (code) => (procs.delete(proc), resolve(code))));
+  return { proc, out: () => out, err: () => err, exit };
+}
+
+async function exited(r: Run, timeoutMs = 20_000): Promise<number | null> {
+  const t = setTimeout(() => r.proc.kill('SIGKILL'), timeoutMs);
+  try {
+    return await r.exit;
+  } finally {
+    clearTimeout(t);
+  }
+}
+
+const CLUSTER = `
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Node, metadata: {name: node-a}}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: web, namespace: demo}
+  spec: {type: ClusterIP, clusterIP: 10.96.0.10, clusterIPs: [10.96.0.10], ports: [{name: http, port: 80, targetPort: 8080}]}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: web-1, namespace: demo, labels: {kubernetes.io/service-name: web}}
+  addressType: IPv4
+  ports: [{name: http, port: 8080, protocol: TCP}]
+  endpoints:
+  - {addresses: [10.244.1.10], conditions: {ready: true}, nodeName: node-a, targetRef: {kind: Pod, name: web-1, namespace: demo}}
+`;
+
+test('brain and node processes over a unix socket', { timeout: 60_000 }, async () => {
+  const dir = dirs.make();
+  const input = join(dir, 'cluster.yaml');
+  writeFileSync(input, CLUSTER);
+  const sock = join(dir, 'run', 'kpng', 'kpng.sock');
+
+  // the first brain creates the directory and the socket, then crashes
+  const crashed = kpng('file', '-i', input, 'to-api', '--listen', `unix://${sock}`);
+  await waitFor('the first brain to serve', () => crashed.err().includes('to-api: serving'), 20_000);
+  assert.equal(statSync(join(dir, 'run', 'kpng')).mode & 0o777, 0o750);
+  crashed.proc.kill('SIGKILL');
+  await exited(crashed);
+  assert.ok(statSync(sock).isSocket(), 'a stale socket is left behind');
+
+  // the next brain replaces the stale socket
+  const brain = kpng('file', '-i', input, 'to-api', '--listen', `unix://${sock}`);
+  await waitFor('the brain to serve', () => brain.err().includes('to-api: serving'), 20_000);
+  assert.equal(statSync(sock).mode & 0o777, 0o660);
+
+  // a second brain does not take a live socket over
+  const second = kpng('file', '-i', input, 'to-api', '--listen', `unix://${sock}`);
+  assert.notEqual(await exited(second), 0);
+  assert.match(second.err(), /another server is listening there/);
+
+  const node = kpng('local', '--api', `unix://${sock}`, 'to-log', '--node-name', 'node-a', '--once');
+  assert.equal(await exited(node), 0, node.err());
+  assert.deepEqual(
+    node.out().trim().split('\n').map((l) => l.split(' {')[0]),
+    ['~ reset', '+ ServicesSet demo/web', '+ EndpointsSet demo/web/web-1', '> sync'],
+  );
+
+  const chained = kpng('api', '--api', `unix://${sock}`, 'to-file', '--once', '--format', 'json');
+  assert.equal(await exited(chained), 0, chained.err());
+  const state = JSON.parse(chained.out());
+  assert.deepEqual(state.nodes.map((n: any) => n.Name), ['node-a']);
+  assert.equal(state.services[0].service.Name, 'web');
+  assert.equal(state.services[0].endpoints[0].PodName, 'web-1');
+
+  brain.proc.kill('SIGTERM');
+  assert.equal(await exited(brain), 0);
+  assert.ok(!existsSync(sock), 'the socket is removed on exit');
+});
+
+test('a non-loopback listener without TLS does not start', { timeout: 30_000 }, async () => {
+  const dir = dirs.make();
+  const input = join(dir, 'cluster.yaml');
+  writeFileSync(input, CLUSTER);
+  const r = kpng('file', '-i', input, 'to-api', '--listen', 'tcp://0.0.0.0:12090');
+  assert.equal(await exited(r), 1);
+  assert.match(r.err(), /refusing to serve the API on tcp:\/\/0\.0\.0\.0:12090 without TLS/);
+});
