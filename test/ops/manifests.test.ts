@@ -34,7 +34,12 @@ async function accepted(args: string[]): Promise<string | undefined> {
 
 test('the manifests hold what a deployment needs', () => {
   const kinds = docs.map((d) => d.obj.kind).sort();
-  for (const k of ['ServiceAccount', 'ClusterRole', 'ClusterRoleBinding', 'ConfigMap', 'DaemonSet']) assert.ok(kinds.includes(k), k);
+  for (const k of ['ServiceAccount', 'ClusterRole', 'ClusterRoleBinding', 'ConfigMap', 'DaemonSet', 'Deployment']) assert.ok(kinds.includes(k), k);
+  // both modes: kpng kube ... to-local on every node; a to-api brain and kpng local nodes
+  const args = docs.filter((d) => ['DaemonSet', 'Deployment'].includes(d.obj.kind)).map((d) => d.obj.spec.template.spec.containers[0].args.join(' '));
+  assert.ok(args.some((a) => /^kube .*to-local to-nft/.test(a)), 'single-process mode');
+  assert.ok(args.some((a) => /^kube .*to-api /.test(a)), 'brain');
+  assert.ok(args.some((a) => /^local .*to-nft/.test(a)), 'node of a brain');
 });
 
 test('RBAC: get, list and watch of Services, EndpointSlices, Nodes and ServiceCIDRs, nothing else', () => {
