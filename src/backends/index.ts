@@ -1,3 +1,4 @@
 // Every backend registers itself when imported; this is the list.
 import './log/index.js';
 import './nft/index.js';
+import './iptables/index.js';

@@ -1,0 +1,630 @@
+// The iptables proxier: kube-proxy's iptables mode on kpng's node-local
+// state. Each sync is one `iptables-restore --noflush` per family (*filter,
+// then *nat): the top-level chains in full, and only the per-service chains
+// that changed (KEP-3453 partial sync), compared with the committed state
+// kept in memory. A full reconcile (iptables-save read back) happens only at
+// start-up, adopting what a previous kpng left so that nothing is flushed and
+// no connection is disturbed, after a failure, and when the canary chain
+// disappears (someone flushed iptables).
+import { readFileSync, writeFileSync } from 'node:fs';
+import { networkInterfaces } from 'node:os';
+import type { Logger } from '../../log.js';
+import { parseCIDR, cidrContains, type Family } from '../../api/ip.js';
+import { externallyAccessible, ipSetOf, type Endpoint, type LocalNode, type Service } from '../../api/model.js';
+import type { DecoderHandler } from '../../diff/decoder.js';
+import type { KubeProxyConfiguration } from '../shared/config.js';
+import { servicePorts, type ServicePort } from '../shared/service-ports.js';
+import { ConntrackCleaner, type StaleFlow } from '../shared/conntrack.js';
+import { HealthCheckServers } from '../shared/healthcheck.js';
+import { isServiceChain, markHex } from './names.js';
+import {
+  FILTER_CHAINS,
+  NAT_CHAINS,
+  KUBE_FIREWALL,
+  KUBE_PROXY_CANARY,
+  emptyPortRules,
+  filterFixedRules,
+  jumpRules,
+  natFixedChains,
+  nodePortJumps,
+  renderPort,
+  type JumpRule,
+  type PortRules,
+  type RenderContext,
+  type StaticInputs,
+} from './rules.js';
+import { IptablesError, detectMode, restore, run, save, toolName, type IptablesMode, type ToolPath } from './iptables.js';
+
+export interface IptablesProxierOptions {
+  readonly nodeName: string;
+  readonly config: KubeProxyConfiguration;
+  readonly log: Logger;
+  /** print the restore input instead of applying it */
+  readonly dryRun?: boolean;
+  /** apply once: no waiting between syncs, failures are thrown */
+  readonly once?: boolean;
+  /** iptables-nft or iptables-legacy; detected when not given */
+  readonly mode?: IptablesMode;
+  /** where the tools are (tests run them in a namespace); default: by name */
+  readonly tool?: ToolPath;
+  readonly conntrackPath?: string;
+  /** where --dry-run prints */
+  readonly out?: NodeJS.WritableStream;
+  readonly families?: readonly Family[];
+  /** serve healthCheckNodePorts (default true) */
+  readonly healthChecks?: boolean;
+  /** the node's interface addresses (nodePortAddresses CIDRs); default: this process's namespace */
+  readonly interfaceAddresses?: () => string[];
+}
+
+/** What one Service renders to, in one family. */
+interface ServiceRules extends PortRules {
+  /** endpoints it counts toward large-cluster mode */
+  readonly endpoints: number;
+  /** UDP flows it programs: "vip|port|endpoint" ('' vip: NodePort) */
+  readonly udp: Set<string>;
+  /** UDP service IP:ports with endpoints: "vip|port|" */
+  readonly udpVips: Set<string>;
+}
+
+interface FamilyState {
+  readonly family: Family;
+  readonly rules: Map<string, ServiceRules>;
+  /** service keys in order (the order of KUBE-SERVICES), undefined when the set changed */
+  order?: string[];
+  /** every per-service nat chain wanted now: name -> rules */
+  readonly desired: Map<string, string[]>;
+  /** per-service nat chains as the kernel has them: name -> rules */
+  committed: Map<string, string[]>;
+  /** jump rules from the built-in chains that are missing (filled at a reconcile) */
+  missingJumps: JumpRule[];
+  endpoints: number;
+  /** upstream's large-cluster mode: more than 1000 endpoints, no comments on endpoint rules */
+  large: boolean;
+}
+
+export interface ProxierStats {
+  syncs: number;
+  fullSyncs: number;
+  failures: number;
+  lastSyncMs: number;
+  lastSuccess: number;
+  /** per-service chains written (flushed and refilled) by the last sync */
+  lastChainsWritten: number;
+  lastChainsDeleted: number;
+  /** restore input size of the last sync, all families */
+  lastRestoreBytes: number;
+}
+
+/** upstream largeClusterEndpointsThreshold: above it, endpoint rules lose their comments */
+const LARGE_CLUSTER_ENDPOINTS = 1000;
+
+export class IptablesProxier implements DecoderHandler {
+  private readonly services = new Map<string, Service>();
+  private readonly endpoints = new Map<string, Map<string, Endpoint>>();
+  private node?: LocalNode;
+  private dirty = new Set<string>();
+  private nodeDirty = true;
+  private needReconcile = true;
+  private failuresInRow = 0;
+  private retryTimer?: NodeJS.Timeout;
+  private canaryTimer?: NodeJS.Timeout;
+  private lock: Promise<void> = Promise.resolve();
+  private closed = false;
+  private started = false;
+  private mode?: IptablesMode;
+  private tcpBeLiberal = false;
+  private readonly fam: Map<Family, FamilyState>;
+  private readonly conntrack: ConntrackCleaner;
+  private readonly health?: HealthCheckServers;
+  private readonly warned = new Set<string>();
+  private readonly tool: ToolPath;
+  readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, lastChainsWritten: 0, lastChainsDeleted: 0, lastRestoreBytes: 0 };
+
+  constructor(private readonly o: IptablesProxierOptions) {
+    this.mode = o.mode;
+    this.tool = o.tool ?? ((t) => t);
+    this.fam = new Map((o.families ?? [4, 6]).map((f) => [f, { family: f, rules: new Map(), desired: new Map(), committed: new Map(), missingJumps: [], endpoints: 0, large: false } satisfies FamilyState]));
+    this.conntrack = new ConntrackCleaner(o.log, o.conntrackPath);
+    if (o.healthChecks !== false && !o.dryRun) this.health = new HealthCheckServers(o.log, () => this.failuresInRow === 0);
+  }
+
+  // --- the diff stream
+
+  reset(): void {
+    for (const k of this.services.keys()) this.dirty.add(k);
+    this.services.clear();
+    this.endpoints.clear();
+  }
+
+  setService(svc: Service): void {
+    const key = `${svc.Namespace}/${svc.Name}`;
+    this.services.set(key, svc);
+    this.dirty.add(key);
+  }
+
+  deleteService(namespace: string, name: string): void {
+    const key = `${namespace}/${name}`;
+    this.services.delete(key);
+    this.endpoints.delete(key);
+    this.dirty.add(key);
+  }
+
+  setEndpoint(namespace: string, service: string, key: string, ep: Endpoint): void {
+    const svcKey = `${namespace}/${service}`;
+    let m = this.endpoints.get(svcKey);
+    if (!m) this.endpoints.set(svcKey, (m = new Map()));
+    m.set(key, ep);
+    this.dirty.add(svcKey);
+  }
+
+  deleteEndpoint(namespace: string, service: string, key: string): void {
+    const svcKey = `${namespace}/${service}`;
+    this.endpoints.get(svcKey)?.delete(key);
+    this.dirty.add(svcKey);
+  }
+
+  setNode(node: LocalNode): void {
+    this.node = node;
+    this.nodeDirty = true;
+  }
+
+  deleteNode(): void {
+    this.node = undefined;
+    this.nodeDirty = true;
+  }
+
+  async sync(): Promise<void> {
+    const started = Date.now();
+    await this.exclusive(() => this.syncNow());
+    if (this.o.once || this.closed) return;
+    // minSyncPeriod, measured from completion: changes meanwhile coalesce
+    const min = this.o.config.iptables.minSyncPeriodMs;
+    const wait = min - (Date.now() - started);
+    if (wait > 0) await new Promise((r) => setTimeout(r, Math.min(wait, min)));
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    clearTimeout(this.retryTimer);
+    clearInterval(this.canaryTimer);
+    await this.lock;
+    await this.health?.close();
+  }
+
+  get healthy(): boolean {
+    return this.failuresInRow === 0;
+  }
+
+  /** the iptables in use (after the first sync) */
+  get iptablesMode(): IptablesMode | undefined {
+    return this.mode;
+  }
+
+  get conntrackDeleted(): number {
+    return this.conntrack.deleted;
+  }
+
+  get healthCheckPorts(): number[] {
+    return this.health?.ports() ?? [];
+  }
+
+  private exclusive(fn: () => Promise<void>): Promise<void> {
+    const run = this.lock.then(fn);
+    this.lock = run.catch(() => {});
+    return run;
+  }
+
+  private warnOnce(id: string, msg: string) {
+    if (this.warned.has(id)) return;
+    this.warned.add(id);
+    this.o.log.warn(msg);
+  }
+
+  // --- what to program
+
+  /** 'all', or the node addresses NodePorts are served on (upstream NodePortAddresses) */
+  private nodePortAddresses(family: Family): 'all' | string[] {
+    const list = this.o.config.nodePortAddresses;
+    if (!list.length || list.includes('all')) return 'all';
+    const local = this.o.interfaceAddresses?.() ?? interfaceAddresses();
+    const out = new Set<string>();
+    for (const a of list) {
+      if (a === 'primary') for (const ip of ipSetOf(this.node?.IPs, family)) out.add(ip);
+      else if (a === 'localhost') {
+        if (family === 4) out.add('127.0.0.1');
+      } else {
+        const c = parseCIDR(a);
+        if (c?.family === family) for (const ip of local) if (cidrContains(c, ip)) out.add(ip);
+      }
+    }
+    const loopback = (ip: string) => ip === '::1' || ip.startsWith('127.');
+    return [...out].filter((ip) => !loopback(ip) || (family === 4 && this.localhostNodePorts(4))).sort();
+  }
+
+  /** IPv4 NodePorts on 127.0.0.1: only when nodePortAddresses include it (upstream ContainsIPv4Loopback) */
+  private localhostNodePorts(family: Family): boolean {
+    if (family !== 4 || !this.o.config.iptables.localhostNodePorts) return false;
+    const list = this.o.config.nodePortAddresses;
+    if (!list.length || list.includes('all') || list.includes('localhost')) return true;
+    return list.some((a) => {
+      const c = parseCIDR(a);
+      return !!c && cidrContains(c, '127.0.0.1');
+    });
+  }
+
+  private renderContext(st: FamilyState): RenderContext {
+    const family = st.family;
+    const c = this.o.config;
+    let local: RenderContext['local'];
+    switch (c.detectLocalMode) {
+      case 'ClusterCIDR': {
+        const cidr = c.clusterCIDRs.find((x) => parseCIDR(x)?.family === family);
+        if (cidr) local = { kind: 's', value: cidr };
+        break;
+      }
+      case 'NodeCIDR': {
+        const cidr = this.node?.PodCIDRs.map((x) => parseCIDR(x)).find((x) => x?.family === family);
+        if (cidr) local = { kind: 's', value: `${cidr.ip}/${cidr.prefix}` };
+        else this.warnOnce(`nodecidr-${family}`, 'detectLocalMode NodeCIDR: the node has no pod CIDR yet; pod traffic cannot be told apart');
+        break;
+      }
+      case 'BridgeInterface':
+        local = { kind: 'i', value: c.detectLocal.bridgeInterface };
+        break;
+      case 'InterfaceNamePrefix':
+        local = { kind: 'i', value: `${c.detectLocal.interfaceNamePrefix}+` };
+        break;
+    }
+    return {
+      family,
+      mark: markHex(c.iptables.masqueradeBit),
+      masqueradeAll: c.iptables.masqueradeAll,
+      local,
+      nodeIPs: ipSetOf(this.node?.IPs, family),
+      comments: !st.large,
+    };
+  }
+
+  private staticInputs(family: Family): StaticInputs {
+    return {
+      family,
+      mark: markHex(this.o.config.iptables.masqueradeBit),
+      localhostNodePorts: this.localhostNodePorts(family),
+      tcpBeLiberal: this.tcpBeLiberal,
+      nodePortAddresses: this.nodePortAddresses(family),
+    };
+  }
+
+  private renderService(key: string, ctx: RenderContext): ServiceRules | undefined {
+    const svc = this.services.get(key);
+    if (!svc) return undefined;
+    const out = { ...emptyPortRules(), endpoints: 0, udp: new Set<string>(), udpVips: new Set<string>() };
+    const facts = {
+      serviceExternallyAccessible: externallyAccessible(svc),
+      healthCheckNodePort: svc.Type === 'LoadBalancer' && svc.ExternalTrafficToLocal ? svc.HealthCheckNodePort : 0,
+    };
+    let endpoints = 0;
+    for (const sp of servicePorts(svc, this.endpoints.get(key)?.values() ?? [], ctx.family)) {
+      renderPort(sp, facts, ctx, out);
+      endpoints += Math.max(sp.cluster.length, sp.internal.length, sp.external.length);
+      if (sp.protocol === 'udp') udpFlows(sp, out.udp, out.udpVips);
+    }
+    return { ...out, endpoints };
+  }
+
+  /**
+   * Brings the rendered services up to date. Returns, per family, the
+   * services that were rendered again with the chains they had before.
+   */
+  private recompute(): { changed: Map<Family, Map<string, string[]>>; flows: StaleFlow[] } {
+    const changed = new Map<Family, Map<string, string[]>>();
+    const flows: StaleFlow[] = [];
+    const rerender = (st: FamilyState, keys: Iterable<string>, touched: Map<string, string[]>) => {
+      const ctx = this.renderContext(st);
+      for (const key of keys) {
+        const before = st.rules.get(key);
+        const now = this.renderService(key, ctx);
+        // UDP conntrack entries to delete: flows to endpoints that went away,
+        // and service IPs that got their first endpoint (0 -> N)
+        for (const k of before?.udp ?? []) if (!now?.udp.has(k)) flows.push(parseFlow(st.family, k));
+        for (const k of now?.udpVips ?? []) if (!before?.udpVips.has(k) && !k.startsWith('|')) flows.push(parseFlow(st.family, k));
+        st.endpoints += (now?.endpoints ?? 0) - (before?.endpoints ?? 0);
+        for (const name of before?.chains.keys() ?? []) st.desired.delete(name);
+        for (const [name, rules] of now?.chains ?? []) st.desired.set(name, rules);
+        if (now) st.rules.set(key, now);
+        else st.rules.delete(key);
+        if (!before || !now) st.order = undefined;
+        if (!touched.has(key)) touched.set(key, [...(before?.chains.keys() ?? [])]);
+      }
+    };
+    for (const [family, st] of this.fam) {
+      // the node's IPs (source ranges covering the node) and pod CIDRs (NodeCIDR) shape every service
+      const keys = this.nodeDirty ? new Set([...this.dirty, ...this.services.keys(), ...st.rules.keys()]) : this.dirty;
+      const touched = new Map<string, string[]>();
+      rerender(st, keys, touched);
+      changed.set(family, touched);
+    }
+    // large-cluster mode, per family as upstream's per-family proxiers: comments change everywhere
+    for (const [family, st] of this.fam) {
+      const large = st.endpoints > LARGE_CLUSTER_ENDPOINTS;
+      if (large === st.large) continue;
+      st.large = large;
+      this.o.log.info({ family, largeClusterMode: large }, `iptables: ${large ? 'more' : 'no more'} than ${LARGE_CLUSTER_ENDPOINTS} endpoints: endpoint rules ${large ? 'without' : 'with'} comments`);
+      rerender(st, [...st.rules.keys()], changed.get(family)!);
+    }
+    this.dirty = new Set();
+    this.nodeDirty = false;
+    return { changed, flows };
+  }
+
+  // --- applying
+
+  private async start(): Promise<void> {
+    if (this.started) return;
+    this.started = true;
+    if (this.o.dryRun) {
+      this.mode ??= 'nft';
+      return;
+    }
+    if (!this.mode) {
+      const d = await detectMode(this.tool);
+      this.mode = d.mode;
+      this.o.log.info({ mode: d.mode, reason: d.reason }, `iptables: using iptables-${d.mode}`);
+    }
+    const c = this.o.config;
+    if (c.conntrack.tcpBeLiberal) await this.sysctl('net.netfilter.nf_conntrack_tcp_be_liberal', '1');
+    this.tcpBeLiberal = (await this.sysctl('net.netfilter.nf_conntrack_tcp_be_liberal')) === '1';
+    if (this.tcpBeLiberal) this.o.log.info('iptables: nf_conntrack_tcp_be_liberal is set, not dropping INVALID packets');
+    if (this.fam.has(4) && this.localhostNodePorts(4)) {
+      this.o.log.info(
+        'iptables: setting route_localnet=1 to allow NodePorts on localhost; to change this, disable iptables.localhostNodePorts or set nodePortAddresses without 127.0.0.1',
+      );
+      await this.sysctl('net.ipv4.conf.all.route_localnet', '1');
+    }
+    if (!this.o.once) {
+      const every = c.iptables.syncPeriodMs || 30_000;
+      this.canaryTimer = setInterval(() => void this.checkCanary(), every);
+      this.canaryTimer.unref?.();
+    }
+  }
+
+  /** Reads (and, with value, sets) a sysctl of kpng's network namespace. */
+  private async sysctl(key: string, value?: string): Promise<string> {
+    try {
+      return (await run(this.tool('sysctl'), value === undefined ? ['-n', key] : ['-w', `${key}=${value}`])).trim().replace(/^.*= /, '');
+    } catch (e) {
+      // no sysctl binary (procps): /proc/sys of this process's namespace
+      if (e instanceof IptablesError && e.code === -1 && !this.o.tool) {
+        const path = `/proc/sys/${key.replace(/\./g, '/')}`;
+        try {
+          if (value !== undefined) writeFileSync(path, value);
+          return readFileSync(path, 'utf8').trim();
+        } catch {
+          // reported below
+        }
+      }
+      if (value !== undefined) this.o.log.warn({ key, err: (e as Error).message }, 'iptables: cannot set sysctl');
+      return '';
+    }
+  }
+
+  /**
+   * upstream ipt.Monitor: the canary chain gone from mangle means iptables
+   * was flushed; reprogram everything. Checked between syncs, never during
+   * one; only "no such chain" (exit 1) counts, not a busy lock (exit 4).
+   */
+  private checkCanary(): Promise<void> {
+    return this.exclusive(async () => {
+      if (this.closed || this.needReconcile || !this.mode) return;
+      const missing = async (family: Family) => {
+        try {
+          await run(this.tool(toolName(family, this.mode!, '')), ['-w', '5', '-t', 'mangle', '-n', '-L', KUBE_PROXY_CANARY]);
+          return '';
+        } catch (e) {
+          return e instanceof IptablesError && e.code === 1 ? e.stderr.trim() || e.message : '';
+        }
+      };
+      for (const family of this.fam.keys()) {
+        const why = await missing(family);
+        if (!why) continue;
+        this.o.log.warn({ family, why }, 'iptables: the canary chain is gone (iptables flushed?); reprogramming everything');
+        this.needReconcile = true;
+        return this.syncNow();
+      }
+    }).catch(() => {});
+  }
+
+  private async syncNow(): Promise<void> {
+    clearTimeout(this.retryTimer);
+    const t0 = Date.now();
+    const full = this.needReconcile;
+    let flows: StaleFlow[] = [];
+    try {
+      await this.start();
+      const r0 = this.recompute();
+      const changed = r0.changed;
+      flows = r0.flows;
+      if (full) await this.adopt();
+      let bytes = 0;
+      let written = 0;
+      let deleted = 0;
+      for (const [family, st] of this.fam) {
+        const r = this.render(st, full ? undefined : changed.get(family)!, full);
+        bytes += r.input.length;
+        written += r.write.length;
+        deleted += r.stale.length;
+        if (this.o.dryRun) (this.o.out ?? process.stdout).write(`# ${toolName(family, this.mode!, 'restore')} --noflush -w 5\n${r.input}`);
+        else await restore(family, this.mode!, this.tool, r.input);
+        for (const name of r.write) st.committed.set(name, st.desired.get(name)!);
+        for (const name of r.stale) st.committed.delete(name);
+        st.missingJumps = [];
+      }
+      this.needReconcile = false;
+      this.failuresInRow = 0;
+      this.stats.syncs++;
+      if (full) this.stats.fullSyncs++;
+      this.stats.lastSyncMs = Date.now() - t0;
+      this.stats.lastSuccess = Date.now();
+      this.stats.lastChainsWritten = written;
+      this.stats.lastChainsDeleted = deleted;
+      this.stats.lastRestoreBytes = bytes;
+      this.o.log.debug({ full, ms: this.stats.lastSyncMs, chainsWritten: written, chainsDeleted: deleted, bytes }, 'iptables: synced');
+    } catch (e) {
+      this.stats.failures++;
+      this.failuresInRow++;
+      this.needReconcile = true;
+      const msg = e instanceof Error ? e.message : String(e);
+      this.o.log.error({ err: msg, failuresInRow: this.failuresInRow }, 'iptables: sync failed; the last good rules stay in place, retrying with a full reconcile');
+      if (this.o.once) throw e;
+      if (!this.closed) {
+        const delay = Math.min(1000 * 2 ** (this.failuresInRow - 1), this.o.config.iptables.syncPeriodMs || 30_000);
+        this.retryTimer = setTimeout(() => void this.exclusive(() => this.syncNow()).catch(() => {}), delay);
+        this.retryTimer.unref?.();
+      }
+      return;
+    }
+    if (!this.o.dryRun) {
+      await this.conntrack.clean(flows);
+      this.health?.update(this.healthCheckServices());
+    }
+  }
+
+  /** Reads the kernel's rules back: what a previous kpng (or a failed sync) left. */
+  private async adopt(): Promise<void> {
+    for (const st of this.fam.values()) {
+      const jumps = jumpRules(this.localhostNodePorts(st.family));
+      if (this.o.dryRun) {
+        st.committed = new Map();
+        st.missingJumps = jumps;
+        continue;
+      }
+      let tables;
+      try {
+        tables = await save(st.family, this.mode!, this.tool);
+      } catch (e) {
+        // a kernel without IPv6 (or ip6tables): serve IPv4 only rather than fail every sync
+        if (st.family === 6 && this.stats.syncs === 0 && this.fam.size > 1) {
+          this.o.log.warn({ err: (e as Error).message }, 'iptables: ip6tables does not work here; IPv6 Services are not programmed');
+          this.fam.delete(6);
+          continue;
+        }
+        throw e;
+      }
+      const nat = tables.get('nat')?.chains ?? new Map<string, string[]>();
+      st.committed = new Map([...nat].filter(([name]) => isServiceChain(name)));
+      st.missingJumps = jumps.filter((j) => !(tables.get(j.table)?.chains.get(j.from) ?? []).includes(`-A ${j.from} ${j.rule}`));
+    }
+  }
+
+  /**
+   * The restore input of a family. changed: the services whose chains to
+   * compare with the committed ones; undefined (a full reconcile) compares all.
+   */
+  private render(st: FamilyState, changed: Map<string, string[]> | undefined, full: boolean): { input: string; write: string[]; stale: string[] } {
+    const desired = st.desired;
+    const s = this.staticInputs(st.family);
+    const order = (st.order ??= [...st.rules.keys()].sort());
+    // per-service chains to write: new or different from the kernel's
+    const write: string[] = [];
+    const stale: string[] = [];
+    const candidates = changed === undefined ? desired.keys() : chainsOf(changed.keys(), st);
+    for (const name of candidates) {
+      const want = desired.get(name);
+      if (!want) continue;
+      const have = st.committed.get(name);
+      if (!have || !sameRules(have, want)) write.push(name);
+    }
+    if (changed === undefined) {
+      for (const name of st.committed.keys()) if (!desired.has(name)) stale.push(name);
+    } else {
+      for (const names of changed.values()) for (const name of names) if (!desired.has(name) && st.committed.has(name)) stale.push(name);
+    }
+    write.sort();
+    stale.sort();
+
+    const lines: string[] = [];
+    // *filter: written in full every sync
+    const fixedFilter = filterFixedRules(s);
+    lines.push('*filter');
+    const filterChains: string[] = [...FILTER_CHAINS, ...(s.localhostNodePorts ? [KUBE_FIREWALL] : [])];
+    if (full) filterChains.push(KUBE_PROXY_CANARY);
+    for (const c of filterChains) lines.push(`:${c} - [0:0]`);
+    for (const j of st.missingJumps) if (j.table === 'filter') lines.push(`-I ${j.from} 1 ${j.rule}`);
+    const perService = (pick: (r: ServiceRules) => string[]) => {
+      for (const key of order) {
+        const rs = pick(st.rules.get(key)!);
+        for (let i = 0; i < rs.length; i++) lines.push(rs[i]);
+      }
+    };
+    perService((r) => r.filterNodePorts);
+    perService((r) => r.filterServices);
+    perService((r) => r.filterExternal);
+    for (const rs of fixedFilter.values()) lines.push(...rs);
+    perService((r) => r.filterFirewall);
+    lines.push('COMMIT');
+
+    // *nat: the top-level chains in full, changed service chains, stale ones deleted
+    lines.push('*nat');
+    const natFixed = natFixedChains(s);
+    const natChains: string[] = [...NAT_CHAINS, ...write, ...stale];
+    if (full) natChains.push(KUBE_PROXY_CANARY);
+    for (const c of natChains) lines.push(`:${c} - [0:0]`);
+    for (const j of st.missingJumps) if (j.table === 'nat') lines.push(`-I ${j.from} 1 ${j.rule}`);
+    for (const rs of natFixed.values()) lines.push(...rs);
+    perService((r) => r.natNodePorts);
+    perService((r) => r.natServices);
+    lines.push(...nodePortJumps(s));
+    for (const name of write) lines.push(...desired.get(name)!);
+    for (const name of stale) lines.push(`-X ${name}`);
+    lines.push('COMMIT');
+    if (full) lines.push('*mangle', `:${KUBE_PROXY_CANARY} - [0:0]`, 'COMMIT');
+    return { input: lines.join('\n') + '\n', write, stale };
+  }
+
+  // --- conntrack and health checks
+
+  private healthCheckServices() {
+    const out = [];
+    for (const [key, svc] of this.services) {
+      if (svc.Type !== 'LoadBalancer' || !svc.ExternalTrafficToLocal || !svc.HealthCheckNodePort) continue;
+      let local = 0;
+      for (const ep of this.endpoints.get(key)?.values() ?? []) if (ep.Local && ep.Scopes?.External && !ep.Terminating) local++;
+      out.push({ namespace: svc.Namespace, name: svc.Name, port: svc.HealthCheckNodePort, localEndpoints: local });
+    }
+    return out;
+  }
+}
+
+/** "vip|port|endpoint" for every UDP flow a service port programs */
+function udpFlows(sp: ServicePort, udp: Set<string>, vips: Set<string>): void {
+  const P = sp.port.Port;
+  const add = (vip: string, port: number, targets: readonly { ip: string }[]) => {
+    if (!targets.length) return;
+    for (const t of targets) udp.add(`${vip}|${port}|${t.ip}`);
+    vips.add(`${vip}|${port}|`);
+  };
+  add(sp.clusterIP, P, sp.internal);
+  const external = [...sp.cluster, ...sp.external];
+  for (const vip of new Set([...sp.externalIPs, ...sp.loadBalancerIPs])) add(vip, P, external);
+  if (sp.nodePort) add('', sp.nodePort, external);
+}
+
+function parseFlow(family: Family, k: string): StaleFlow {
+  const [vip, port, endpoint] = k.split('|');
+  return { family, vip, port: Number(port), endpoint };
+}
+
+function sameRules(a: readonly string[], b: readonly string[]): boolean {
+  return a.length === b.length && a.every((r, i) => r === b[i]);
+}
+
+function chainsOf(keys: Iterable<string>, st: FamilyState): string[] {
+  const out: string[] = [];
+  for (const key of keys) for (const name of st.rules.get(key)?.chains.keys() ?? []) out.push(name);
+  return out;
+}
+
+function interfaceAddresses(): string[] {
+  return Object.values(networkInterfaces()).flatMap((l) => (l ?? []).map((a) => a.address.replace(/%.*$/, '')));
+}
