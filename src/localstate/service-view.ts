@@ -54,11 +54,50 @@ interface PortResult {
 
 interface FamilyEndpoint {
   ip: string;
+  podName: string;
   hostname: string;
   nodeName: string;
   local: boolean;
   terminating: boolean;
   ports: PortResult[];
+}
+
+interface Mark extends Candidate {
+  inCluster: boolean;
+  inLocal: boolean;
+}
+
+/** a group of ports an endpoint serves the same way */
+interface Segment {
+  fams: FamilyEndpoint[];
+  ports: PortResult[];
+}
+
+const sameUse = (a: PortResult, b: PortResult) => a.internal === b.internal && a.external === b.external && a.cluster === b.cluster;
+
+/** one segment per way the endpoint's ports are used (usually one) */
+function segmentsOf(fe: FamilyEndpoint): Segment[] {
+  const ports = fe.ports;
+  if (ports.every((p) => sameUse(p, ports[0]))) return [{ fams: [fe], ports }];
+  const out: Segment[] = [];
+  for (const p of ports) {
+    const seg = out.find((g) => sameUse(g.ports[0], p));
+    if (seg) seg.ports.push(p);
+    else out.push({ fams: [fe], ports: [p] });
+  }
+  return out;
+}
+
+/** two families' segments can be one endpoint when everything but the address agrees */
+function mergeable(a: Segment, b: Segment): boolean {
+  const fa = a.fams[0];
+  const fb = b.fams[0];
+  if (fa.local !== fb.local || fa.terminating !== fb.terminating || fa.hostname !== fb.hostname || fa.nodeName !== fb.nodeName) return false;
+  if (a.ports.length !== b.ports.length) return false;
+  return a.ports.every((p, i) => {
+    const q = b.ports[i];
+    return sameUse(p, q) && p.port.Name === q.port.Name && p.port.Protocol === q.port.Protocol && p.target === q.target;
+  });
 }
 
 /** Computes the view, or undefined when this service is not proxied at all. */
@@ -78,13 +117,18 @@ export function computeServiceView(
 
   // the node's copy differs only in the ports' HasEndpoints flags: share the rest
   const out: Service = { ...svc, Ports: svc.Ports.map((p) => ({ ...p })) };
-  // identity (pod name or IP) -> family -> endpoint facts
-  const byIdentity = new Map<string, { podName: string; fams: Map<4 | 6, FamilyEndpoint> }>();
+  // per family, the endpoints by IP (one record whatever the number of ports)
+  const byFamily: Map<string, FamilyEndpoint>[] = [];
+  let hasV6 = false;
+  for (const slice of slices) for (const info of slice.endpoints) if (info.Endpoint?.IPs?.V6.length) hasV6 = true;
 
-  for (const family of [4, 6] as const) {
+  for (const family of hasV6 ? ([4, 6] as const) : ([4] as const)) {
+    const fams = new Map<string, FamilyEndpoint>();
+    byFamily.push(fams);
     svc.Ports.forEach((port, pi) => {
       // candidates for this port, deduplicated by IP:port (a local copy wins)
-      const cands = new Map<string, Candidate>();
+      const list: Mark[] = [];
+      let index: Map<string, number> | undefined;
       for (const slice of slices) {
         for (const info of slice.endpoints) {
           const ips = family === 4 ? info.Endpoint?.IPs?.V4 : info.Endpoint?.IPs?.V6;
@@ -93,76 +137,75 @@ export function computeServiceView(
           const sp = info.Endpoint!.PortOverrides.find((o) => o.Name === port.Name && o.Protocol === port.Protocol);
           if (!sp) continue;
           const local = node.name !== '' && info.Topology?.Node === node.name;
-          const k = `${ip}:${sp.Port}`;
-          if (cands.has(k) && !local) continue;
-          cands.set(k, { info, ip, port: sp.Port, local });
+          const c: Mark = { info, ip, port: sp.Port, local, inCluster: false, inLocal: false };
+          // a linear scan for small lists, an index past that
+          let dup = -1;
+          if (list.length > 16 && !index) index = new Map(list.map((x, i) => [`${x.ip}:${x.port}`, i]));
+          if (index) dup = index.get(`${ip}:${sp.Port}`) ?? -1;
+          else dup = list.findIndex((x) => x.ip === ip && x.port === sp.Port);
+          if (dup >= 0) {
+            if (local) list[dup] = c;
+            continue;
+          }
+          index?.set(`${ip}:${sp.Port}`, list.length);
+          list.push(c);
         }
       }
-      const list = [...cands.values()];
       const cat = categorize(list, node, usesCluster, usesLocal);
       if (family === 4) out.Ports[pi].HasEndpointsV4 = cat.hasAny;
       else out.Ports[pi].HasEndpointsV6 = cat.hasAny;
-
-      const internalSet = new Set(itpLocal ? cat.local : cat.cluster);
-      const externalSet = new Set(etpLocal ? cat.local : cat.cluster);
-      const clusterSet = new Set(cat.cluster);
+      for (const c of (cat.cluster ?? []) as Mark[]) c.inCluster = true;
+      for (const c of (cat.local ?? []) as Mark[]) c.inLocal = true;
       for (const c of list) {
-        const r: PortResult = {
-          port,
-          target: c.port,
-          internal: internalSet.has(c),
-          external: externalSet.has(c),
-          cluster: clusterSet.has(c),
-        };
-        if (!r.internal && !r.external && !r.cluster) continue;
-        const podName = c.info.PodName;
-        const id = podName ? `pod:${podName}` : `ip:${c.ip}`;
-        let ident = byIdentity.get(id);
-        if (!ident) byIdentity.set(id, (ident = { podName, fams: new Map() }));
-        let fe = ident.fams.get(family);
-        if (!fe || fe.ip !== c.ip) {
-          // a pod has one address per family; a second one in the same
-          // family (bad data) is kept apart below under its own identity
-          if (fe && fe.ip !== c.ip) {
-            const alt = `ip:${c.ip}`;
-            let other = byIdentity.get(alt);
-            if (!other) byIdentity.set(alt, (other = { podName: '', fams: new Map() }));
-            ident = other;
-            fe = ident.fams.get(family);
-          }
-          if (!fe) {
-            fe = { ip: c.ip, hostname: c.info.Endpoint?.Hostname ?? '', nodeName: c.info.Topology?.Node ?? '', local: c.local, terminating: !isReady(c), ports: [] };
-            ident.fams.set(family, fe);
-          }
+        const internal = itpLocal ? c.inLocal : c.inCluster;
+        const external = etpLocal ? c.inLocal : c.inCluster;
+        const cluster = c.inCluster;
+        if (!internal && !external && !cluster) continue;
+        let fe = fams.get(c.ip);
+        if (!fe) {
+          fe = {
+            ip: c.ip,
+            podName: c.info.PodName,
+            hostname: c.info.Endpoint?.Hostname ?? '',
+            nodeName: c.info.Topology?.Node ?? '',
+            local: c.local,
+            terminating: !isReady(c),
+            ports: [],
+          };
+          fams.set(c.ip, fe);
         }
-        fe.ports.push(r);
+        fe.ports.push({ port, target: c.port, internal, external, cluster });
       }
     });
   }
 
-  const endpoints: EndpointView[] = [];
-  for (const ident of byIdentity.values()) {
-    // split each family's ports by how they are used, then merge families
-    // that are used identically (a dual-stack pod becomes one endpoint)
-    const segments: { sig: string; fams: FamilyEndpoint[]; ports: PortResult[] }[] = [];
-    for (const fam of [4, 6] as const) {
-      const fe = ident.fams.get(fam);
-      if (!fe) continue;
-      const groups = new Map<string, PortResult[]>();
-      for (const r of fe.ports) {
-        const g = `${r.internal ? 'i' : ''}${r.external ? 'e' : ''}${r.cluster ? 'c' : ''}`;
-        let list = groups.get(g);
-        if (!list) groups.set(g, (list = []));
-        list.push(r);
+  // one endpoint per way an address is used; a dual-stack pod used the same
+  // way in both families is one endpoint with both addresses
+  const groups: { podName: string; segments: Segment[] }[] = [];
+  const byPod = new Map<string, { podName: string; segments: Segment[]; families: Set<FamilyEndpoint> }>();
+  byFamily.forEach((fams, fi) => {
+    for (const fe of fams.values()) {
+      const segs = segmentsOf(fe);
+      const pod = fe.podName ? byPod.get(fe.podName) : undefined;
+      // the same pod seen with a second address of one family (bad data): apart, anonymous
+      if (!pod || [...pod.families].some((f) => f.ip.includes(':') === fe.ip.includes(':'))) {
+        const g = { podName: fi === 0 || !pod ? fe.podName : '', segments: segs, families: new Set([fe]) };
+        if (fe.podName && !pod) byPod.set(fe.podName, g);
+        groups.push(g);
+        continue;
       }
-      for (const [g, ports] of groups) {
-        const sig = `${g}|${fe.local}|${fe.terminating}|${fe.hostname}|${fe.nodeName}|` + ports.map((p) => `${p.port.Name}/${p.port.Protocol}=${p.target}`).join(',');
-        const seg = segments.find((s) => s.sig === sig && !s.fams.some((f) => f === fe || (f.ip.includes(':') === fe.ip.includes(':'))));
-        if (seg) seg.fams.push(fe);
-        else segments.push({ sig, fams: [fe], ports });
+      pod.families.add(fe);
+      for (const seg of segs) {
+        const match = pod.segments.find((x) => x.fams.length === 1 && mergeable(x, seg));
+        if (match) match.fams.push(fe);
+        else pod.segments.push(seg);
       }
     }
-    segments.forEach((seg, i) => {
+  });
+
+  const endpoints: EndpointView[] = [];
+  for (const g of groups) {
+    g.segments.forEach((seg, i) => {
       const first = seg.fams[0];
       const r0 = seg.ports[0];
       // message literals: protobuf-es messages are plain objects, and its
@@ -182,8 +225,8 @@ export function computeServiceView(
         NodeName: first.nodeName,
       };
       const bytes = encodeEndpointFast(ep);
-      const named = ident.podName !== '' && i === 0;
-      const path = named ? `${key}/${ident.podName}` : `${key}/${createHash('sha256').update(bytes).digest('hex').slice(0, 16)}`;
+      const named = g.podName !== '' && i === 0;
+      const path = named ? `${key}/${g.podName}` : `${key}/${createHash('sha256').update(bytes).digest('hex').slice(0, 16)}`;
       endpoints.push({ path, endpoint: ep, bytes, named });
     });
   }

@@ -25,7 +25,7 @@ function config(over: Partial<KubeProxyConfiguration> = {}): KubeProxyConfigurat
 }
 
 /** a proxier fed by a store through the real diff stream */
-function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfiguration } = {}) {
+function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfiguration; chunk?: number } = {}) {
   const out: string[] = [];
   const sink = new Writable({ write: (c, _e, cb) => (out.push(String(c)), cb()) });
   const make = () =>
@@ -39,6 +39,7 @@ function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfigu
       nftPath: opts.ns?.wrapper('nft'),
       conntrackPath: opts.ns?.wrapper('conntrack'),
       healthChecks: false,
+      freshLoadChunk: opts.chunk,
     });
   let proxier = make();
   let diff = new LocalDiff(store, new ServiceViews(store), 'n1', { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
@@ -174,6 +175,29 @@ describe('against nft in a namespace', { skip: canUseNetns() }, () => {
     await h.sync();
     assert.equal(h.proxier.stats.lastElementChanges, 3);
     assert.match(ns.exec('nft', ['list', 'map', 'ip', 'kpng', 'service-ips']), /172\.30\.0\.10 \. tcp \. 80 comment "ns\/web:http" : goto lb-cluster-tcp-1/);
+  });
+
+  test('a cold start on an empty node loads in chunks, then hooks everything at once', async () => {
+    const objs = [node('n1', 'z1', ['192.168.0.2'])];
+    for (let i = 0; i < 40; i++) {
+      objs.push(service('ns', `s${i}`, { clusterIP: `172.30.1.${i}`, ports: [{ name: 'dns', port: 53, protocol: i % 2 ? 'UDP' : 'TCP' }] }));
+      objs.push(slice('ns', `s${i}-1`, `s${i}`, [{ ip: `10.3.0.${i}`, pod: `p${i}` }, { ip: `10.4.0.${i}`, pod: `q${i}` }], [{ name: 'dns', port: 53, protocol: i % 2 ? 'UDP' : 'TCP' }]));
+    }
+    const other = createNetns();
+    try {
+      const h = harness(syncedStore(objs), { ns: other, chunk: 7 });
+      await h.sync();
+      assert.ok(h.proxier.stats.lastTransactionBytes > 0);
+      const listed = other.exec('nft', ['list', 'table', 'ip', 'kpng']);
+      for (let i = 0; i < 40; i++) assert.match(listed, new RegExp(`172\\.30\\.1\\.${i} \\. (tcp|udp) \\. 53 comment "ns/s${i}:dns" : goto lb-cluster-(tcp|udp)-2`), `s${i}`);
+      assert.match(listed, /chain nat-prerouting \{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tjump services/);
+      // what a restart finds is exactly what it wants: nothing to change
+      h.restart();
+      await h.sync();
+      assert.equal(h.proxier.stats.lastElementChanges, 0);
+    } finally {
+      other.remove();
+    }
   });
 
   test('after a failure the next sync reconciles from the kernel', async () => {

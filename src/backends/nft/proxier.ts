@@ -31,6 +31,9 @@ import {
   type StaticInputs,
 } from './ruleset.js';
 import { runNft, listTable, NftError } from './nft.js';
+import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 
 export interface NftProxierOptions {
   readonly nodeName: string;
@@ -49,6 +52,8 @@ export interface NftProxierOptions {
   readonly healthChecks?: boolean;
   /** told about every sync (health, metrics) */
   readonly report?: SyncReporter;
+  /** services per transaction of a cold start's chunked load (default 2500) */
+  readonly freshLoadChunk?: number;
 }
 
 interface FamilyState {
@@ -80,6 +85,8 @@ export interface ProxierStats {
 }
 
 const MAX_ELEMENTS_PER_COMMAND = 2000;
+/** services per transaction when a cold start loads an empty node in chunks */
+const FRESH_LOAD_CHUNK = 2500;
 
 export class NftProxier implements DecoderHandler {
   private readonly services = new Map<string, Service>();
@@ -198,6 +205,10 @@ export class NftProxier implements DecoderHandler {
     await this.health?.close();
   }
 
+  private get chunk(): number {
+    return this.o.freshLoadChunk ?? FRESH_LOAD_CHUNK;
+  }
+
   /** true while the last sync succeeded (for health checks) */
   get healthy(): boolean {
     return this.failuresInRow === 0;
@@ -269,13 +280,12 @@ export class NftProxier implements DecoderHandler {
     this.o.log.warn(msg);
   }
 
-  /** brings the desired state up to date with the services that changed */
-  private recompute(): { stale: StaleFlow[]; fresh: StaleFlow[] } {
-    const stale: StaleFlow[] = [];
-    const fresh: StaleFlow[] = [];
-    for (const key of this.dirty) this.noLocalEndpoints(key);
+  /**
+   * The service keys to recompute; brings the node's and the ServiceCIDRs'
+   * elements up to date on the way.
+   */
+  private prepareRecompute(): string[] {
     for (const [family, st] of this.fam) {
-      const f = st.names;
       if (this.nodeDirty) {
         const np = this.nodePortAddresses(family);
         st.elements.setOwner('node', np === 'all' ? [] : np.map((key) => ({ set: 'nodeport-addresses', key, value: '', comment: '', owner: '' })));
@@ -284,9 +294,21 @@ export class NftProxier implements DecoderHandler {
         const list = normalizeCIDRs([...this.cidrs.values()].flatMap((c) => c.CIDRs).filter((c) => parseCIDR(c)?.family === family));
         st.elements.setOwner('service-cidrs', list.map((c) => ({ set: 'service-cidrs', key: singleAddress(c), value: '', comment: '', owner: '' })));
       }
+    }
+    // a source range covering the node changes with the node's IPs
+    const keys = new Set(this.dirty);
+    if (this.nodeDirty) for (const s of this.services.values()) if (s.IPFilters.length) keys.add(`${s.Namespace}/${s.Name}`);
+    this.dirty = new Set();
+    this.nodeDirty = this.cidrsDirty = false;
+    return [...keys];
+  }
+
+  /** brings the desired state up to date for these services; returns the UDP flows to clean */
+  private recomputeKeys(keys: readonly string[]): StaleFlow[] {
+    const flows: StaleFlow[] = [];
+    for (const key of keys) this.noLocalEndpoints(key);
+    for (const [family, st] of this.fam) {
       const nodeIPs = ipSetOf(this.node?.IPs, family);
-      // a source range covering the node changes with the node's IPs
-      const keys = this.nodeDirty ? new Set([...this.dirty, ...[...this.services.values()].filter((s) => s.IPFilters.length).map((s) => `${s.Namespace}/${s.Name}`)]) : this.dirty;
       for (const key of keys) {
         const owner = `svc:${key}`;
         const svc = this.services.get(key);
@@ -318,20 +340,17 @@ export class NftProxier implements DecoderHandler {
         else st.ownerLb.delete(owner);
         // UDP flows gone (conntrack cleanup), and service IPs getting endpoints
         const before = st.ownerUdp.get(owner);
-        for (const k of before ?? []) if (!udp.has(k)) stale.push(parseFlow(family, k));
+        for (const k of before ?? []) if (!udp.has(k)) flows.push(parseFlow(family, k));
         const vipsBefore = st.ownerUdpVips.get(owner);
-        for (const k of udpVips) if (!vipsBefore?.has(k) && !k.startsWith('|')) fresh.push(parseFlow(family, k));
+        for (const k of udpVips) if (!vipsBefore?.has(k) && !k.startsWith('|')) flows.push(parseFlow(family, k));
         if (udp.size) st.ownerUdp.set(owner, udp);
         else st.ownerUdp.delete(owner);
         if (udpVips.size) st.ownerUdpVips.set(owner, udpVips);
         else st.ownerUdpVips.delete(owner);
       }
       for (const c of st.elements.conflicts) this.warnOnce(`conflict ${family} ${c}`, `two services want the same nftables element (${c}); the first one (by name) wins`);
-      void f;
     }
-    this.dirty = new Set();
-    this.nodeDirty = this.cidrsDirty = false;
-    return { stale, fresh };
+    return flows;
   }
 
   /** chain -> rules this family needs now */
@@ -359,37 +378,43 @@ export class NftProxier implements DecoderHandler {
   private async syncNow(): Promise<void> {
     clearTimeout(this.retryTimer);
     const t0 = Date.now();
-    const { stale, fresh } = this.recompute();
-    this.pendingFlows.push(...stale, ...fresh);
     const full = this.needReconcile;
-    const computed = Date.now();
-    metrics.stageDuration.observe({ stage: 'compute' }, (computed - t0) / 1000);
+    let keys = this.prepareRecompute();
+    let bytes = 0;
+    let elementChanges = 0;
     try {
       if (full) await this.adopt();
-      const { script, diffs, chains, stats } = this.render(full);
-      const rendered = Date.now();
-      metrics.stageDuration.observe({ stage: 'render' }, (rendered - computed) / 1000);
-      if (script) {
-        if (this.o.dryRun) (this.o.out ?? process.stdout).write(script);
-        else await runNft(['-f', '-'], script, this.o.nftPath);
+      const fresh = full && !this.o.dryRun && [...this.fam.values()].every((st) => st.committedChains.size === 0);
+      if (fresh && keys.length > this.chunk) {
+        ({ bytes, elementChanges } = await this.freshLoad(keys));
+        keys = [];
+      } else {
+        this.pendingFlows.push(...this.recomputeKeys(keys));
+        const computed = Date.now();
+        metrics.stageDuration.observe({ stage: 'compute' }, (computed - t0) / 1000);
+        const script = this.render({ header: full, baseChains: full, elements: true });
+        metrics.stageDuration.observe({ stage: 'render' }, (Date.now() - computed) / 1000);
+        const applyStart = Date.now();
+        if (script.text) {
+          if (this.o.dryRun) (this.o.out ?? process.stdout).write(script.text);
+          else await runNft(['-f', '-'], script.text, this.o.nftPath);
+        }
+        metrics.stageDuration.observe({ stage: 'apply' }, (Date.now() - applyStart) / 1000);
+        script.commit();
+        bytes = script.text.length;
+        elementChanges = script.elementChanges;
       }
-      metrics.stageDuration.observe({ stage: 'apply' }, (Date.now() - rendered) / 1000);
-      metrics.elementChanges.inc(stats.elementChanges);
-      for (const [family, st] of this.fam) {
-        st.elements.commit(diffs.get(family)!);
-        st.committedChains = chains.get(family)!;
-        st.committedSets = new Set([...Object.keys(setDeclarations(st.names)), ...Array.from({ length: this.affinitySlots(st) }, (_, i) => affinitySetName(i)), ...st.committedSets]);
-        st.rebuild = false;
-      }
+      for (const st of this.fam.values()) st.rebuild = false;
       this.needReconcile = false;
       this.failuresInRow = 0;
       this.stats.syncs++;
       if (full) this.stats.fullSyncs++;
       this.stats.lastSyncMs = Date.now() - t0;
       this.stats.lastSuccess = Date.now();
-      this.stats.lastElementChanges = stats.elementChanges;
-      this.stats.lastTransactionBytes = script.length;
-      this.o.log.debug({ full, ms: this.stats.lastSyncMs, elementChanges: stats.elementChanges, bytes: script.length }, 'nft: synced');
+      this.stats.lastElementChanges = elementChanges;
+      this.stats.lastTransactionBytes = bytes;
+      metrics.elementChanges.inc(elementChanges);
+      this.o.log.debug({ full, ms: this.stats.lastSyncMs, elementChanges, bytes }, 'nft: synced');
       this.o.report?.synced({ full, durationMs: this.stats.lastSyncMs });
       this.updateNoLocalEndpoints();
       if (full && !this.o.dryRun) await this.deleteUnusedChains();
@@ -397,6 +422,8 @@ export class NftProxier implements DecoderHandler {
       this.stats.failures++;
       this.failuresInRow++;
       this.needReconcile = true;
+      // keys not recomputed yet (a failed fresh load) are recomputed next time
+      for (const k of keys) this.dirty.add(k);
       if (this.failuresInRow >= 2) for (const st of this.fam.values()) st.rebuild = true;
       const msg = e instanceof Error ? e.message : String(e);
       metrics.nftablesSyncFailures.inc({ ip_family: '' });
@@ -411,10 +438,62 @@ export class NftProxier implements DecoderHandler {
       return;
     }
     if (!this.o.dryRun) {
-      const flows = this.pendingFlows;
+      // the first sync: no flow went away, and "service IPs getting endpoints"
+      // would be every UDP service (one conntrack run each) for nothing
+      const flows = this.stats.syncs === 1 ? this.pendingFlows.filter((f) => f.endpoint !== '') : this.pendingFlows;
       this.pendingFlows = [];
       await this.conntrack.clean(flows);
       this.health?.update(this.healthCheckServices());
+    }
+  }
+
+  /**
+   * A cold start on a node without kpng's tables: the maps, sets and regular
+   * chains are created and filled in chunks, each chunk's nft running while
+   * the next one is computed (nft gets the second core); none of it touches a
+   * packet until the last transaction hooks the base chains, so packets see
+   * no kpng, then all of it.
+   */
+  private async freshLoad(keys: readonly string[]): Promise<{ bytes: number; elementChanges: number }> {
+    let bytes = 0;
+    let elementChanges = 0;
+    // each chunk goes to nft as a file it reads by itself: through a pipe it
+    // would wait for this process, busy computing the next chunk
+    const dir = mkdtempSync(join(tmpdir(), 'kpng-nft-'));
+    let files = 0;
+    const apply = async (text: string) => {
+      bytes += text.length;
+      const file = join(dir, `${files++}.nft`);
+      writeFileSync(file, text);
+      try {
+        await runNft(['-f', file], undefined, this.o.nftPath);
+      } finally {
+        rmSync(file, { force: true });
+      }
+    };
+    try {
+      const header = this.render({ header: true, baseChains: false, elements: false });
+      await apply(header.text);
+      header.commit();
+      let inFlight: Promise<void> = Promise.resolve();
+      let failure: unknown;
+      for (let i = 0; i < keys.length; i += this.chunk) {
+        this.pendingFlows.push(...this.recomputeKeys(keys.slice(i, i + this.chunk)));
+        const chunk = this.render({ header: false, baseChains: false, elements: true });
+        chunk.commit();
+        elementChanges += chunk.elementChanges;
+        inFlight = inFlight.then(() => (failure ? undefined : apply(chunk.text))).catch((e) => void (failure ??= e));
+        // let the previous nft finish and the next one start
+        await new Promise((r) => setImmediate(r));
+      }
+      await inFlight;
+      if (failure) throw failure;
+      const hooks = this.render({ header: false, baseChains: true, elements: true });
+      await apply(hooks.text);
+      hooks.commit();
+      return { bytes, elementChanges: elementChanges + hooks.elementChanges };
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   }
 
@@ -428,44 +507,47 @@ export class NftProxier implements DecoderHandler {
         st.committedSets = new Set();
         continue;
       }
-      // a set whose type changed (an upgrade) cannot be adopted: rebuild the table
-      const decl = setDeclarations(st.names);
-      const probe = [...listing.sets.keys()].filter((n) => n in decl);
-      void probe;
       st.elements.adopt(listing.elements);
       st.committedChains = new Map([...listing.chains].map((c) => [c, undefined]));
       st.committedSets = new Set(listing.sets.keys());
     }
   }
 
-  private render(full: boolean): { script: string; diffs: Map<Family, ElementDiff>; chains: Map<Family, Map<string, string[] | undefined>>; stats: { elementChanges: number } } {
+  /**
+   * A transaction for both families: with `header`, the table and every set
+   * and map (re-)declared; chains whose rules changed (base chains only with
+   * `baseChains`), then element differences. commit() records it as applied.
+   */
+  private render(what: { header: boolean; baseChains: boolean; elements: boolean }): { text: string; elementChanges: number; commit: () => void } {
     const lines: string[] = [];
-    const diffs = new Map<Family, ElementDiff>();
-    const chainsOut = new Map<Family, Map<string, string[] | undefined>>();
+    const commits: (() => void)[] = [];
     let elementChanges = 0;
-    for (const [family, st] of this.fam) {
+    for (const st of this.fam.values()) {
       const f = st.names;
       const t = `${f.table} ${TABLE}`;
       const desired = this.desiredChains(st);
       const committed = st.committedChains;
-      if (full) {
+      if (what.header) {
         if (st.rebuild) lines.push(`add table ${t}`, `delete table ${t}`);
         lines.push(`add table ${t} { comment "rules for kpng" ; }`);
-        for (const [name, decl] of Object.entries(BASE_CHAINS)) lines.push(`add chain ${t} ${name} { ${decl} }`);
       }
+      if (what.baseChains) for (const [name, decl] of Object.entries(BASE_CHAINS)) if (!committed.has(name) || what.header) lines.push(`add chain ${t} ${name} { ${decl} }`);
       // sets and maps first: chains refer to them
+      const newSets: string[] = [];
       const decls = setDeclarations(f);
-      for (const [name, d] of Object.entries(decls)) if (full || !st.committedSets.has(name)) lines.push(`add ${d.kind} ${t} ${name} { ${d.body} }`);
+      for (const [name, d] of Object.entries(decls)) if (what.header || !st.committedSets.has(name)) (lines.push(`add ${d.kind} ${t} ${name} { ${d.body} }`), newSets.push(name));
       for (let i = 0; i < this.affinitySlots(st); i++) {
         const name = affinitySetName(i);
-        if (full || !st.committedSets.has(name)) lines.push(`add set ${t} ${name} { ${affinitySetBody(f)} }`);
+        if (what.header || !st.committedSets.has(name)) (lines.push(`add set ${t} ${name} { ${affinitySetBody(f)} }`), newSets.push(name));
       }
       // chains: declare all new ones before any rule (rules jump between them)
       const changed: string[] = [];
       for (const [name, rules] of desired) {
+        const base = name in BASE_CHAINS;
+        if (base && !what.baseChains) continue;
         const have = committed.get(name);
         if (have && sameRules(have, rules)) continue;
-        if (!(name in BASE_CHAINS) && (!committed.has(name) || full)) lines.push(`add chain ${t} ${name}`);
+        if (!base && (!committed.has(name) || what.header)) lines.push(`add chain ${t} ${name}`);
         changed.push(name);
       }
       for (const name of changed) {
@@ -473,16 +555,17 @@ export class NftProxier implements DecoderHandler {
         for (const r of desired.get(name)!) lines.push(`add rule ${t} ${name} ${r}`);
       }
       // elements: deletes, then adds (a changed value is both)
-      const diff = st.elements.diff();
+      const diff = what.elements ? st.elements.diff() : { deletes: [], adds: [] };
       elementChanges += diff.deletes.length + diff.adds.length;
       pushElements(lines, 'delete', t, diff.deletes, false);
       pushElements(lines, 'add', t, diff.adds, true);
-      diffs.set(family, diff);
-      const next = new Map<string, string[] | undefined>(committed);
-      for (const [name, rules] of desired) next.set(name, rules);
-      chainsOut.set(family, next);
+      commits.push(() => {
+        if (what.elements) st.elements.commit(diff);
+        for (const name of changed) committed.set(name, desired.get(name)!);
+        for (const name of newSets) st.committedSets.add(name);
+      });
     }
-    return { script: lines.length ? lines.join('\n') + '\n' : '', diffs, chains: chainsOut, stats: { elementChanges } };
+    return { text: lines.length ? lines.join('\n') + '\n' : '', elementChanges, commit: () => commits.forEach((c) => c()) };
   }
 
   /** chains no element or rule points to anymore (after a reconcile) */
