@@ -174,6 +174,8 @@ export class ServiceViews {
    * and the decoded messages would be most of a view's memory.
    */
   private intern(e: Entry, v: ServiceView): ServiceView {
+    // in-process (one node): nothing to share, keep what was computed
+    if (this.keepDecoded && e.byClass.size === 0) return new LazyServiceView(v.key, v.bytes, v.endpoints, undefined, v.service);
     let svc = e.services.find((x) => bytesEqual(x.bytes, v.bytes));
     if (!svc) e.services.push((svc = lazyService(v, this.keepDecoded)));
     const endpoints = v.endpoints.map((ep) => {

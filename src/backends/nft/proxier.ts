@@ -52,7 +52,7 @@ export interface NftProxierOptions {
   readonly healthChecks?: boolean;
   /** told about every sync (health, metrics) */
   readonly report?: SyncReporter;
-  /** services per transaction of a cold start's chunked load (default 2500) */
+  /** services per transaction of a cold start's chunked load (default 6000) */
   readonly freshLoadChunk?: number;
 }
 
@@ -86,7 +86,7 @@ export interface ProxierStats {
 
 const MAX_ELEMENTS_PER_COMMAND = 2000;
 /** services per transaction when a cold start loads an empty node in chunks */
-const FRESH_LOAD_CHUNK = 2500;
+const FRESH_LOAD_CHUNK = 6000;
 
 export class NftProxier implements DecoderHandler {
   private readonly services = new Map<string, Service>();
