@@ -30,3 +30,25 @@ test('kpng cleanup in a namespace leaves a foreign table untouched', { skip: can
     ns.remove();
   }
 });
+
+test('kpng cleanup removes the iptables backend chains and jumps, not foreign or kubelet chains', { skip: canUseNetns() }, () => {
+  const ns = createNetns();
+  try {
+    const kpng = (...args: string[]) => spawnSync('ip', ['netns', 'exec', ns.name, ...KPNG, ...args], { cwd: ROOT, encoding: 'utf8', timeout: 60_000 });
+    // a foreign chain jumped to from INPUT, and kubelet's KUBE-FIREWALL
+    for (const args of [['-N', 'FOREIGN'], ['-A', 'INPUT', '-j', 'FOREIGN'], ['-N', 'KUBE-FIREWALL'], ['-A', 'OUTPUT', '-j', 'KUBE-FIREWALL']]) ns.exec('iptables-nft', args);
+    const applied = kpng('file', '--input', join(ROOT, 'examples/cluster.yaml'), '--node-name', 'node-a', 'to-local', 'to-iptables', '--iptables-mode', 'nft', '--once');
+    assert.equal(applied.status, 0, applied.stderr);
+    assert.match(ns.exec('iptables-nft-save', []), /-A KUBE-SERVICES/);
+
+    const r = kpng('cleanup', '--backend', 'iptables');
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stdout, /removed iptables-nft chains .*nat\/KUBE-SERVICES/);
+    const after = ns.exec('iptables-nft-save', []);
+    assert.doesNotMatch(after, /KUBE-(SERVICES|NODEPORTS|POSTROUTING|MARK-MASQ|SVC-|SEP-|EXT-|FORWARD|EXTERNAL-SERVICES|PROXY-FIREWALL|PROXY-CANARY)/);
+    assert.match(after, /-A INPUT -j FOREIGN/);
+    assert.match(after, /-A OUTPUT -j KUBE-FIREWALL/);
+  } finally {
+    ns.remove();
+  }
+});

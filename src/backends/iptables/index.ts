@@ -4,10 +4,13 @@ import { DecoderSink } from '../../diff/decoder.js';
 import { LocalSet } from '../../api/model.js';
 import { registerBackend } from '../registry.js';
 import { IptablesProxier } from './proxier.js';
+import { cleanupIptables } from './cleanup.js';
 
 registerBackend({
   name: 'iptables',
   description: "program this node with iptables (kube-proxy's iptables mode: KUBE-SERVICES, KUBE-SVC-*, KUBE-SEP-*, ...)",
+  proxyMode: 'iptables',
+  syncPeriodMs: (c) => c.iptables.syncPeriodMs,
   options(cmd) {
     cmd
       .option('--dry-run', 'print each iptables-restore input on stdout instead of applying it')
@@ -25,6 +28,7 @@ registerBackend({
       mode: opts.iptablesMode,
       conntrackPath: opts.conntrackPath,
       healthChecks: opts.healthChecks,
+      report: ctx.report,
     });
     return {
       sink: new DecoderSink(proxier),
@@ -32,6 +36,7 @@ registerBackend({
       close: () => proxier.close(),
     };
   },
+  cleanup: (log) => cleanupIptables(log),
 });
 
 export { IptablesProxier };

@@ -8,14 +8,13 @@
 // disappears (someone flushed iptables).
 import { readFileSync, writeFileSync } from 'node:fs';
 import { networkInterfaces } from 'node:os';
-import type { Logger } from '../../log.js';
 import { parseCIDR, cidrContains, type Family } from '../../api/ip.js';
-import { externallyAccessible, ipSetOf, type Endpoint, type LocalNode, type Service } from '../../api/model.js';
-import type { DecoderHandler } from '../../diff/decoder.js';
+import { externallyAccessible, ipSetOf } from '../../api/model.js';
+import { metrics } from '../shared/metrics.js';
+import { ProxierBase, parseFlow, sameRules, type ProxierBaseOptions } from '../shared/proxier.js';
 import type { KubeProxyConfiguration } from '../shared/config.js';
 import { servicePorts, type ServicePort } from '../shared/service-ports.js';
-import { ConntrackCleaner, type StaleFlow } from '../shared/conntrack.js';
-import { HealthCheckServers } from '../shared/healthcheck.js';
+import type { StaleFlow } from '../shared/conntrack.js';
 import { isServiceChain, markHex } from './names.js';
 import {
   FILTER_CHAINS,
@@ -35,24 +34,16 @@ import {
 } from './rules.js';
 import { IptablesError, detectMode, restore, run, save, toolName, type IptablesMode, type ToolPath } from './iptables.js';
 
-export interface IptablesProxierOptions {
+export interface IptablesProxierOptions extends ProxierBaseOptions {
   readonly nodeName: string;
   readonly config: KubeProxyConfiguration;
-  readonly log: Logger;
-  /** print the restore input instead of applying it */
-  readonly dryRun?: boolean;
-  /** apply once: no waiting between syncs, failures are thrown */
-  readonly once?: boolean;
   /** iptables-nft or iptables-legacy; detected when not given */
   readonly mode?: IptablesMode;
   /** where the tools are (tests run them in a namespace); default: by name */
   readonly tool?: ToolPath;
-  readonly conntrackPath?: string;
   /** where --dry-run prints */
   readonly out?: NodeJS.WritableStream;
   readonly families?: readonly Family[];
-  /** serve healthCheckNodePorts (default true) */
-  readonly healthChecks?: boolean;
   /** the node's interface addresses (nodePortAddresses CIDRs); default: this process's namespace */
   readonly interfaceAddresses?: () => string[];
 }
@@ -99,126 +90,30 @@ export interface ProxierStats {
 /** upstream largeClusterEndpointsThreshold: above it, endpoint rules lose their comments */
 const LARGE_CLUSTER_ENDPOINTS = 1000;
 
-export class IptablesProxier implements DecoderHandler {
-  private readonly services = new Map<string, Service>();
-  private readonly endpoints = new Map<string, Map<string, Endpoint>>();
-  private node?: LocalNode;
-  private dirty = new Set<string>();
-  private nodeDirty = true;
-  private needReconcile = true;
-  private failuresInRow = 0;
-  private retryTimer?: NodeJS.Timeout;
+export class IptablesProxier extends ProxierBase {
   private canaryTimer?: NodeJS.Timeout;
-  private lock: Promise<void> = Promise.resolve();
-  private closed = false;
   private started = false;
   private mode?: IptablesMode;
   private tcpBeLiberal = false;
   private readonly fam: Map<Family, FamilyState>;
-  private readonly conntrack: ConntrackCleaner;
-  private readonly health?: HealthCheckServers;
-  private readonly warned = new Set<string>();
   private readonly tool: ToolPath;
   readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, lastChainsWritten: 0, lastChainsDeleted: 0, lastRestoreBytes: 0 };
 
   constructor(private readonly o: IptablesProxierOptions) {
+    super(o, () => ({ minSyncPeriodMs: o.config.iptables.minSyncPeriodMs, syncPeriodMs: o.config.iptables.syncPeriodMs }));
     this.mode = o.mode;
     this.tool = o.tool ?? ((t) => t);
     this.fam = new Map((o.families ?? [4, 6]).map((f) => [f, { family: f, rules: new Map(), desired: new Map(), committed: new Map(), missingJumps: [], endpoints: 0, large: false } satisfies FamilyState]));
-    this.conntrack = new ConntrackCleaner(o.log, o.conntrackPath);
-    if (o.healthChecks !== false && !o.dryRun) this.health = new HealthCheckServers(o.log, () => this.failuresInRow === 0);
   }
 
-  // --- the diff stream
-
-  reset(): void {
-    for (const k of this.services.keys()) this.dirty.add(k);
-    this.services.clear();
-    this.endpoints.clear();
-  }
-
-  setService(svc: Service): void {
-    const key = `${svc.Namespace}/${svc.Name}`;
-    this.services.set(key, svc);
-    this.dirty.add(key);
-  }
-
-  deleteService(namespace: string, name: string): void {
-    const key = `${namespace}/${name}`;
-    this.services.delete(key);
-    this.endpoints.delete(key);
-    this.dirty.add(key);
-  }
-
-  setEndpoint(namespace: string, service: string, key: string, ep: Endpoint): void {
-    const svcKey = `${namespace}/${service}`;
-    let m = this.endpoints.get(svcKey);
-    if (!m) this.endpoints.set(svcKey, (m = new Map()));
-    m.set(key, ep);
-    this.dirty.add(svcKey);
-  }
-
-  deleteEndpoint(namespace: string, service: string, key: string): void {
-    const svcKey = `${namespace}/${service}`;
-    this.endpoints.get(svcKey)?.delete(key);
-    this.dirty.add(svcKey);
-  }
-
-  setNode(node: LocalNode): void {
-    this.node = node;
-    this.nodeDirty = true;
-  }
-
-  deleteNode(): void {
-    this.node = undefined;
-    this.nodeDirty = true;
-  }
-
-  async sync(): Promise<void> {
-    const started = Date.now();
-    await this.exclusive(() => this.syncNow());
-    if (this.o.once || this.closed) return;
-    // minSyncPeriod, measured from completion: changes meanwhile coalesce
-    const min = this.o.config.iptables.minSyncPeriodMs;
-    const wait = min - (Date.now() - started);
-    if (wait > 0) await new Promise((r) => setTimeout(r, Math.min(wait, min)));
-  }
-
-  async close(): Promise<void> {
-    this.closed = true;
-    clearTimeout(this.retryTimer);
+  override async close(): Promise<void> {
     clearInterval(this.canaryTimer);
-    await this.lock;
-    await this.health?.close();
-  }
-
-  get healthy(): boolean {
-    return this.failuresInRow === 0;
+    await super.close();
   }
 
   /** the iptables in use (after the first sync) */
   get iptablesMode(): IptablesMode | undefined {
     return this.mode;
-  }
-
-  get conntrackDeleted(): number {
-    return this.conntrack.deleted;
-  }
-
-  get healthCheckPorts(): number[] {
-    return this.health?.ports() ?? [];
-  }
-
-  private exclusive(fn: () => Promise<void>): Promise<void> {
-    const run = this.lock.then(fn);
-    this.lock = run.catch(() => {});
-    return run;
-  }
-
-  private warnOnce(id: string, msg: string) {
-    if (this.warned.has(id)) return;
-    this.warned.add(id);
-    this.o.log.warn(msg);
   }
 
   // --- what to program
@@ -320,6 +215,7 @@ export class IptablesProxier implements DecoderHandler {
   private recompute(): { changed: Map<Family, Map<string, string[]>>; flows: StaleFlow[] } {
     const changed = new Map<Family, Map<string, string[]>>();
     const flows: StaleFlow[] = [];
+    this.trackServices(this.dirty);
     const rerender = (st: FamilyState, keys: Iterable<string>, touched: Map<string, string[]>) => {
       const ctx = this.renderContext(st);
       for (const key of keys) {
@@ -435,16 +331,15 @@ export class IptablesProxier implements DecoderHandler {
     }).catch(() => {});
   }
 
-  private async syncNow(): Promise<void> {
-    clearTimeout(this.retryTimer);
+  protected async syncNow(): Promise<void> {
+    this.cancelRetry();
     const t0 = Date.now();
     const full = this.needReconcile;
-    let flows: StaleFlow[] = [];
     try {
       await this.start();
       const r0 = this.recompute();
       const changed = r0.changed;
-      flows = r0.flows;
+      this.pendingFlows.push(...r0.flows);
       if (full) await this.adopt();
       let bytes = 0;
       let written = 0;
@@ -456,12 +351,12 @@ export class IptablesProxier implements DecoderHandler {
         deleted += r.stale.length;
         if (this.o.dryRun) (this.o.out ?? process.stdout).write(`# ${toolName(family, this.mode!, 'restore')} --noflush -w 5\n${r.input}`);
         else await restore(family, this.mode!, this.tool, r.input);
+        metrics.iptablesLast.set({ table: 'nat', ip_family: family === 4 ? 'IPv4' : 'IPv6' }, r.natRules);
+        metrics.iptablesLast.set({ table: 'filter', ip_family: family === 4 ? 'IPv4' : 'IPv6' }, r.filterRules);
         for (const name of r.write) st.committed.set(name, st.desired.get(name)!);
         for (const name of r.stale) st.committed.delete(name);
         st.missingJumps = [];
       }
-      this.needReconcile = false;
-      this.failuresInRow = 0;
       this.stats.syncs++;
       if (full) this.stats.fullSyncs++;
       this.stats.lastSyncMs = Date.now() - t0;
@@ -472,22 +367,12 @@ export class IptablesProxier implements DecoderHandler {
       this.o.log.debug({ full, ms: this.stats.lastSyncMs, chainsWritten: written, chainsDeleted: deleted, bytes }, 'iptables: synced');
     } catch (e) {
       this.stats.failures++;
-      this.failuresInRow++;
-      this.needReconcile = true;
-      const msg = e instanceof Error ? e.message : String(e);
-      this.o.log.error({ err: msg, failuresInRow: this.failuresInRow }, 'iptables: sync failed; the last good rules stay in place, retrying with a full reconcile');
-      if (this.o.once) throw e;
-      if (!this.closed) {
-        const delay = Math.min(1000 * 2 ** (this.failuresInRow - 1), this.o.config.iptables.syncPeriodMs || 30_000);
-        this.retryTimer = setTimeout(() => void this.exclusive(() => this.syncNow()).catch(() => {}), delay);
-        this.retryTimer.unref?.();
-      }
+      metrics.iptablesRestoreFailures.inc({ ip_family: '' });
+      if (!full) metrics.iptablesPartialRestoreFailures.inc({ ip_family: '' });
+      this.failed(e, 'iptables');
       return;
     }
-    if (!this.o.dryRun) {
-      await this.conntrack.clean(flows);
-      this.health?.update(this.healthCheckServices());
-    }
+    await this.succeeded({ full, durationMs: this.stats.lastSyncMs });
   }
 
   /** Reads the kernel's rules back: what a previous kpng (or a failed sync) left. */
@@ -521,7 +406,7 @@ export class IptablesProxier implements DecoderHandler {
    * The restore input of a family. changed: the services whose chains to
    * compare with the committed ones; undefined (a full reconcile) compares all.
    */
-  private render(st: FamilyState, changed: Map<string, string[]> | undefined, full: boolean): { input: string; write: string[]; stale: string[] } {
+  private render(st: FamilyState, changed: Map<string, string[]> | undefined, full: boolean): { input: string; write: string[]; stale: string[]; natRules: number; filterRules: number } {
     const desired = st.desired;
     const s = this.staticInputs(st.family);
     const order = (st.order ??= [...st.rules.keys()].sort());
@@ -579,21 +464,11 @@ export class IptablesProxier implements DecoderHandler {
     for (const name of stale) lines.push(`-X ${name}`);
     lines.push('COMMIT');
     if (full) lines.push('*mangle', `:${KUBE_PROXY_CANARY} - [0:0]`, 'COMMIT');
-    return { input: lines.join('\n') + '\n', write, stale };
+    const natStart = lines.indexOf('*nat');
+    const count = (from: number, to: number) => lines.slice(from, to).filter((l) => l.startsWith('-A ')).length;
+    return { input: lines.join('\n') + '\n', write, stale, filterRules: count(0, natStart), natRules: count(natStart, lines.length) };
   }
 
-  // --- conntrack and health checks
-
-  private healthCheckServices() {
-    const out = [];
-    for (const [key, svc] of this.services) {
-      if (svc.Type !== 'LoadBalancer' || !svc.ExternalTrafficToLocal || !svc.HealthCheckNodePort) continue;
-      let local = 0;
-      for (const ep of this.endpoints.get(key)?.values() ?? []) if (ep.Local && ep.Scopes?.External && !ep.Terminating) local++;
-      out.push({ namespace: svc.Namespace, name: svc.Name, port: svc.HealthCheckNodePort, localEndpoints: local });
-    }
-    return out;
-  }
 }
 
 /** "vip|port|endpoint" for every UDP flow a service port programs */
@@ -608,15 +483,6 @@ function udpFlows(sp: ServicePort, udp: Set<string>, vips: Set<string>): void {
   const external = [...sp.cluster, ...sp.external];
   for (const vip of new Set([...sp.externalIPs, ...sp.loadBalancerIPs])) add(vip, P, external);
   if (sp.nodePort) add('', sp.nodePort, external);
-}
-
-function parseFlow(family: Family, k: string): StaleFlow {
-  const [vip, port, endpoint] = k.split('|');
-  return { family, vip, port: Number(port), endpoint };
-}
-
-function sameRules(a: readonly string[], b: readonly string[]): boolean {
-  return a.length === b.length && a.every((r, i) => r === b[i]);
 }
 
 function chainsOf(keys: Iterable<string>, st: FamilyState): string[] {

@@ -5,17 +5,14 @@
 // start-up, adopting what a previous kpng left (nothing is flushed, so
 // established connections and affinity survive a restart), and after a
 // failure.
-import type { Logger } from '../../log.js';
 import type { Family } from '../../api/ip.js';
 import { parseCIDR } from '../../api/ip.js';
-import { ipSetOf, type Endpoint, type LocalNode, type Service, type ServiceCIDR } from '../../api/model.js';
-import type { DecoderHandler } from '../../diff/decoder.js';
-import type { SyncReporter } from '../registry.js';
+import { ipSetOf } from '../../api/model.js';
 import { metrics } from '../shared/metrics.js';
+import { ProxierBase, parseFlow, sameRules, type ProxierBaseOptions } from '../shared/proxier.js';
 import type { KubeProxyConfiguration } from '../shared/config.js';
 import { servicePorts, normalizeCIDRs } from '../shared/service-ports.js';
-import { ConntrackCleaner, type StaleFlow } from '../shared/conntrack.js';
-import { HealthCheckServers } from '../shared/healthcheck.js';
+import type { StaleFlow } from '../shared/conntrack.js';
 import { ElementTable, type ElementDiff } from './elements.js';
 import { portElements, type Element, type LbRequirement, type Slots, type UdpFlow } from './service-elements.js';
 import {
@@ -35,23 +32,13 @@ import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-export interface NftProxierOptions {
+export interface NftProxierOptions extends ProxierBaseOptions {
   readonly nodeName: string;
   readonly config: KubeProxyConfiguration;
-  readonly log: Logger;
-  /** print transactions instead of applying them */
-  readonly dryRun?: boolean;
-  /** apply once: no waiting between syncs, failures are thrown */
-  readonly once?: boolean;
   readonly nftPath?: string;
-  readonly conntrackPath?: string;
   /** where --dry-run prints */
   readonly out?: NodeJS.WritableStream;
   readonly families?: readonly Family[];
-  /** serve healthCheckNodePorts (default true) */
-  readonly healthChecks?: boolean;
-  /** told about every sync (health, metrics) */
-  readonly report?: SyncReporter;
   /** services per transaction of a cold start's chunked load (default 6000) */
   readonly freshLoadChunk?: number;
 }
@@ -88,30 +75,12 @@ const MAX_ELEMENTS_PER_COMMAND = 2000;
 /** services per transaction when a cold start loads an empty node in chunks */
 const FRESH_LOAD_CHUNK = 6000;
 
-export class NftProxier implements DecoderHandler {
-  private readonly services = new Map<string, Service>();
-  private readonly endpoints = new Map<string, Map<string, Endpoint>>();
-  private node?: LocalNode;
-  private readonly cidrs = new Map<string, ServiceCIDR>();
-  private dirty = new Set<string>();
-  private nodeDirty = true;
-  private cidrsDirty = true;
-  private needReconcile = true;
-  private failuresInRow = 0;
-  private retryTimer?: NodeJS.Timeout;
-  private lock: Promise<void> = Promise.resolve();
-  private closed = false;
+export class NftProxier extends ProxierBase {
   private readonly fam: Map<Family, FamilyState>;
-  private readonly conntrack: ConntrackCleaner;
-  private readonly health?: HealthCheckServers;
-  private readonly warned = new Set<string>();
-  private readonly noLocalInternal = new Set<string>();
-  /** UDP flows to clean once a sync succeeds (a failed sync must not lose them) */
-  private pendingFlows: StaleFlow[] = [];
-  private readonly noLocalExternal = new Set<string>();
   readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, lastElementChanges: 0, lastTransactionBytes: 0 };
 
   constructor(private readonly o: NftProxierOptions) {
+    super(o, () => ({ minSyncPeriodMs: o.config.nftables.minSyncPeriodMs, syncPeriodMs: o.config.nftables.syncPeriodMs }));
     this.fam = new Map(
       (o.families ?? [4, 6]).map((f) => [
         f,
@@ -130,97 +99,13 @@ export class NftProxier implements DecoderHandler {
         } satisfies FamilyState,
       ]),
     );
-    this.conntrack = new ConntrackCleaner(o.log, o.conntrackPath);
-    if (o.healthChecks !== false && !o.dryRun) this.health = new HealthCheckServers(o.log, () => this.failuresInRow === 0);
-  }
-
-  // --- the diff stream
-
-  reset(): void {
-    for (const k of this.services.keys()) this.dirty.add(k);
-    this.services.clear();
-    this.endpoints.clear();
-  }
-
-  setService(svc: Service): void {
-    const key = `${svc.Namespace}/${svc.Name}`;
-    this.services.set(key, svc);
-    this.dirty.add(key);
-  }
-
-  deleteService(namespace: string, name: string): void {
-    const key = `${namespace}/${name}`;
-    this.services.delete(key);
-    this.endpoints.delete(key);
-    this.dirty.add(key);
-  }
-
-  setEndpoint(namespace: string, service: string, key: string, ep: Endpoint): void {
-    const svcKey = `${namespace}/${service}`;
-    let m = this.endpoints.get(svcKey);
-    if (!m) this.endpoints.set(svcKey, (m = new Map()));
-    m.set(key, ep);
-    this.dirty.add(svcKey);
-  }
-
-  deleteEndpoint(namespace: string, service: string, key: string): void {
-    const svcKey = `${namespace}/${service}`;
-    this.endpoints.get(svcKey)?.delete(key);
-    this.dirty.add(svcKey);
-  }
-
-  setNode(node: LocalNode): void {
-    this.node = node;
-    this.nodeDirty = true;
-  }
-
-  deleteNode(): void {
-    this.node = undefined;
-    this.nodeDirty = true;
-  }
-
-  setServiceCIDR(cidr: ServiceCIDR): void {
-    this.cidrs.set(cidr.Name, cidr);
-    this.cidrsDirty = true;
-  }
-
-  deleteServiceCIDR(name: string): void {
-    this.cidrs.delete(name);
-    this.cidrsDirty = true;
-  }
-
-  async sync(): Promise<void> {
-    const started = Date.now();
-    await this.exclusive(() => this.syncNow());
-    if (this.o.once || this.closed) return;
-    // minSyncPeriod, measured from completion: changes meanwhile coalesce
-    const wait = this.o.config.nftables.minSyncPeriodMs - (Date.now() - started);
-    if (wait > 0) await new Promise((r) => setTimeout(r, Math.min(wait, this.o.config.nftables.minSyncPeriodMs)));
-  }
-
-  async close(): Promise<void> {
-    this.closed = true;
-    clearTimeout(this.retryTimer);
-    await this.lock;
-    await this.health?.close();
   }
 
   private get chunk(): number {
     return this.o.freshLoadChunk ?? FRESH_LOAD_CHUNK;
   }
 
-  /** true while the last sync succeeded (for health checks) */
-  get healthy(): boolean {
-    return this.failuresInRow === 0;
-  }
-
   // --- computing
-
-  private exclusive(fn: () => Promise<void>): Promise<void> {
-    const run = this.lock.then(fn);
-    this.lock = run.catch(() => {});
-    return run;
-  }
 
   private staticInputs(f: FamilyNames): StaticInputs {
     const c = this.o.config;
@@ -274,12 +159,6 @@ export class NftProxier implements DecoderHandler {
     return normalizeCIDRs(out).map(singleAddress);
   }
 
-  private warnOnce(id: string, msg: string) {
-    if (this.warned.has(id)) return;
-    this.warned.add(id);
-    this.o.log.warn(msg);
-  }
-
   /**
    * The service keys to recompute; brings the node's and the ServiceCIDRs'
    * elements up to date on the way.
@@ -306,7 +185,7 @@ export class NftProxier implements DecoderHandler {
   /** brings the desired state up to date for these services; returns the UDP flows to clean */
   private recomputeKeys(keys: readonly string[]): StaleFlow[] {
     const flows: StaleFlow[] = [];
-    for (const key of keys) this.noLocalEndpoints(key);
+    this.trackServices(keys);
     for (const [family, st] of this.fam) {
       const nodeIPs = ipSetOf(this.node?.IPs, family);
       for (const key of keys) {
@@ -375,8 +254,8 @@ export class NftProxier implements DecoderHandler {
 
   // --- applying
 
-  private async syncNow(): Promise<void> {
-    clearTimeout(this.retryTimer);
+  protected async syncNow(): Promise<void> {
+    this.cancelRetry();
     const t0 = Date.now();
     const full = this.needReconcile;
     let keys = this.prepareRecompute();
@@ -405,8 +284,6 @@ export class NftProxier implements DecoderHandler {
         elementChanges = script.elementChanges;
       }
       for (const st of this.fam.values()) st.rebuild = false;
-      this.needReconcile = false;
-      this.failuresInRow = 0;
       this.stats.syncs++;
       if (full) this.stats.fullSyncs++;
       this.stats.lastSyncMs = Date.now() - t0;
@@ -415,36 +292,17 @@ export class NftProxier implements DecoderHandler {
       this.stats.lastTransactionBytes = bytes;
       metrics.elementChanges.inc(elementChanges);
       this.o.log.debug({ full, ms: this.stats.lastSyncMs, elementChanges, bytes }, 'nft: synced');
-      this.o.report?.synced({ full, durationMs: this.stats.lastSyncMs });
-      this.updateNoLocalEndpoints();
       if (full && !this.o.dryRun) await this.deleteUnusedChains();
     } catch (e) {
       this.stats.failures++;
-      this.failuresInRow++;
-      this.needReconcile = true;
       // keys not recomputed yet (a failed fresh load) are recomputed next time
       for (const k of keys) this.dirty.add(k);
-      if (this.failuresInRow >= 2) for (const st of this.fam.values()) st.rebuild = true;
-      const msg = e instanceof Error ? e.message : String(e);
+      if (this.failuresInRow >= 1) for (const st of this.fam.values()) st.rebuild = true;
       metrics.nftablesSyncFailures.inc({ ip_family: '' });
-      this.o.report?.failed(msg);
-      this.o.log.error({ err: msg, failuresInRow: this.failuresInRow }, 'nft: sync failed; the last good rules stay in place, retrying with a full reconcile');
-      if (this.o.once) throw e;
-      if (!this.closed) {
-        const delay = Math.min(1000 * 2 ** (this.failuresInRow - 1), this.o.config.nftables.syncPeriodMs || 30_000);
-        this.retryTimer = setTimeout(() => void this.exclusive(() => this.syncNow()).catch(() => {}), delay);
-        this.retryTimer.unref?.();
-      }
+      this.failed(e, 'nft');
       return;
     }
-    if (!this.o.dryRun) {
-      // the first sync: no flow went away, and "service IPs getting endpoints"
-      // would be every UDP service (one conntrack run each) for nothing
-      const flows = this.stats.syncs === 1 ? this.pendingFlows.filter((f) => f.endpoint !== '') : this.pendingFlows;
-      this.pendingFlows = [];
-      await this.conntrack.clean(flows);
-      this.health?.update(this.healthCheckServices());
-    }
+    await this.succeeded({ full, durationMs: this.stats.lastSyncMs });
   }
 
   /**
@@ -589,43 +447,11 @@ export class NftProxier implements DecoderHandler {
     }
   }
 
-  /** kubeproxy_sync_proxy_rules_no_local_endpoints_total, kept per service as they change */
-  private noLocalEndpoints(key: string) {
-    const svc = this.services.get(key);
-    const eps = [...(this.endpoints.get(key)?.values() ?? [])];
-    const set = (on: boolean, s: Set<string>) => (on ? s.add(key) : s.delete(key));
-    set(!!svc?.InternalTrafficToLocal && !eps.some((e) => e.Local && e.Scopes?.Internal), this.noLocalInternal);
-    set(!!svc?.ExternalTrafficToLocal && !eps.some((e) => e.Local && e.Scopes?.External), this.noLocalExternal);
-  }
-
-  private updateNoLocalEndpoints() {
-    metrics.noLocalEndpoints.set({ traffic_policy: 'internal', ip_family: '' }, this.noLocalInternal.size);
-    metrics.noLocalEndpoints.set({ traffic_policy: 'external', ip_family: '' }, this.noLocalExternal.size);
-  }
-
-  private healthCheckServices() {
-    const out = [];
-    for (const [key, svc] of this.services) {
-      if (!svc.ExternalTrafficToLocal || !svc.HealthCheckNodePort) continue;
-      let local = 0;
-      for (const ep of this.endpoints.get(key)?.values() ?? []) if (ep.Local && ep.Scopes?.External && !ep.Terminating) local++;
-      out.push({ namespace: svc.Namespace, name: svc.Name, port: svc.HealthCheckNodePort, localEndpoints: local });
-    }
-    return out;
-  }
-
   /** what is programmed, for introspection and tests */
   desiredElements(family: Family, set: string) {
     return this.fam.get(family)!.elements.desiredElements(set);
   }
 
-  get conntrackDeleted(): number {
-    return this.conntrack.deleted;
-  }
-
-  get healthCheckPorts(): number[] {
-    return this.health?.ports() ?? [];
-  }
 }
 
 function lbKey(r: LbRequirement): string {
@@ -634,15 +460,6 @@ function lbKey(r: LbRequirement): string {
 
 function flowKey(u: UdpFlow): string {
   return `${u.vip}|${u.port}|${u.endpoint}`;
-}
-
-function parseFlow(family: Family, k: string): StaleFlow {
-  const [vip, port, endpoint] = k.split('|');
-  return { family, vip, port: Number(port), endpoint };
-}
-
-function sameRules(a: readonly string[], b: readonly string[]): boolean {
-  return a.length === b.length && a.every((r, i) => r === b[i]);
 }
 
 /** interval set elements: nft lists a /32 (/128) as the bare address */
