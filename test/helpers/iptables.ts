@@ -1,6 +1,7 @@
 // The iptables backend in tests: a proxier fed by a store through the real
 // diff stream (dry run, or against iptables inside a throwaway namespace),
-// iptables-save in that namespace, and the to-iptables command line for the lab.
+// iptables-save in that namespace. (The lab's to-iptables command line and
+// skips are with the other backends' in lab-kpng.ts.)
 import { spawnSync } from 'node:child_process';
 import { Writable } from 'node:stream';
 import { pino } from 'pino';
@@ -15,8 +16,6 @@ import { defaultConfig, type KubeProxyConfiguration } from '../../src/backends/s
 import type { Store } from '../../src/store/store.js';
 import type { TestNetns } from './netns.js';
 import { node, service, slice } from './k8s.js';
-import { kpngCapabilities } from './lab-kpng.js';
-import { labUnsupported } from '../../src/lab/index.js';
 
 export const MODES: readonly IptablesMode[] = ['nft', 'legacy'];
 
@@ -101,28 +100,6 @@ export function kubeChains(t: SavedTable | undefined): Record<string, string[]> 
     if (name.startsWith('KUBE-')) out[name] = rules;
   }
   return out;
-}
-
-let fileNodeName = false;
-
-/** Why lab tests of to-iptables cannot run here, or undefined. */
-export async function iptablesLabUnsupported(mode: IptablesMode): Promise<string | undefined> {
-  const why = labUnsupported() ?? iptablesUnsupported(mode);
-  if (why) return why;
-  const c = await kpngCapabilities();
-  if (c.error) return `kpng's command line does not load: ${c.error}`;
-  fileNodeName = c.fileNodeName;
-  if (!c.backends.includes('iptables')) return 'the to-iptables backend is not registered';
-  return undefined;
-}
-
-/**
- * `kpng file --input STATE --node-name NODE to-local to-iptables --config CONFIG --iptables-mode MODE [--once]`
- * (the node name goes to to-iptables while the file source has no --node-name).
- */
-export function iptablesArgs(state: string, node: string, config: string, mode: IptablesMode, opts: { once?: boolean; extra?: string[] } = {}): string[] {
-  const tail = ['--config', config, '--iptables-mode', mode, ...(opts.once ? ['--once'] : []), ...(opts.extra ?? [])];
-  return [...['file', '--input', state], ...(fileNodeName ? ['--node-name', node] : []), 'to-local', 'to-iptables', ...(fileNodeName ? [] : ['--node-name', node]), ...tail];
 }
 
 /** The Services and EndpointSlices of upstream TestOverallIPTablesRules. */

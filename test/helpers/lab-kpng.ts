@@ -1,10 +1,15 @@
-// kpng in a lab: state files, the KubeProxyConfiguration, running to-nft in
-// the node's namespace (once, or following a state directory the test
-// rewrites), and bounded polling on real traffic.
+// kpng in a lab: the backends (to-nft; to-iptables with iptables-nft or
+// iptables-legacy) and why one cannot run here, state files, the
+// KubeProxyConfiguration, running kpng in the node's namespace (once, or
+// following a state directory the test rewrites), and bounded polling on real
+// traffic.
+import { describe } from 'node:test';
 import { mkdirSync, mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Lab, labUnsupported, poll, type LabSpec, type KpngProcess, type Outcome } from '../../src/lab/index.js';
+import { Lab, describeOutcome, labUnsupported, poll, type LabSpec, type KpngProcess, type Outcome } from '../../src/lab/index.js';
+import type { IptablesMode } from '../../src/backends/iptables/iptables.js';
+import { iptablesUnsupported } from './iptables.js';
 
 type Obj = Record<string, any>;
 
@@ -28,35 +33,72 @@ export async function kpngCapabilities(): Promise<{ fileNodeName: boolean; backe
   return caps;
 }
 
-/** Why lab tests of to-nft cannot run here, or undefined. */
-export async function nftLabUnsupported(): Promise<string | undefined> {
-  const why = labUnsupported();
+/** A backend kpng programs in a lab: to-nft, or to-iptables with iptables-nft or iptables-legacy. */
+export type LabBackend = { name: 'nft' } | { name: 'iptables'; mode: IptablesMode };
+
+/** Every backend the shared lab cases run for. */
+export const BACKENDS: readonly LabBackend[] = [{ name: 'nft' }, { name: 'iptables', mode: 'nft' }, { name: 'iptables', mode: 'legacy' }];
+
+/** nftables, iptables-nft, iptables-legacy */
+export const backendLabel = (b: LabBackend): string => (b.name === 'nft' ? 'nftables' : `iptables-${b.mode}`);
+
+/** A short lab tag suffix (namespace names are kpng-<tag>-...): nft, iptn, iptl */
+export const backendTag = (b: LabBackend): string => (b.name === 'nft' ? 'nft' : `ipt${b.mode[0]}`);
+
+/** The KubeProxyConfiguration `mode` (and config section) of a backend. */
+export const proxyMode = (b: LabBackend): 'nftables' | 'iptables' => (b.name === 'nft' ? 'nftables' : 'iptables');
+
+/** Why lab tests of this backend cannot run here, or undefined. */
+export async function backendLabUnsupported(b: LabBackend): Promise<string | undefined> {
+  const why = labUnsupported() ?? (b.name === 'iptables' ? iptablesUnsupported(b.mode) : undefined);
   if (why) return why;
   const c = await kpngCapabilities();
   if (c.error) return `kpng's command line does not load: ${c.error}`;
-  if (!c.backends.includes('nft')) return 'the to-nft backend is not available in this checkout yet (kpng file to-local has no to-nft)';
+  if (!c.backends.includes(b.name)) return `the to-${b.name} backend is not available in this checkout (kpng file to-local has no to-${b.name})`;
   return undefined;
 }
 
 /**
- * `kpng file --input STATE --node-name NODE to-local to-nft --config CONFIG [--once]`.
- * (While the file source has no --node-name, the flag goes to to-nft, which
- * has it; known once nftLabUnsupported or kpngCapabilities ran.)
+ * One suite per backend under `title`: backends two at a time (2 cores), the
+ * cases of one backend one at a time (they share its lab). A backend that
+ * cannot run here is skipped with the reason.
  */
-export function nftArgs(state: string, node: string, config: string, opts: { once?: boolean; extra?: string[] } = {}): string[] {
+export async function describeBackends<B extends LabBackend = LabBackend>(title: string, body: (b: B) => void, backends: readonly B[] = BACKENDS as readonly B[]): Promise<void> {
+  const skips = await Promise.all(backends.map(backendLabUnsupported));
+  describe(title, { concurrency: 2 }, () => {
+    backends.forEach((b, i) => describe(backendLabel(b), { skip: skips[i], concurrency: 1 }, () => body(b)));
+  });
+}
+
+/**
+ * `kpng [PRE] file --input STATE --node-name NODE to-local to-nft --config CONFIG [--once] [EXTRA]`,
+ * or `... to-local to-iptables --iptables-mode MODE --config CONFIG [--once] [EXTRA]`.
+ * (While the file source has no --node-name, the flag goes to the backend,
+ * which has it; known once backendLabUnsupported or kpngCapabilities ran.)
+ */
+export function kpngArgs(b: LabBackend, state: string, node: string, config: string, opts: { once?: boolean; pre?: string[]; extra?: string[] } = {}): string[] {
+  const backend = b.name === 'nft' ? ['to-nft'] : ['to-iptables', '--iptables-mode', b.mode];
   const tail = ['--config', config, ...(opts.once ? ['--once'] : []), ...(opts.extra ?? [])];
   return caps?.fileNodeName
-    ? ['file', '--input', state, '--node-name', node, 'to-local', 'to-nft', ...tail]
-    : ['file', '--input', state, 'to-local', 'to-nft', '--node-name', node, ...tail];
+    ? [...(opts.pre ?? []), 'file', '--input', state, '--node-name', node, 'to-local', ...backend, ...tail]
+    : [...(opts.pre ?? []), 'file', '--input', state, 'to-local', ...backend, '--node-name', node, ...tail];
 }
 
 export function list(items: Obj[]): Obj {
   return { apiVersion: 'v1', kind: 'List', metadata: { resourceVersion: '' }, items };
 }
 
-export function kubeProxyConfig(
-  c: { mode?: 'nftables' | 'iptables'; clusterCIDR?: string; nodePortAddresses?: string[]; masqueradeAll?: boolean; minSyncPeriod?: string; localhostNodePorts?: boolean } = {},
-): Obj {
+export interface ProxyConfigOptions {
+  clusterCIDR?: string;
+  nodePortAddresses?: string[];
+  masqueradeAll?: boolean;
+  syncPeriod?: string;
+  minSyncPeriod?: string;
+  /** iptables only */
+  localhostNodePorts?: boolean;
+}
+
+export function kubeProxyConfig(c: ProxyConfigOptions & { mode?: 'nftables' | 'iptables' } = {}): Obj {
   const mode = c.mode ?? 'nftables';
   return {
     apiVersion: 'kubeproxy.config.k8s.io/v1alpha1',
@@ -68,10 +110,16 @@ export function kubeProxyConfig(
     [mode]: {
       masqueradeAll: c.masqueradeAll ?? false,
       masqueradeBit: 14,
+      ...(c.syncPeriod ? { syncPeriod: c.syncPeriod } : {}),
       ...(c.minSyncPeriod ? { minSyncPeriod: c.minSyncPeriod } : {}),
       ...(mode === 'iptables' && c.localhostNodePorts !== undefined ? { localhostNodePorts: c.localhostNodePorts } : {}),
     },
   };
+}
+
+/** The KubeProxyConfiguration for a backend: its mode and that mode's section. */
+export function backendConfig(b: LabBackend, c: ProxyConfigOptions = {}): Obj {
+  return kubeProxyConfig({ ...c, mode: proxyMode(b) });
 }
 
 /** Polls fn until ok(result) or the deadline; returns the last result (check it). */
@@ -79,17 +127,18 @@ export function pollUntil<T>(fn: () => Promise<T>, ok: (t: T) => boolean, timeou
   return poll(fn, ok, { timeoutMs, everyMs });
 }
 
-/** A lab with kpng (to-nft) following a state directory. */
+/** A lab with kpng (one backend) following a state directory. */
 export class KpngLab {
   kpng?: KpngProcess;
   private constructor(
+    readonly backend: LabBackend,
     readonly lab: Lab,
     readonly dir: string,
     readonly statePath: string,
     readonly configPath: string,
   ) {}
 
-  static async create(spec: LabSpec, objects: Obj[], config: Obj): Promise<KpngLab> {
+  static async create(backend: LabBackend, spec: LabSpec, objects: Obj[], config: Obj): Promise<KpngLab> {
     const dir = mkdtempSync(join(tmpdir(), 'kpng-lab-'));
     const stateDir = join(dir, 'state');
     const configPath = join(dir, 'config.json');
@@ -97,7 +146,7 @@ export class KpngLab {
     let lab: Lab | undefined;
     try {
       lab = await Lab.create(spec);
-      const kl = new KpngLab(lab, dir, stateDir, configPath);
+      const kl = new KpngLab(backend, lab, dir, stateDir, configPath);
       mkdirSync(stateDir);
       kl.setState(objects);
       return kl;
@@ -115,10 +164,21 @@ export class KpngLab {
     renameSync(tmp, join(this.statePath, 'state.json'));
   }
 
-  /** Starts kpng following the state directory. */
-  start(extra: string[] = []): KpngProcess {
-    this.kpng = this.lab.startKpng(nftArgs(this.statePath, this.lab.nodeName, this.configPath, { extra }));
+  /** Starts kpng following the state directory (pre: global options such as --log-level; extra: after the backend's). */
+  start(opts: { pre?: string[]; extra?: string[] } = {}): KpngProcess {
+    this.kpng = this.lab.startKpng(kpngArgs(this.backend, this.statePath, this.lab.nodeName, this.configPath, opts));
     return this.kpng;
+  }
+
+  /**
+   * Starts kpng and waits until probe is answered by an endpoint, not by the
+   * world (a ClusterIP not programmed yet is routed there); throws if never.
+   */
+  async startAndWait(probe: () => Promise<Outcome>, opts: { pre?: string[]; extra?: string[] } = {}): Promise<KpngProcess> {
+    const kpng = this.start(opts);
+    const ready = await pollUntil(probe, (o) => o.kind === 'answered' && o.by !== 'world', 20_000);
+    if (!ready.ok) throw new Error(`kpng never programmed the Service: ${describeOutcome(ready.value)}\n${kpng.stderr.slice(-3000)}`);
+    return kpng;
   }
 
   async close(): Promise<void> {
@@ -130,14 +190,14 @@ export class KpngLab {
   }
 }
 
-/** Applies objects once (kpng --once) in a lab; throws with kpng's stderr on failure. */
-export async function applyOnce(lab: Lab, objects: Obj[], config: Obj): Promise<number> {
+/** Applies objects once (kpng --once, this backend) in a lab; throws with kpng's stderr on failure. */
+export async function applyOnce(backend: LabBackend, lab: Lab, objects: Obj[], config: Obj): Promise<number> {
   const dir = mkdtempSync(join(tmpdir(), 'kpng-lab-'));
   try {
     writeFileSync(join(dir, 'state.json'), JSON.stringify(list(objects)));
     writeFileSync(join(dir, 'config.json'), JSON.stringify(config));
     const t0 = Date.now();
-    const r = await lab.runKpng(nftArgs(join(dir, 'state.json'), lab.nodeName, join(dir, 'config.json'), { once: true }));
+    const r = await lab.runKpng(kpngArgs(backend, join(dir, 'state.json'), lab.nodeName, join(dir, 'config.json'), { once: true }));
     if (r.code !== 0) throw new Error(`kpng --once failed (${r.code}):\n${r.stderr.slice(-4000)}`);
     return Date.now() - t0;
   } finally {

@@ -1,27 +1,28 @@
 // Session affinity (ClientIP) with a short timeout: a client sticks to its
 // endpoint, different clients spread, and once a client has been quiet for
-// longer than the timeout its next connection is placed afresh.
-import { describe, it, before, after } from 'node:test';
+// longer than the timeout its next connection is placed afresh. For every
+// backend (nftables: affinity sets with timeouts; iptables: -m recent).
+import { it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { describeOutcome, verdict, type Outcome } from '../../src/lab/index.js';
 import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
-import { KpngLab, kubeProxyConfig, nftLabUnsupported, pollUntil } from '../helpers/lab-kpng.js';
+import { KpngLab, backendConfig, backendTag, describeBackends } from '../helpers/lab-kpng.js';
 
-const skip = await nftLabUnsupported();
 const VIP = '10.96.0.10';
 const TIMEOUT_S = 2;
 // 16 external clients: P(all on one endpoint by chance) = 2^-15
 const CLIENTS = Array.from({ length: 16 }, (_, i) => `203.0.113.${i + 1}`);
 
-describe('session affinity (ClientIP)', { skip }, () => {
+await describeBackends('session affinity (ClientIP)', (b) => {
   let kl: KpngLab;
   const first = new Map<string, string>();
   const endpointOf = (o: Outcome) => verdict(o, VIP, 80);
 
   before(async () => {
     kl = await KpngLab.create(
+      b,
       {
-        tag: 'affinity',
+        tag: `affinity${backendTag(b)}`,
         node: { name: 'node-a', interfaces: [{ name: 'eth0', addresses: ['192.168.0.2/24'] }] },
         pods: [
           { name: 'web-1', ips: ['10.244.1.10'] },
@@ -40,12 +41,10 @@ describe('session affinity (ClientIP)', { skip }, () => {
         }),
         slice('demo', 'web-1', 'web', [{ ip: '10.244.1.10', node: 'node-a' }, { ip: '10.244.1.11', node: 'node-a' }]),
       ],
-      kubeProxyConfig({ clusterCIDR: '10.244.0.0/16' }),
+      backendConfig(b, { clusterCIDR: '10.244.0.0/16' }),
     );
     await Promise.all(['web-1', 'web-2'].map((p) => kl.lab.serve(p, { tcp: [8080] })));
-    kl.start();
-    const ready = await pollUntil(() => kl.lab.connect({ from: '10.244.1.99', via: 'world', to: VIP, port: 80 }), (o) => o.kind === 'answered', 20_000);
-    assert.ok(ready.ok, `kpng never programmed the Service: ${describeOutcome(ready.value)}\n${kl.kpng?.stderr.slice(-3000)}`);
+    await kl.startAndWait(() => kl.lab.connect({ from: '10.244.1.99', via: 'world', to: VIP, port: 80 }));
   });
   after(() => kl?.close());
 

@@ -2,14 +2,14 @@
 // same conntrack entry) to a ClusterIP or a NodePort whose endpoint is removed
 // moves to the remaining endpoint on a later datagram instead of sticking to
 // the removed one (kpng deletes the stale entry). The removed endpoint keeps
-// answering, so only the conntrack cleanup can make the socket move.
-import { describe, it, before, after } from 'node:test';
+// answering, so only the conntrack cleanup can make the socket move. For every
+// backend.
+import { it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { describeOutcome, verdict } from '../../src/lab/index.js';
 import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
-import { KpngLab, kubeProxyConfig, nftLabUnsupported, pollUntil } from '../helpers/lab-kpng.js';
+import { KpngLab, backendConfig, backendLabel, backendTag, describeBackends, pollUntil } from '../helpers/lab-kpng.js';
 
-const skip = await nftLabUnsupported();
 const VIP = '10.96.0.53';
 const NODE_IP = '192.168.0.2';
 const A = '10.244.1.10';
@@ -21,12 +21,13 @@ const state = (ips: string[]) => [
   slice('demo', 'dns-1', 'dns', ips.map((ip) => ({ ip, node: 'node-a' })), [{ name: 'dns', port: 5353, protocol: 'UDP' }]),
 ];
 
-describe('stale UDP conntrack entries', { skip }, () => {
+await describeBackends('stale UDP conntrack entries', (b) => {
   let kl: KpngLab;
   before(async () => {
     kl = await KpngLab.create(
+      b,
       {
-        tag: 'conntrack',
+        tag: `ctrack${backendTag(b)}`,
         node: { name: 'node-a', interfaces: [{ name: 'eth0', addresses: [`${NODE_IP}/24`] }] },
         pods: [
           { name: 'dns-a', ips: [A] },
@@ -35,12 +36,10 @@ describe('stale UDP conntrack entries', { skip }, () => {
         ],
       },
       state([A, B]),
-      kubeProxyConfig({ clusterCIDR: '10.244.0.0/16' }),
+      backendConfig(b, { clusterCIDR: '10.244.0.0/16' }),
     );
     await Promise.all(['dns-a', 'dns-b'].map((p) => kl.lab.serve(p, { udp: [5353] })));
-    kl.start();
-    const ready = await pollUntil(() => kl.lab.connect({ from: '10.244.1.50', to: VIP, port: 53, protocol: 'UDP' }), (o) => o.kind === 'answered', 20_000);
-    assert.ok(ready.ok, `kpng never programmed the Service: ${describeOutcome(ready.value)}\n${kl.kpng?.stderr.slice(-3000)}`);
+    await kl.startAndWait(() => kl.lab.connect({ from: '10.244.1.50', to: VIP, port: 53, protocol: 'UDP' }));
   });
   after(() => kl?.close());
 
@@ -62,7 +61,7 @@ describe('stale UDP conntrack entries', { skip }, () => {
         kl.setState(state([remaining]));
         const r = await pollUntil(() => sock.send(500), (o) => verdict(o, dst, port) === `${remaining}:5353`, 15_000, 200);
         assert.equal(verdict(r.value, dst, port), `${remaining}:5353`, `the socket still reaches ${removed} ${r.ms} ms after it was removed: ${describeOutcome(r.value)}`);
-        console.log(`${what}: moved ${r.ms} ms after the change`);
+        console.log(`${backendLabel(b)} ${what}: moved ${r.ms} ms after the change`);
       } finally {
         await sock.close();
       }

@@ -5,9 +5,9 @@ import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { KPNG_BIN, listNamespaces } from '../../src/lab/index.js';
-import { nftLabUnsupported } from '../helpers/lab-kpng.js';
+import { backendLabUnsupported } from '../helpers/lab-kpng.js';
 
-const skip = await nftLabUnsupported();
+const skip = await backendLabUnsupported({ name: 'nft' });
 
 function demo(opts: { interruptWhen?: RegExp } = {}): Promise<{ code: number | null; out: string; ms: number }> {
   const t0 = Date.now();

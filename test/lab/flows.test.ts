@@ -1,52 +1,45 @@
-// The nftables packet-flow scenarios (test/data/flows) with real packets:
-// per scenario a lab, kpng applied once with to-nft in the node's namespace,
-// then every flow sent for real and compared with upstream's expectation.
+// The packet-flow scenarios (test/data/flows) with real packets, for every
+// backend: nftables_*.json with to-nft, iptables_*.json with to-iptables
+// (iptables-nft and iptables-legacy). Per scenario a lab, kpng applied once in
+// the node's namespace, then every flow sent for real and compared with
+// upstream kube-proxy's expectation.
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { Lab, kernelHasSCTP } from '../../src/lab/index.js';
-import { nftArgs, nftLabUnsupported } from '../helpers/lab-kpng.js';
+import { BACKENDS, applyOnce, backendLabUnsupported, backendLabel, backendTag, proxyMode } from '../helpers/lab-kpng.js';
 import { checkFlow, configFor, flowTitle, labSpecFor, loadScenario, scenarioFiles, serveScenario, stateFor } from '../helpers/lab-flows.js';
 
-const skip = await nftLabUnsupported();
 const sctp = kernelHasSCTP();
 
-// scenarios two at a time (each has its own lab), flows of a scenario all at once
-describe('nftables packet flows', { skip, concurrency: 2 }, () => {
-  for (const file of scenarioFiles('nftables')) {
-    const s = loadScenario(file);
-    describe(file, { concurrency: true }, () => {
-      let lab: Lab | undefined;
-      let dir = '';
+for (const b of BACKENDS) {
+  const skip = await backendLabUnsupported(b);
+  const mode = proxyMode(b);
+  // scenarios two at a time (each has its own lab), flows of a scenario all at once
+  describe(b.name === 'nft' ? 'nftables packet flows' : `iptables packet flows (${backendLabel(b)})`, { skip, concurrency: 2 }, () => {
+    for (const file of scenarioFiles(mode)) {
+      const s = loadScenario(file);
+      describe(file, { concurrency: true }, () => {
+        let lab: Lab | undefined;
 
-      before(async () => {
-        dir = mkdtempSync(join(tmpdir(), 'kpng-flows-'));
-        writeFileSync(join(dir, 'state.json'), JSON.stringify(stateFor(s), null, 1));
-        writeFileSync(join(dir, 'config.json'), JSON.stringify(configFor(s), null, 1));
-        const t0 = Date.now();
-        lab = await Lab.create(labSpecFor(s));
-        assert.ok(lab.closedPortsMarked, 'the lab cannot tell a closed port from REJECT here (nft socket expression missing?)');
-        await serveScenario(lab, s);
-        const t1 = Date.now();
-        const r = await lab.runKpng(nftArgs(join(dir, 'state.json'), s.node.name, join(dir, 'config.json'), { once: true }));
-        assert.equal(r.code, 0, `kpng --once failed (${r.code}):\n${r.stderr.slice(-4000)}`);
-        console.log(`${file}: lab ${t1 - t0} ms, kpng --once ${Date.now() - t1} ms`);
-      });
+        before(async () => {
+          const t0 = Date.now();
+          lab = await Lab.create(labSpecFor(s, `flows${backendTag(b)}`));
+          assert.ok(lab.closedPortsMarked, 'the lab cannot tell a closed port from REJECT here (nft socket expression missing?)');
+          await serveScenario(lab, s);
+          const ms = await applyOnce(b, lab, stateFor(s).items, configFor(s));
+          console.log(`${file}${b.name === 'nft' ? '' : ` (${b.mode})`}: lab ${Date.now() - t0 - ms} ms, kpng --once ${ms} ms`);
+        });
 
-      after(async () => {
-        await lab?.close();
-        if (dir) rmSync(dir, { recursive: true, force: true });
-      });
+        after(() => lab?.close());
 
-      s.flows.forEach((f, i) => {
-        const skipFlow = f.protocol === 'SCTP' && !sctp ? 'this kernel has no SCTP (/proc/net/protocols)' : false;
-        it(flowTitle(f, i), { skip: skipFlow }, async () => {
-          const r = await checkFlow(lab!, s, f);
-          assert.ok(r.problems.length === 0, r.problems.join('\n'));
+        s.flows.forEach((f, i) => {
+          const skipFlow = f.protocol === 'SCTP' && !sctp ? 'this kernel has no SCTP (/proc/net/protocols)' : false;
+          it(flowTitle(f, i), { skip: skipFlow }, async () => {
+            const r = await checkFlow(lab!, s, f);
+            assert.ok(r.problems.length === 0, r.problems.join('\n'));
+          });
         });
       });
-    });
-  }
-});
+    }
+  });
+}

@@ -1,19 +1,18 @@
 // Hairpin: a pod reaching itself through its own Service is answered by
 // itself, masqueraded (otherwise its reply would never go back through the
-// node to be un-DNATed); the same pod reaching another endpoint is not.
-import { describe, it, before, after } from 'node:test';
+// node to be un-DNATed); the same pod reaching another endpoint is not. For
+// every backend.
+import { it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { Lab, POD_GATEWAY, describeOutcome, seenSource, verdict } from '../../src/lab/index.js';
 import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
-import { answeredBy, applyOnce, kubeProxyConfig, nftLabUnsupported } from '../helpers/lab-kpng.js';
+import { answeredBy, applyOnce, backendConfig, backendTag, describeBackends } from '../helpers/lab-kpng.js';
 
-const skip = await nftLabUnsupported();
-
-describe('hairpin', { skip }, () => {
+await describeBackends('hairpin', (b) => {
   let lab: Lab;
   before(async () => {
     lab = await Lab.create({
-      tag: 'hairpin',
+      tag: `hairpin${backendTag(b)}`,
       node: { name: 'node-a', interfaces: [{ name: 'eth0', addresses: ['192.168.0.2/24', '2001:db8::1/64'] }] },
       pods: [
         { name: 'solo', ips: ['10.244.1.5', 'fd00:10::5'] },
@@ -23,6 +22,7 @@ describe('hairpin', { skip }, () => {
     });
     await Promise.all(['solo', 'web-1', 'web-2'].map((p) => lab.serve(p, { tcp: [8080], udp: [5353] })));
     await applyOnce(
+      b,
       lab,
       [
         node('node-a', undefined, ['192.168.0.2', '2001:db8::1']),
@@ -34,7 +34,7 @@ describe('hairpin', { skip }, () => {
         service('demo', 'web', { clusterIP: '10.96.0.10', ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: 8080 }] }),
         slice('demo', 'web-1', 'web', [{ ip: '10.244.1.10', node: 'node-a' }, { ip: '10.244.1.11', node: 'node-a' }]),
       ],
-      kubeProxyConfig({ clusterCIDR: '10.244.0.0/16,fd00:10::/64' }),
+      backendConfig(b, { clusterCIDR: '10.244.0.0/16,fd00:10::/64' }),
     );
   });
   after(() => lab?.close());

@@ -1,19 +1,20 @@
 // IPv6: ClusterIP and NodePort, single-stack IPv6 and dual-stack Services,
-// through the ip6 table.
-import { describe, it, before, after } from 'node:test';
+// for every backend (nft's ip6 table, ip6tables). A ClusterIP on an undefined
+// port, or an unallocated one, is where they differ: nftables rejects or
+// drops, iptables leaves it alone ("", answered by the world).
+import { it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { Lab, POD_GATEWAY, describeOutcome, seenSource, verdict } from '../../src/lab/index.js';
 import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
-import { answeredBy, applyOnce, kubeProxyConfig, nftLabUnsupported } from '../helpers/lab-kpng.js';
+import { answeredBy, applyOnce, backendConfig, backendTag, describeBackends } from '../helpers/lab-kpng.js';
 
-const skip = await nftLabUnsupported();
 const NODE6 = '2001:db8::1';
 
-describe('IPv6 ClusterIP and NodePort', { skip }, () => {
+await describeBackends('IPv6 ClusterIP and NodePort', (b) => {
   let lab: Lab;
   before(async () => {
     lab = await Lab.create({
-      tag: 'ipv6',
+      tag: `ipv6${backendTag(b)}`,
       node: { name: 'node-a', interfaces: [{ name: 'eth0', addresses: ['192.168.0.2/24', `${NODE6}/64`] }] },
       pods: [
         { name: 'web-1', ips: ['10.244.1.10', 'fd00:10::10'] },
@@ -21,8 +22,10 @@ describe('IPv6 ClusterIP and NodePort', { skip }, () => {
         { name: 'client', ips: ['10.244.1.50', 'fd00:10::50'] },
       ],
     });
-    await Promise.all(['web-1', 'web-2'].map((p) => lab.serve(p, { tcp: [8080], udp: [5353] })));
+    // the world answers what kpng leaves alone ("")
+    await Promise.all([...['web-1', 'web-2'].map((p) => lab.serve(p, { tcp: [8080], udp: [5353] })), lab.serve('world', { tcp: [80, 443] })]);
     await applyOnce(
+      b,
       lab,
       [
         node('node-a', undefined, ['192.168.0.2', NODE6]),
@@ -44,7 +47,7 @@ describe('IPv6 ClusterIP and NodePort', { skip }, () => {
         slice('demo', 'dual-v4', 'dual', [{ ip: '10.244.1.10', node: 'node-a' }]),
         slice('demo', 'dual-v6', 'dual', [{ ip: 'fd00:10::11', node: 'node-a' }]),
       ],
-      kubeProxyConfig({ clusterCIDR: '10.244.0.0/16,fd00:10::/64' }),
+      backendConfig(b, { clusterCIDR: '10.244.0.0/16,fd00:10::/64' }),
     );
   });
   after(() => lab?.close());
@@ -65,13 +68,17 @@ describe('IPv6 ClusterIP and NodePort', { skip }, () => {
     assert.match(verdict(udp, NODE6, 30053), /^\[fd00:10::1[01]\]:5353$/, describeOutcome(udp));
   });
 
-  it('a known IPv6 ClusterIP on an undefined port is rejected; an unallocated one in the service CIDR is dropped', async () => {
-    const [rej, drop] = await Promise.all([
+  // nftables: REJECT (a known ClusterIP, undefined port), DROP (unallocated, in the service CIDR); iptables: both left alone
+  const [undefinedPort, unallocated] = b.name === 'nft' ? ['REJECT', 'DROP'] : ['', ''];
+  it(`a known ClusterIP (IPv6, IPv4) on an undefined port: ${undefinedPort || '""'}; an unallocated IPv6 one in the service CIDR: ${unallocated || '""'}`, async () => {
+    const [rej6, rej4, drop] = await Promise.all([
       lab.connect({ from: 'fd00:10::50', to: 'fd00:96::10', port: 443 }),
+      lab.connect({ from: '10.244.1.50', to: '10.96.0.20', port: 443 }),
       lab.connect({ from: 'fd00:10::50', to: 'fd00:96::99', port: 80 }),
     ]);
-    assert.equal(verdict(rej, 'fd00:96::10', 443), 'REJECT', describeOutcome(rej));
-    assert.equal(verdict(drop, 'fd00:96::99', 80), 'DROP', describeOutcome(drop));
+    assert.equal(verdict(rej6, 'fd00:96::10', 443), undefinedPort, describeOutcome(rej6));
+    assert.equal(verdict(rej4, '10.96.0.20', 443), undefinedPort, describeOutcome(rej4));
+    assert.equal(verdict(drop, 'fd00:96::99', 80), unallocated, describeOutcome(drop));
   });
 
   it('a dual-stack Service answers on both ClusterIPs, each from its family\'s endpoints', async () => {

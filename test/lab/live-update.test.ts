@@ -1,13 +1,14 @@
 // Rules updated while connections stay open: kpng follows a state directory;
 // endpoints and Services change under an open TCP connection, which keeps
-// working, while new connections follow the new rules.
-import { describe, it, before, after } from 'node:test';
+// working, while new connections follow the new rules. For every backend;
+// once the Service is deleted, nftables drops its (now unallocated) ClusterIP
+// and iptables leaves it alone ("", answered by the world).
+import { it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { describeOutcome, verdict, type LabConnection } from '../../src/lab/index.js';
 import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
-import { KpngLab, answeredBy, kubeProxyConfig, nftLabUnsupported, pollUntil } from '../helpers/lab-kpng.js';
+import { KpngLab, answeredBy, backendConfig, backendTag, describeBackends, pollUntil } from '../helpers/lab-kpng.js';
 
-const skip = await nftLabUnsupported();
 const VIP = '10.96.0.10';
 const A = '10.244.1.10';
 const B = '10.244.1.11';
@@ -16,16 +17,18 @@ const base = [node('node-a', undefined, ['192.168.0.2']), serviceCIDR('kubernete
 const web = (ports = [{ name: 'http', port: 80, protocol: 'TCP', targetPort: 8080 }]) => service('demo', 'web', { clusterIP: VIP, ports });
 const eps = (ips: string[], ports = [{ name: 'http', port: 8080 }]) => slice('demo', 'web-1', 'web', ips.map((ip) => ({ ip, node: 'node-a' })), ports);
 
-describe('rules updated while connections stay open', { skip }, () => {
+await describeBackends('rules updated while connections stay open', (b) => {
   let kl: KpngLab;
   let conn: LabConnection;
   let held = '';
   const burst = (port = 80) => kl.lab.burst({ from: '10.244.1.50', to: VIP, port, count: 16 });
+  const stderr = () => kl.kpng?.stderr.slice(-3000) ?? '';
 
   before(async () => {
     kl = await KpngLab.create(
+      b,
       {
-        tag: 'liveupdate',
+        tag: `live${backendTag(b)}`,
         node: { name: 'node-a', interfaces: [{ name: 'eth0', addresses: ['192.168.0.2/24'] }] },
         pods: [
           { name: 'web-a', ips: [A] },
@@ -35,12 +38,11 @@ describe('rules updated while connections stay open', { skip }, () => {
         ],
       },
       [...base, web(), eps([A, B])],
-      kubeProxyConfig({ clusterCIDR: '10.244.0.0/16' }),
+      backendConfig(b, { clusterCIDR: '10.244.0.0/16' }),
     );
-    await Promise.all(['web-a', 'web-b', 'web-c'].map((p) => kl.lab.serve(p, { tcp: [8080, 8443] })));
-    kl.start();
-    const ready = await pollUntil(() => kl.lab.connect({ from: '10.244.1.50', to: VIP, port: 80 }), (o) => o.kind === 'answered', 20_000);
-    assert.ok(ready.ok, `kpng never programmed the Service: ${describeOutcome(ready.value)}\n${kl.kpng?.stderr.slice(-3000)}`);
+    // the world answers what kpng leaves alone ("")
+    await Promise.all([...['web-a', 'web-b', 'web-c'].map((p) => kl.lab.serve(p, { tcp: [8080, 8443] })), kl.lab.serve('world', { tcp: [80] })]);
+    await kl.startAndWait(() => kl.lab.connect({ from: '10.244.1.50', to: VIP, port: 80 }));
     conn = await kl.lab.open({ from: '10.244.1.50', to: VIP, port: 80 });
     assert.equal(conn.first.kind, 'answered', describeOutcome(conn.first));
     held = verdict(conn.first, VIP, 80);
@@ -58,7 +60,7 @@ describe('rules updated while connections stay open', { skip }, () => {
     kl.setState([...base, web(), eps([stay, C])]);
     const want = [`${stay}:8080`, `${C}:8080`].sort();
     const r = await pollUntil(burst, (out) => answeredBy(out).join() === want.join(), 15_000, 200);
-    assert.deepEqual(answeredBy(r.value), want, `new connections after the change (waited ${r.ms} ms)`);
+    assert.deepEqual(answeredBy(r.value), want, `new connections after the change (waited ${r.ms} ms)\n${stderr()}`);
     await stillOpen();
   });
 
@@ -67,25 +69,26 @@ describe('rules updated while connections stay open', { skip }, () => {
     const one = gone === C ? A : C;
     kl.setState([...base, web(), eps([one])]);
     let r = await pollUntil(burst, (out) => answeredBy(out).join() === `${one}:8080`, 15_000, 200);
-    assert.deepEqual(answeredBy(r.value), [`${one}:8080`], `with one endpoint (waited ${r.ms} ms)`);
+    assert.deepEqual(answeredBy(r.value), [`${one}:8080`], `with one endpoint (waited ${r.ms} ms)\n${stderr()}`);
     await stillOpen();
     kl.setState([...base, web(), eps([A, C])]);
     r = await pollUntil(burst, (out) => answeredBy(out).join() === `${A}:8080,${C}:8080`, 15_000, 200);
-    assert.deepEqual(answeredBy(r.value), [`${A}:8080`, `${C}:8080`], `back to two (waited ${r.ms} ms)`);
+    assert.deepEqual(answeredBy(r.value), [`${A}:8080`, `${C}:8080`], `back to two (waited ${r.ms} ms)\n${stderr()}`);
     await stillOpen();
   });
 
   it('the Service gains a port: new connections reach it, and the open connection stays', async () => {
     kl.setState([...base, web([{ name: 'http', port: 80, protocol: 'TCP', targetPort: 8080 }, { name: 'https', port: 443, protocol: 'TCP', targetPort: 8443 }]), eps([A, C], [{ name: 'http', port: 8080 }, { name: 'https', port: 8443 }])]);
     const r = await pollUntil(() => burst(443), (out) => out.every((o) => o.kind === 'answered'), 15_000, 200);
-    assert.deepEqual(answeredBy(r.value), [`${A}:8443`, `${C}:8443`]);
+    assert.deepEqual(answeredBy(r.value), [`${A}:8443`, `${C}:8443`], `${r.value.map(describeOutcome).join('\n')}\n${stderr()}`);
     await stillOpen();
   });
 
-  it('the Service is deleted: new connections are dropped (unallocated ClusterIP), the open one stays', async () => {
+  const deleted = b.name === 'nft' ? { want: 'DROP', what: 'dropped (unallocated ClusterIP)' } : { want: '', what: 'left alone (not DNATed)' };
+  it(`the Service is deleted: new connections are ${deleted.what}, the open one stays`, async () => {
     kl.setState([...base]);
-    const r = await pollUntil(() => kl.lab.connect({ from: '10.244.1.50', to: VIP, port: 80, timeoutMs: 700 }), (o) => verdict(o, VIP, 80) === 'DROP', 15_000, 200);
-    assert.equal(verdict(r.value, VIP, 80), 'DROP', describeOutcome(r.value));
+    const r = await pollUntil(() => kl.lab.connect({ from: '10.244.1.50', to: VIP, port: 80, timeoutMs: 700 }), (o) => verdict(o, VIP, 80) === deleted.want, 15_000, 200);
+    assert.equal(verdict(r.value, VIP, 80), deleted.want, describeOutcome(r.value));
     await stillOpen();
     await conn.close();
   });

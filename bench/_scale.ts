@@ -1,0 +1,231 @@
+// What the scale benchmarks (nft.ts, iptables.ts) share: each measurement in
+// its own network namespace, by a child process of the benchmark run there;
+// the synthetic cluster (Services x 5 endpoints plus probe Services whose one
+// endpoint is a server on lo); the cold sync and one endpoint change at a
+// time; and the first-connection latency probe, a small separate process
+// in a namespace whose rules stay after the child has exited.
+import { spawn, execFileSync, spawnSync, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { fileURLToPath } from 'node:url';
+import { Store, KINDS } from '../src/store/store.js';
+import { ServiceViews } from '../src/localstate/views.js';
+import { LocalDiff } from '../src/diff/local-diff.js';
+import { DecoderSink, type DecoderHandler } from '../src/diff/decoder.js';
+import { LocalSet } from '../src/api/model.js';
+import { convertObject } from '../src/sources/objects.js';
+import { applyObject, type ModelObject } from '../src/sources/apply.js';
+import { service, slice, node } from '../test/helpers/k8s.js';
+
+export const arg = (args: string[], name: string, def: string) => {
+  const i = args.indexOf(`--${name}`);
+  return i >= 0 ? args[i + 1] : def;
+};
+export const pct = (xs: number[], p: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
+export const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
+export const now = () => Number(process.hrtime.bigint()) / 1e6;
+
+/** the probe Services' endpoint: a server on lo in each namespace (this kernel has no dummy links) */
+export const ENDPOINT = '10.255.0.1';
+/** the ClusterIP of synthetic Service s (172.16.0.0/12, routed to lo) */
+export const vip = (s: number) => `172.${16 + (s >> 16)}.${(s >> 8) & 255}.${s & 255}`;
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+
+// --- the benchmark (parent) side
+
+/**
+ * The namespaces of one benchmark run and the processes in them. A benchmark
+ * interrupted (Ctrl-C, timeout) kills its running child and removes its
+ * namespaces; close() removes what is left.
+ */
+export class BenchNamespaces {
+  private readonly live = new Set<string>();
+  private running?: ChildProcess;
+  private readonly onSignal = () => {
+    this.close();
+    process.exit(130);
+  };
+
+  /** bench: the benchmark's name (bench/<bench>.ts, run again as the child); prefix: of the namespaces' names */
+  constructor(
+    private readonly bench: string,
+    private readonly prefix: string,
+  ) {
+    if (process.getuid?.() !== 0) throw new Error(`the ${bench} benchmark needs root (it creates network namespaces)`);
+    process.once('SIGINT', this.onSignal);
+    process.once('SIGTERM', this.onSignal);
+  }
+
+  add(): string {
+    const ns = `${this.prefix}-${randomBytes(3).toString('hex')}`;
+    execFileSync('ip', ['netns', 'add', ns]);
+    this.live.add(ns);
+    return ns;
+  }
+
+  remove(ns: string): void {
+    if (this.live.delete(ns)) spawnSync('ip', ['netns', 'del', ns]);
+  }
+
+  /** kills what runs, removes every namespace left, stops handling signals */
+  close(): void {
+    this.running?.kill('SIGKILL');
+    for (const ns of [...this.live]) this.remove(ns);
+    process.removeListener('SIGINT', this.onSignal);
+    process.removeListener('SIGTERM', this.onSignal);
+  }
+
+  /** runs the benchmark's child (runAsChild) in ns with params; returns what it measured */
+  async child<R>(ns: string, params: object, what: string): Promise<R> {
+    const r = await this.exec(['ip', 'netns', 'exec', ns, process.execPath, '--expose-gc', '--import', 'tsx', `${ROOT}bench/run.ts`, this.bench], { KPNG_BENCH_CHILD: JSON.stringify(params) });
+    const line = r.stdout.split('\n').find((l) => l.startsWith('RESULT '));
+    if (!line) throw new Error(`${what} failed: ${r.stderr || r.stdout}`);
+    return JSON.parse(line.slice(7));
+  }
+
+  /**
+   * First-connection latency through the rules left in ns: a server at the
+   * endpoint, `warmup` then `n` rounds of one new TCP connection to each
+   * host (interleaved), from a fresh process. Microseconds per host. close:
+   * how the server ends each connection.
+   */
+  async probe(ns: string, hosts: string[], opts: { n: number; warmup?: number; port?: number; close: 'end' | 'destroy' }, what: string): Promise<number[][]> {
+    const p = await this.exec(['ip', 'netns', 'exec', ns, process.execPath, '-e', PROBE, JSON.stringify({ hosts, n: opts.n, warmup: opts.warmup ?? 100, port: opts.port ?? 80, close: opts.close, endpoint: ENDPOINT })], {});
+    if (p.code !== 0) throw new Error(`latency probe for ${what} failed: ${p.stderr}`);
+    return JSON.parse(p.stdout);
+  }
+
+  /** runs a command to completion, asynchronously (signals reach this process meanwhile) */
+  private exec(argv: string[], env: Record<string, string>): Promise<{ code: number | null; stdout: string; stderr: string }> {
+    return new Promise((resolve) => {
+      const p = (this.running = spawn(argv[0], argv.slice(1), { cwd: ROOT, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] }));
+      let stdout = '';
+      let stderr = '';
+      p.stdout!.on('data', (d) => (stdout += d));
+      p.stderr!.on('data', (d) => (stderr = (stderr + d).slice(-20_000)));
+      p.on('close', (code) => {
+        this.running = undefined;
+        resolve({ code, stdout, stderr });
+      });
+    });
+  }
+}
+
+/** the probe process: argv[1] is JSON { hosts, n, warmup, port, close, endpoint }; prints microseconds per host */
+const PROBE = `
+const net = require('node:net');
+const { hosts, n, warmup, port, close, endpoint } = JSON.parse(process.argv[1]);
+const one = (host) => new Promise((resolve, reject) => {
+  const t = process.hrtime.bigint();
+  const c = net.connect({ host, port }, () => { const us = Number(process.hrtime.bigint() - t) / 1e3; c.destroy(); resolve(us); });
+  c.on('error', reject);
+});
+const srv = net.createServer((s) => (close === 'end' ? s.end() : s.destroy())).listen(8080, endpoint, async () => {
+  const out = hosts.map(() => []);
+  for (let i = 0; i < warmup; i++) for (const h of hosts) await one(h);
+  for (let i = 0; i < n; i++) for (let j = 0; j < hosts.length; j++) out[j].push(await one(hosts[j]));
+  console.log(JSON.stringify(out));
+  srv.close();
+});
+`;
+
+// --- the child side, in its namespace
+
+/** In the child (KPNG_BENCH_CHILD set): runs fn on its params, prints its result for the parent; false in the parent. */
+export async function runAsChild<P, R>(fn: (p: P) => Promise<R>): Promise<boolean> {
+  const params = process.env.KPNG_BENCH_CHILD;
+  if (!params) return false;
+  console.log('RESULT ' + JSON.stringify(await fn(JSON.parse(params))));
+  return true;
+}
+
+/** lo up, the probe's endpoint on it, and the Service IPs routed there too */
+export function prepareNamespace(): void {
+  execFileSync('ip', ['link', 'set', 'lo', 'up']);
+  execFileSync('ip', ['addr', 'add', `${ENDPOINT}/32`, 'dev', 'lo']);
+  execFileSync('ip', ['route', 'add', '172.16.0.0/12', 'dev', 'lo']);
+}
+
+export interface ProbeService {
+  namespace: string;
+  name: string;
+  clusterIP: string;
+  /** the endpoint's pod name */
+  pod: string;
+}
+
+export interface SyntheticCluster {
+  store: Store;
+  diff: LocalDiff;
+  /** the EndpointSlice of the i-th change: one endpoint of one Service replaced */
+  change(i: number): ModelObject;
+}
+
+/**
+ * Node node-0; the probe Services (port 80, one endpoint: ENDPOINT on
+ * node-0); then Services bench/svc-<s> for s in [from, to) at vip(s), port
+ * 80, 5 endpoints each on other nodes; everything synced.
+ */
+export function syntheticCluster(c: { probes: ProbeService[]; from: number; to: number }): SyntheticCluster {
+  const store = new Store();
+  const ip = (i: number) => `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`;
+  const sliceOf = (s: number, gen = 0) =>
+    slice('bench', `svc-${s}-1`, `svc-${s}`, Array.from({ length: 5 }, (_, e) => ({ ip: e === 0 && gen ? ip(s * 5 + e + gen * 1_000_000) : ip(s * 5 + e), node: `node-${(s * 5 + e) % 100}`, pod: `p-${s}-${e}-${e === 0 ? gen : 0}` })));
+  store.update((tx) => {
+    applyObject(tx, convertObject(node('node-0', 'z1', ['192.168.0.2'])) as ModelObject);
+    for (const p of c.probes) {
+      applyObject(tx, convertObject(service(p.namespace, p.name, { clusterIP: p.clusterIP, ports: [{ name: 'http', port: 80 }] })) as ModelObject);
+      applyObject(tx, convertObject(slice(p.namespace, `${p.name}-1`, p.name, [{ ip: ENDPOINT, node: 'node-0', pod: p.pod }])) as ModelObject);
+    }
+    for (let s = c.from; s < c.to; s++) {
+      applyObject(tx, convertObject(service('bench', `svc-${s}`, { clusterIP: vip(s), ports: [{ name: 'http', port: 80 }] })) as ModelObject);
+      applyObject(tx, convertObject(sliceOf(s)) as ModelObject);
+    }
+    KINDS.forEach((k) => tx.setSynced(k));
+  });
+  const diff = new LocalDiff(store, new ServiceViews(store), 'node-0', { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
+  return { store, diff, change: (i) => convertObject(sliceOf(c.from + ((i * 7919) % (c.to - c.from)), i + 1)) as ModelObject };
+}
+
+/**
+ * The cold sync (compute: every op but the last into the proxier; apply: the
+ * last, the sync), then `changes` endpoint changes one at a time, each from
+ * the store update to the kernel having it. afterCold/afterChange run right
+ * after each, to read the proxier's stats.
+ */
+export async function measureSyncs(
+  cluster: SyntheticCluster,
+  proxier: DecoderHandler,
+  changes: number,
+  hooks: { afterCold?: () => void; afterChange?: () => void } = {},
+): Promise<{ coldComputeMs: number; coldApplyMs: number; changeMs: number[] }> {
+  const sink = new DecoderSink(proxier);
+  let t0 = now();
+  const ops = cluster.diff.next();
+  for (const op of ops.slice(0, -1)) await sink.send(op);
+  const coldComputeMs = now() - t0;
+  t0 = now();
+  await sink.send(ops.at(-1)!);
+  const coldApplyMs = now() - t0;
+  hooks.afterCold?.();
+
+  const changeMs: number[] = [];
+  for (let i = 0; i < changes; i++) {
+    const c = cluster.change(i);
+    const t = now();
+    cluster.store.update((tx) => applyObject(tx, c));
+    for (const op of cluster.diff.next()) await sink.send(op);
+    changeMs.push(now() - t);
+    hooks.afterChange?.();
+  }
+  return { coldComputeMs, coldApplyMs, changeMs };
+}
+
+/** resident memory after a full GC (the benchmarks run with --expose-gc), MiB */
+export function rssMiB(): number {
+  (globalThis as { gc?: () => void }).gc?.();
+  return process.memoryUsage.rss() / 2 ** 20;
+}
