@@ -34,11 +34,10 @@ class EndpointSetOp {
   readonly kind = 'set';
   readonly set = LocalSet.EndpointsSet;
   readonly path: string;
-  readonly bytes: Uint8Array;
   constructor(private readonly view: EndpointView) {
     this.path = view.path;
-    this.bytes = view.bytes;
   }
+  get bytes(): Uint8Array { return this.view.bytes; }
   get value(): LocalValue { return this.view.endpoint; }
 }
 
@@ -208,18 +207,18 @@ export class LocalDiff {
     const cidrOps = this.cidrsDirty && this.wantCIDRs ? this.diffCIDRs() : { sets: [], deletes: [] };
     this.nodeDirty = this.cidrsDirty = false;
 
-    const asc = <T>(f: (x: T) => string) => (a: T, b: T) => (f(a) < f(b) ? -1 : f(a) > f(b) ? 1 : 0);
     const desc = (a: string, b: string) => (a < b ? 1 : a > b ? -1 : 0);
+    const byPath = (a: EndpointView, b: EndpointView) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0);
     ops.push(...nodeOps.sets, ...cidrOps.sets);
-    for (const v of svcSets.sort(asc((v) => v.key))) {
+    for (const v of svcSets.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0))) {
       ops.push(new ServiceSetOp(v));
     }
     for (const p of anonDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.EndpointsSet, path: p });
-    for (const e of namedSets.sort(asc((e) => e.path))) {
+    for (const e of namedSets.sort(byPath)) {
       ops.push(new EndpointSetOp(e));
     }
     for (const p of namedDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.EndpointsSet, path: p });
-    for (const e of anonSets.sort(asc((e) => e.path))) {
+    for (const e of anonSets.sort(byPath)) {
       ops.push(new EndpointSetOp(e));
     }
     for (const k of svcDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.ServicesSet, path: k });

@@ -2,8 +2,9 @@
 // the endpoints this node may use, each with the scopes it is used for.
 import { toBinary } from '@bufbuild/protobuf';
 import { createHash } from 'node:crypto';
-import { ServiceSchema, type Service, type Endpoint, type PortMapping } from '../api/gen/api/localv1/api_pb.js';
-import { encodeEndpointFast } from '../api/fast-encode.js';
+import { ServiceSchema, type Service, type Endpoint, type EndpointScopes, type PortMapping, type PortName } from '../api/gen/api/localv1/api_pb.js';
+import { encodeEndpointsFast } from '../api/fast-encode.js';
+import { sortSmall } from '../sort.js';
 import type { StoredSlice } from '../store/store.js';
 import { externallyAccessible } from '../api/model.js';
 import { categorize, isReady, type Candidate, type NodeContext } from './topology.js';
@@ -44,6 +45,38 @@ export function serviceIsProxied(svc: Service, proxyName: string): boolean {
   return label === proxyName;
 }
 
+// Parts of endpoint messages shared between views (frozen: nothing may change
+// them): a few hundred bytes per service less to allocate and keep.
+const NONE = Object.freeze([]) as unknown as string[];
+const SCOPES: EndpointScopes[] = [];
+for (let i = 0; i < 8; i++) SCOPES.push(Object.freeze({ $typeName: 'localv1.EndpointScopes', Internal: (i & 1) !== 0, External: (i & 2) !== 0, Cluster: (i & 4) !== 0 }));
+const scopesOf = (r: PortResult) => SCOPES[(r.internal ? 1 : 0) | (r.external ? 2 : 0) | (r.cluster ? 4 : 0)];
+
+function samePorts(built: readonly PortName[], ports: readonly PortResult[]): boolean {
+  if (built.length !== ports.length) return false;
+  for (let i = 0; i < ports.length; i++) {
+    const b = built[i];
+    const p = ports[i];
+    if (b.Name !== p.port.Name || b.Port !== p.target || b.Protocol !== p.port.Protocol) return false;
+  }
+  return true;
+}
+
+/** An endpoint's encoding is a part of one buffer shared by the service's endpoints. */
+class ComputedEndpointView implements EndpointView {
+  constructor(
+    readonly path: string,
+    readonly endpoint: Endpoint,
+    readonly named: boolean,
+    private readonly buf: Uint8Array,
+    private readonly start: number,
+    private readonly end: number,
+  ) {}
+  get bytes(): Uint8Array {
+    return this.buf.subarray(this.start, this.end);
+  }
+}
+
 interface PortResult {
   port: PortMapping;
   target: number;
@@ -78,7 +111,7 @@ const sameUse = (a: PortResult, b: PortResult) => a.internal === b.internal && a
 /** one segment per way the endpoint's ports are used (usually one) */
 function segmentsOf(fe: FamilyEndpoint): Segment[] {
   const ports = fe.ports;
-  if (ports.every((p) => sameUse(p, ports[0]))) return [{ fams: [fe], ports }];
+  if (ports.length === 1 || ports.every((p) => sameUse(p, ports[0]))) return [{ fams: [fe], ports }];
   const out: Segment[] = [];
   for (const p of ports) {
     const seg = out.find((g) => sameUse(g.ports[0], p));
@@ -182,19 +215,19 @@ export function computeServiceView(
   // one endpoint per way an address is used; a dual-stack pod used the same
   // way in both families is one endpoint with both addresses
   const groups: { podName: string; segments: Segment[] }[] = [];
-  const byPod = new Map<string, { podName: string; segments: Segment[]; families: Set<FamilyEndpoint> }>();
+  const byPod = new Map<string, { podName: string; segments: Segment[]; families: FamilyEndpoint[] }>();
   byFamily.forEach((fams, fi) => {
     for (const fe of fams.values()) {
       const segs = segmentsOf(fe);
       const pod = fe.podName ? byPod.get(fe.podName) : undefined;
       // the same pod seen with a second address of one family (bad data): apart, anonymous
-      if (!pod || [...pod.families].some((f) => f.ip.includes(':') === fe.ip.includes(':'))) {
-        const g = { podName: fi === 0 || !pod ? fe.podName : '', segments: segs, families: new Set([fe]) };
+      if (!pod || pod.families.some((f) => f.ip.includes(':') === fe.ip.includes(':'))) {
+        const g = { podName: fi === 0 || !pod ? fe.podName : '', segments: segs, families: [fe] };
         if (fe.podName && !pod) byPod.set(fe.podName, g);
         groups.push(g);
         continue;
       }
-      pod.families.add(fe);
+      if (!pod.families.includes(fe)) pod.families.push(fe);
       for (const seg of segs) {
         const match = pod.segments.find((x) => x.fams.length === 1 && mergeable(x, seg));
         if (match) match.fams.push(fe);
@@ -203,35 +236,54 @@ export function computeServiceView(
     }
   });
 
-  const endpoints: EndpointView[] = [];
+  const built: Endpoint[] = [];
+  const names: string[] = [];
+  let lastPorts: PortName[] = [];
   for (const g of groups) {
     g.segments.forEach((seg, i) => {
       const first = seg.fams[0];
       const r0 = seg.ports[0];
+      // exact-size arrays (a pushed-to array keeps room for 16 more)
+      let v4: string[] = NONE;
+      let v6: string[] = NONE;
+      if (seg.fams.length === 1) {
+        if (first.ip.includes(':')) v6 = [first.ip];
+        else v4 = [first.ip];
+      } else {
+        const f4 = seg.fams.filter((f) => !f.ip.includes(':')).map((f) => f.ip);
+        const f6 = seg.fams.filter((f) => f.ip.includes(':')).map((f) => f.ip);
+        if (f4.length) v4 = f4;
+        if (f6.length) v6 = f6;
+      }
+      // consecutive endpoints usually map the same ports: one array for them
+      if (!samePorts(lastPorts, seg.ports)) lastPorts = seg.ports.map((p) => ({ $typeName: 'localv1.PortName', Name: p.port.Name, Port: p.target, Protocol: p.port.Protocol }));
       // message literals: protobuf-es messages are plain objects, and its
       // reflective create() is a large part of a cold sync
-      const ep: Endpoint = {
+      built.push({
         $typeName: 'localv1.Endpoint',
         Hostname: first.hostname,
-        IPs: {
-          $typeName: 'localv1.IPSet',
-          V4: seg.fams.filter((f) => !f.ip.includes(':')).map((f) => f.ip),
-          V6: seg.fams.filter((f) => f.ip.includes(':')).map((f) => f.ip),
-        },
+        IPs: { $typeName: 'localv1.IPSet', V4: v4, V6: v6 },
         Local: first.local,
-        PortOverrides: seg.ports.map((p) => ({ $typeName: 'localv1.PortName', Name: p.port.Name, Port: p.target, Protocol: p.port.Protocol })),
-        Scopes: { $typeName: 'localv1.EndpointScopes', Internal: r0.internal, External: r0.external, Cluster: r0.cluster },
+        PortOverrides: lastPorts,
+        Scopes: scopesOf(r0),
         Terminating: first.terminating,
         NodeName: first.nodeName,
-      };
-      const bytes = encodeEndpointFast(ep);
-      const named = g.podName !== '' && i === 0;
-      const path = named ? `${key}/${g.podName}` : `${key}/${createHash('sha256').update(bytes).digest('hex').slice(0, 16)}`;
-      endpoints.push({ path, endpoint: ep, bytes, named });
+      });
+      names.push(g.podName !== '' && i === 0 ? g.podName : '');
     });
   }
-  endpoints.sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
+  // the service's encoding goes in the same buffer: one allocation per view
+  const { buf, starts } = encodeEndpointsFast(built, toBinary(ServiceSchema, out));
+  const endpoints: EndpointView[] = built.map((ep, i) => {
+    const named = names[i] !== '';
+    const start = starts[i];
+    const end = starts[i + 1];
+    const path = named ? `${key}/${names[i]}` : `${key}/${createHash('sha256').update(buf.subarray(start, end)).digest('hex').slice(0, 16)}`;
+    return new ComputedEndpointView(path, ep, named, buf, start, end);
+  });
+  sortSmall(endpoints, (a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
   // identical anonymous endpoints (same content) would share a path: keep one
-  const unique = endpoints.filter((e, i) => i === 0 || e.path !== endpoints[i - 1].path);
-  return { key, service: out, bytes: toBinary(ServiceSchema, out), endpoints: unique };
+  const dup = endpoints.some((e, i) => i > 0 && e.path === endpoints[i - 1].path);
+  const unique = dup ? endpoints.filter((e, i) => i === 0 || e.path !== endpoints[i - 1].path) : endpoints;
+  return { key, service: out, bytes: buf.subarray(starts[built.length]), endpoints: unique };
 }

@@ -17,13 +17,16 @@ import type { NodeContext } from './topology.js';
 
 interface Entry {
   version: number;
-  /** nodes hosting an endpoint of the service or named in a node hint */
-  specialNodes: Set<string>;
+  /** nodes hosting an endpoint of the service or named in a node hint (usually a few: an array) */
+  specialNodes: readonly string[] | Set<string>;
   usesZones: boolean;
-  byClass: Map<string, ServiceView | undefined>;
-  /** distinct services and endpoints (by path) among this version's views */
-  services: LazyServiceView[];
-  endpoints: Map<string, EndpointView[]>;
+  /** views by node class: the first one inline (most services have one class per process) */
+  firstClass?: string;
+  firstView?: ServiceView;
+  byClass?: Map<string, ServiceView | undefined>;
+  /** distinct services and endpoints (by path) among this version's views, once a second view is interned */
+  services?: LazyServiceView[];
+  endpoints?: Map<string, EndpointView[]>;
 }
 
 export class ServiceViews {
@@ -157,13 +160,18 @@ export class ServiceViews {
       this.entries.set(key, e);
     }
     const zone = e.usesZones ? `z:${node.zone}` : '*';
-    const cls = e.specialNodes.has(node.name) ? `n:${node.name}|${zone}` : zone;
-    if (e.byClass.has(cls)) return e.byClass.get(cls);
+    const special = Array.isArray(e.specialNodes) ? e.specialNodes.includes(node.name) : (e.specialNodes as Set<string>).has(node.name);
+    const cls = special ? `n:${node.name}|${zone}` : zone;
+    if (e.firstClass === cls) return e.firstView;
+    if (e.byClass?.has(cls)) return e.byClass.get(cls);
     const stored = this.store.getService(key);
     const computed = stored ? computeServiceView(stored.service, this.store.slicesOfService(key), node, this.proxyName) : undefined;
     const view = computed && this.intern(e, computed);
     this.computed++;
-    e.byClass.set(cls, view);
+    if (e.firstClass === undefined) {
+      e.firstClass = cls;
+      e.firstView = view;
+    } else (e.byClass ??= new Map()).set(cls, view);
     return view;
   }
 
@@ -175,12 +183,14 @@ export class ServiceViews {
    */
   private intern(e: Entry, v: ServiceView): ServiceView {
     // in-process (one node): nothing to share, keep what was computed
-    if (this.keepDecoded && e.byClass.size === 0) return new LazyServiceView(v.key, v.bytes, v.endpoints, undefined, v.service);
-    let svc = e.services.find((x) => bytesEqual(x.bytes, v.bytes));
-    if (!svc) e.services.push((svc = lazyService(v, this.keepDecoded)));
+    if (this.keepDecoded && e.firstClass === undefined) return new LazyServiceView(v.key, v.bytes, v.endpoints, undefined, v.service);
+    const services = (e.services ??= []);
+    const known = (e.endpoints ??= new Map<string, EndpointView[]>());
+    let svc = services.find((x) => bytesEqual(x.bytes, v.bytes));
+    if (!svc) services.push((svc = lazyService(v, this.keepDecoded)));
     const endpoints = v.endpoints.map((ep) => {
-      let variants = e.endpoints.get(ep.path);
-      if (!variants) e.endpoints.set(ep.path, (variants = []));
+      let variants = known.get(ep.path);
+      if (!variants) known.set(ep.path, (variants = []));
       const same = variants.find((x) => x.named === ep.named && bytesEqual(x.bytes, ep.bytes));
       if (same) return same;
       const lazy = lazyEndpoint(ep, this.keepDecoded);
@@ -191,16 +201,20 @@ export class ServiceViews {
   }
 
   private newEntry(key: string, version: number): Entry {
-    const specialNodes = new Set<string>();
+    const nodes = new Set<string>();
     let usesZones = false;
     for (const slice of this.store.slicesOfService(key)) {
       for (const info of slice.endpoints) {
-        if (info.Topology?.Node) specialNodes.add(info.Topology.Node);
-        for (const n of info.Hints?.Nodes ?? []) specialNodes.add(n);
-        if ((info.Hints?.Zones.length ?? 0) > 0) usesZones = true;
+        if (info.Topology?.Node) nodes.add(info.Topology.Node);
+        const hints = info.Hints;
+        if (hints) {
+          for (const n of hints.Nodes) nodes.add(n);
+          if (hints.Zones.length > 0) usesZones = true;
+        }
       }
     }
-    return { version, specialNodes, usesZones, byClass: new Map(), services: [], endpoints: new Map() };
+    // an array is a tenth of a Set's memory, and as fast to search when short
+    return { version, specialNodes: nodes.size <= 16 ? [...nodes] : nodes, usesZones };
   }
 }
 

@@ -202,6 +202,7 @@ export class Store {
   slicesOfService(key: string): StoredSlice[] {
     const keys = this.slicesByService.get(key);
     if (!keys) return [];
+    if (keys.size === 1) for (const k of keys) return [this.slices.get(k)!];
     const out: StoredSlice[] = [];
     for (const k of [...keys].sort()) out.push(this.slices.get(k)!);
     return out;

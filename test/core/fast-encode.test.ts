@@ -3,9 +3,10 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { toBinary, create } from '@bufbuild/protobuf';
 import { EndpointSchema } from '../../src/api/gen/api/localv1/api_pb.js';
-import { encodeEndpointFast } from '../../src/api/fast-encode.js';
+import { encodeEndpointFast, encodeEndpointsFast } from '../../src/api/fast-encode.js';
 
-test('encodeEndpointFast equals toBinary on many endpoints', () => {
+test('encodeEndpointFast (one) and encodeEndpointsFast (a service\'s, in one buffer) equal toBinary on many endpoints', () => {
+  const batch: ReturnType<typeof create<typeof EndpointSchema>>[] = [];
   let seed = 42;
   const rnd = (n: number) => ((seed = (seed * 1103515245 + 12345) % 2 ** 31), seed % n);
   const str = () => ['', 'a', 'pod-0123456789', 'é-ü-ñ', 'x'.repeat(200)][rnd(5)];
@@ -20,5 +21,11 @@ test('encodeEndpointFast equals toBinary on many endpoints', () => {
       NodeName: str(),
     });
     assert.deepEqual(Buffer.from(encodeEndpointFast(e)), Buffer.from(toBinary(EndpointSchema, e)), JSON.stringify(e));
+    batch.push(e);
   }
+  const tail = new Uint8Array([1, 2, 3]);
+  const { buf, starts } = encodeEndpointsFast(batch, tail);
+  assert.equal(starts.length, batch.length + 1);
+  batch.forEach((e, i) => assert.deepEqual(Buffer.from(buf.subarray(starts[i], starts[i + 1])), Buffer.from(toBinary(EndpointSchema, e)), `endpoint ${i}`));
+  assert.deepEqual([...buf.subarray(starts.at(-1))], [1, 2, 3]);
 });

@@ -3,6 +3,7 @@
 // backends so they all read the node-local state the same way.
 import { ipFamily, parseCIDR, formatCIDR, cidrContains, type Family } from '../../api/ip.js';
 import { Protocol, endpointPort, ipSetOf, type Endpoint, type PortMapping, type Service } from '../../api/model.js';
+import { sortSmall } from '../../sort.js';
 
 export interface Target {
   readonly ip: string;
@@ -45,6 +46,8 @@ export interface ServicePort {
   readonly hasEndpoints: boolean;
 }
 
+const byAddr = (a: Target, b: Target) => (a.ip < b.ip ? -1 : a.ip > b.ip ? 1 : a.port - b.port);
+
 const PROTO: Record<number, 'tcp' | 'udp' | 'sctp' | undefined> = { [Protocol.TCP]: 'tcp', [Protocol.UDP]: 'udp', [Protocol.SCTP]: 'sctp' };
 
 /** Service ports of one service in one family; none without a cluster IP of that family. */
@@ -70,7 +73,6 @@ export function servicePorts(svc: Service, endpoints: Iterable<Endpoint>, family
         if (ep.Scopes?.Cluster) cluster.push(t);
       }
     }
-    const byAddr = (a: Target, b: Target) => (a.ip < b.ip ? -1 : a.ip > b.ip ? 1 : a.port - b.port);
     out.push({
       service: `${svc.Namespace}/${svc.Name}`,
       namespace: svc.Namespace,
@@ -88,9 +90,9 @@ export function servicePorts(svc: Service, endpoints: Iterable<Endpoint>, family
       internalLocal: svc.InternalTrafficToLocal,
       externalLocal: svc.ExternalTrafficToLocal,
       affinitySeconds: svc.SessionAffinity.case === 'ClientIP' ? svc.SessionAffinity.value.TimeoutSeconds || 10800 : 0,
-      internal: internal.sort(byAddr),
-      external: external.sort(byAddr),
-      cluster: cluster.sort(byAddr),
+      internal: sortSmall(internal, byAddr),
+      external: sortSmall(external, byAddr),
+      cluster: sortSmall(cluster, byAddr),
       hasEndpoints: family === 4 ? port.HasEndpointsV4 : port.HasEndpointsV6,
     });
   }
