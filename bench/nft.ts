@@ -71,7 +71,8 @@ async function child(p: { services: number; changes: number }): Promise<Result> 
   const config = defaultConfig();
   config.clusterCIDRs = ['10.0.0.0/8'];
   config.nftables.minSyncPeriodMs = 0; // measure each change alone
-  const proxier = new NftProxier({ nodeName: 'node-0', config, log: pino({ level: 'warn' }), once: true, healthChecks: false });
+  // once: no minSyncPeriod wait; session: changes go to a long-lived nft, as in a running kpng
+  const proxier = new NftProxier({ nodeName: 'node-0', config, log: pino({ level: 'warn' }), once: true, session: true, healthChecks: false });
   // svc-0 is the probe Service (its one endpoint is the probe's server)
   const cluster = syntheticCluster({ probes: [{ namespace: 'bench', name: 'svc-0', clusterIP: vip(0), pod: 'probe' }], from: 1, to: p.services });
   let coldBytes = 0;
@@ -80,6 +81,7 @@ async function child(p: { services: number; changes: number }): Promise<Result> 
     afterCold: () => (coldBytes = proxier.stats.lastTransactionBytes),
     afterChange: () => applies.push(proxier.stats.lastSyncMs),
   });
+  await proxier.close();
   return {
     services: p.services,
     coldComputeMs: m.coldComputeMs,

@@ -25,7 +25,7 @@ function config(over: Partial<KubeProxyConfiguration> = {}): KubeProxyConfigurat
 }
 
 /** a proxier fed by a store through the real diff stream */
-function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfiguration; chunk?: number } = {}) {
+function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfiguration; chunk?: number; session?: boolean } = {}) {
   const out: string[] = [];
   const sink = new Writable({ write: (c, _e, cb) => (out.push(String(c)), cb()) });
   const make = () =>
@@ -40,6 +40,7 @@ function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfigu
       conntrackPath: opts.ns?.wrapper('conntrack'),
       healthChecks: false,
       freshLoadChunk: opts.chunk,
+      session: opts.session,
     });
   let proxier = make();
   let diff = new LocalDiff(store, new ServiceViews(store), 'n1', { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
@@ -55,6 +56,7 @@ function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfigu
     /** a new kpng process: fresh memory, same kernel */
     restart() {
       diff.close();
+      void proxier.close();
       proxier = make();
       decoder = new DecoderSink(proxier);
       diff = new LocalDiff(store, new ServiceViews(store), 'n1', { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
@@ -178,18 +180,31 @@ describe('against nft in a namespace', { skip: canUseNetns() }, () => {
   });
 
   test('a cold start on an empty node loads in chunks, then hooks everything at once', async () => {
-    const objs = [node('n1', 'z1', ['192.168.0.2'])];
+    const objs = [node('n1', 'z1', ['192.168.0.2']), serviceCIDR('kubernetes', ['172.30.0.0/16'])];
     for (let i = 0; i < 40; i++) {
-      objs.push(service('ns', `s${i}`, { clusterIP: `172.30.1.${i}`, ports: [{ name: 'dns', port: 53, protocol: i % 2 ? 'UDP' : 'TCP' }] }));
-      objs.push(slice('ns', `s${i}-1`, `s${i}`, [{ ip: `10.3.0.${i}`, pod: `p${i}` }, { ip: `10.4.0.${i}`, pod: `q${i}` }], [{ name: 'dns', port: 53, protocol: i % 2 ? 'UDP' : 'TCP' }]));
+      const proto = i % 2 ? 'UDP' : 'TCP';
+      objs.push(service('ns', `s${i}`, { clusterIP: `172.30.1.${i}`, ports: [{ name: 'dns', port: 53, protocol: proto }] }));
+      // the last services need a load-balancing chain no earlier chunk declared
+      const eps = [{ ip: `10.3.0.${i}`, pod: `p${i}` }, { ip: `10.4.0.${i}`, pod: `q${i}` }, ...(i >= 35 ? [{ ip: `10.5.0.${i}`, pod: `r${i}` }] : [])];
+      objs.push(slice('ns', `s${i}-1`, `s${i}`, eps, [{ name: 'dns', port: 53, protocol: proto }]));
     }
+    // two services (in different chunks) want one element differently: the first by name counts
+    objs.push(service('ns', 'a-dup', { clusterIP: '172.30.2.1', externalIPs: ['192.0.2.9'], ports: [{ name: 'http', port: 80 }] }));
+    objs.push(slice('ns', 'a-dup-1', 'a-dup', [{ ip: '10.6.0.1', pod: 'd1' }]));
+    objs.push(service('ns', 'z-dup', { clusterIP: '172.30.2.2', externalIPs: ['192.0.2.9'], ports: [{ name: 'http', port: 80 }] }));
+    objs.push(slice('ns', 'z-dup-1', 'z-dup', [{ ip: '10.6.0.2', pod: 'd2' }]));
     const other = createNetns();
     try {
       const h = harness(syncedStore(objs), { ns: other, chunk: 7 });
       await h.sync();
       assert.ok(h.proxier.stats.lastTransactionBytes > 0);
       const listed = other.exec('nft', ['list', 'table', 'ip', 'kpng']);
-      for (let i = 0; i < 40; i++) assert.match(listed, new RegExp(`172\\.30\\.1\\.${i} \\. (tcp|udp) \\. 53 comment "ns/s${i}:dns" : goto lb-cluster-(tcp|udp)-2`), `s${i}`);
+      for (let i = 0; i < 40; i++) assert.match(listed, new RegExp(`172\\.30\\.1\\.${i} \\. (tcp|udp) \\. 53 comment "ns/s${i}:dns" : goto lb-cluster-(tcp|udp)-${i >= 35 ? 3 : 2}`), `s${i}`);
+      assert.match(listed, /192\.0\.2\.9 \. tcp \. 80 comment "ns\/a-dup:http" : goto external-policy-cluster/);
+      assert.match(listed, /192\.0\.2\.9 \. tcp \. 80 \. 0 : 10\.6\.0\.1 \. 8080/);
+      assert.doesNotMatch(listed, /192\.0\.2\.9 \. tcp \. 80 \. \d+ : 10\.6\.0\.2/);
+      assert.match(listed, /set service-cidrs \{[^}]*elements = \{ 172\.30\.0\.0\/16 \}/);
+      assert.match(listed, /set nodeport-addresses \{[^}]*elements = \{ 192\.168\.0\.2 \}/);
       assert.match(listed, /chain nat-prerouting \{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tjump services/);
       // what a restart finds is exactly what it wants: nothing to change
       h.restart();
@@ -200,15 +215,33 @@ describe('against nft in a namespace', { skip: canUseNetns() }, () => {
     }
   });
 
-  test('after a failure the next sync reconciles from the kernel', async () => {
-    const store = syncedStore(cluster());
-    const h = harness(store, { ns });
-    await h.sync();
-    // someone deletes an element behind kpng's back, and a change fails because of it
-    ns.exec('nft', ['delete', 'element', 'ip', 'kpng', 'cluster-endpoints-tcp', '{ 172.30.0.10 . tcp . 80 . 0 }']);
-    load(store, [slice('ns', 'web-1', 'web', [{ ip: '10.1.0.7', node: 'n1', pod: 'w7' }])]);
-    await assert.rejects(h.sync());
-    await h.proxier.sync(); // what the retry timer does in a running kpng: a reconcile
-    assert.match(ns.exec('nft', ['list', 'map', 'ip', 'kpng', 'cluster-endpoints-tcp']), /172\.30\.0\.10 \. tcp \. 80 \. 0 : 10\.1\.0\.7 \. 8080/);
-  });
+  for (const session of [false, true]) {
+    test(`after a failure the next sync reconciles from the kernel (${session ? 'a long-lived nft' : 'one nft per transaction'})`, async () => {
+      const store = syncedStore(cluster());
+      const h = harness(store, { ns, session });
+      try {
+        await h.sync();
+        // a change goes the way asked for
+        load(store, [slice('ns', 'web-1', 'web', [{ ip: '10.1.0.6', node: 'n1', pod: 'w6' }])]);
+        await h.sync();
+        assert.equal(h.proxier.stats.lastVia, session ? 'session' : 'process');
+        assert.match(ns.exec('nft', ['list', 'map', 'ip', 'kpng', 'cluster-endpoints-tcp']), /172\.30\.0\.10 \. tcp \. 80 \. 0 : 10\.1\.0\.6 \. 8080/);
+        // someone deletes an element behind kpng's back, and a change fails because of it
+        ns.exec('nft', ['delete', 'element', 'ip', 'kpng', 'cluster-endpoints-tcp', '{ 172.30.0.10 . tcp . 80 . 0 }']);
+        load(store, [slice('ns', 'web-1', 'web', [{ ip: '10.1.0.7', node: 'n1', pod: 'w7' }])]);
+        await assert.rejects(h.sync(), /No such file or directory/);
+        // nothing of the failed transaction applied (atomic)
+        assert.doesNotMatch(ns.exec('nft', ['list', 'map', 'ip', 'kpng', 'cluster-endpoints-tcp']), /10\.1\.0\.7/);
+        await h.proxier.sync(); // what the retry timer does in a running kpng: a reconcile
+        assert.match(ns.exec('nft', ['list', 'map', 'ip', 'kpng', 'cluster-endpoints-tcp']), /172\.30\.0\.10 \. tcp \. 80 \. 0 : 10\.1\.0\.7 \. 8080/);
+        // and the next change goes the same way again
+        load(store, [slice('ns', 'web-1', 'web', [{ ip: '10.1.0.8', node: 'n1', pod: 'w8' }])]);
+        await h.sync();
+        assert.equal(h.proxier.stats.lastVia, session ? 'session' : 'process');
+        assert.match(ns.exec('nft', ['list', 'map', 'ip', 'kpng', 'cluster-endpoints-tcp']), /172\.30\.0\.10 \. tcp \. 80 \. 0 : 10\.1\.0\.8 \. 8080/);
+      } finally {
+        await h.proxier.close();
+      }
+    });
+  }
 });

@@ -49,9 +49,28 @@ after(() => {
 
 test('health follows syncs, node deletion and recovery; metrics carry kube-proxy names', { skip }, async () => {
   const flag = join(dir, 'fail');
-  // nft in the test namespace, failing while the flag file exists
+  // nft in the test namespace, failing while the flag file exists: a one-shot
+  // nft exits 1; in the long-lived `nft -i` session each transaction line is
+  // replaced by one nft rejects (the session's markers pass through)
   const nft = join(dir, 'nft');
-  writeFileSync(nft, `#!/bin/sh\nif [ -e ${flag} ]; then echo "Error: injected failure" >&2; exit 1; fi\nexec ip netns exec ${ns.name} nft "$@"\n`);
+  writeFileSync(
+    nft,
+    [
+      '#!/bin/sh',
+      'if [ "$1" = "-i" ]; then',
+      '  while IFS= read -r line; do',
+      '    case "$line" in',
+      `      kpng-sync-*) printf '%s\\n' "$line" ;;`,
+      `      *) if [ -e ${flag} ]; then printf 'injected-failure\\n'; else printf '%s\\n' "$line"; fi ;;`,
+      '    esac',
+      `  done | exec ip netns exec ${ns.name} nft -i`,
+      '  exit',
+      'fi',
+      `if [ -e ${flag} ]; then echo "Error: injected failure" >&2; exit 1; fi`,
+      `exec ip netns exec ${ns.name} nft "$@"`,
+      '',
+    ].join('\n'),
+  );
   chmodSync(nft, 0o755);
   const state = join(dir, 'state');
   const write = (ips: string[], deleting = false) =>

@@ -31,7 +31,9 @@ export class ElementTable {
 
   /** Replaces everything an owner declared (its elements are kept, not copied). */
   setOwner(owner: string, elements: Element[]): void {
-    for (const e of this.byOwner.get(owner) ?? []) this.remove(e);
+    const before = this.byOwner.get(owner);
+    if (before) for (const e of before) this.remove(e);
+    else if (!elements.length) return;
     for (const e of elements) {
       e.owner = owner;
       this.add(e);
@@ -40,9 +42,36 @@ export class ElementTable {
     else this.byOwner.delete(owner);
   }
 
+  hasOwner(owner: string): boolean {
+    return this.byOwner.has(owner);
+  }
+
+  /** the owners that declared elements */
+  owners(): IterableIterator<string> {
+    return this.byOwner.keys();
+  }
+
+  /** The elements of an owner that count (a key two owners declare counts once). */
+  winnersOf(owner: string): Element[] {
+    const out: Element[] = [];
+    for (const e of this.byOwner.get(owner) ?? []) if (this.desired.get(e.set)?.get(e.key) === e) out.push(e);
+    return out;
+  }
+
+  /** desired elements of one set (created on first use); the last one is cached: an owner's elements come grouped by set */
+  private keysOf(set: string): Map<string, Element> {
+    if (set === this.lastSet) return this.lastKeys!;
+    let keys = this.desired.get(set);
+    if (!keys) this.desired.set(set, (keys = new Map()));
+    this.lastSet = set;
+    this.lastKeys = keys;
+    return keys;
+  }
+  private lastSet?: string;
+  private lastKeys?: Map<string, Element>;
+
   private add(e: Element) {
-    let keys = this.desired.get(e.set);
-    if (!keys) this.desired.set(e.set, (keys = new Map()));
+    const keys = this.keysOf(e.set);
     const cur = keys.get(e.key);
     if (!cur) {
       keys.set(e.key, e);
@@ -62,8 +91,8 @@ export class ElementTable {
   }
 
   private remove(e: Element) {
-    const keys = this.desired.get(e.set);
-    const cur = keys?.get(e.key);
+    const keys = this.keysOf(e.set);
+    const cur = keys.get(e.key);
     if (!cur) return;
     const id = `${e.set}\0${e.key}`;
     const list = this.others.get(id);
@@ -71,9 +100,9 @@ export class ElementTable {
       if (list?.length) {
         // the next owner by name takes over
         list.sort((a, b) => (a.owner < b.owner ? -1 : 1));
-        keys!.set(e.key, list.shift()!);
+        keys.set(e.key, list.shift()!);
         if (!list.length) this.others.delete(id);
-      } else keys!.delete(e.key);
+      } else keys.delete(e.key);
       this.touch(e.set, e.key);
     } else if (list) {
       const i = list.indexOf(e);
@@ -83,11 +112,20 @@ export class ElementTable {
   }
 
   private touch(set: string, key: string) {
-    if (this.pending === 'all') return;
-    let keys = this.pending.get(set);
-    if (!keys) this.pending.set(set, (keys = new Set()));
-    keys.add(key);
+    const pending = this.pending;
+    if (pending === 'all') return;
+    if (set !== this.lastTouched || this.lastTouchedIn !== pending) {
+      let keys = pending.get(set);
+      if (!keys) pending.set(set, (keys = new Set()));
+      this.lastTouched = set;
+      this.lastTouchedIn = pending;
+      this.lastTouchedKeys = keys;
+    }
+    this.lastTouchedKeys!.add(key);
   }
+  private lastTouched?: string;
+  private lastTouchedIn?: Map<string, Set<string>>;
+  private lastTouchedKeys?: Set<string>;
 
   /** Differences between desired and committed for the keys touched since the last commit. */
   diff(): ElementDiff {
@@ -117,6 +155,15 @@ export class ElementTable {
       if (!keys) this.committed.set(e.set, (keys = new Map()));
       keys.set(e.key, e);
     }
+    this.pending = new Map();
+  }
+
+  /**
+   * A fresh load put every desired element that counts into an empty table:
+   * that is the committed state now (copied natively, not element by element).
+   */
+  commitDesired(): void {
+    this.committed = new Map([...this.desired].map(([set, keys]) => [set, new Map(keys)]));
     this.pending = new Map();
   }
 

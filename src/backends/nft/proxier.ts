@@ -27,9 +27,9 @@ import {
   type FamilyNames,
   type StaticInputs,
 } from './ruleset.js';
-import { runNft, listTable, NftError } from './nft.js';
+import { runNft, listTable, NftError, NftSession } from './nft.js';
 import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { tmpdir, availableParallelism } from 'node:os';
 import { join } from 'node:path';
 
 export interface NftProxierOptions extends ProxierBaseOptions {
@@ -39,8 +39,12 @@ export interface NftProxierOptions extends ProxierBaseOptions {
   /** where --dry-run prints */
   readonly out?: NodeJS.WritableStream;
   readonly families?: readonly Family[];
-  /** services per transaction of a cold start's chunked load (default 6000) */
+  /** services per transaction of a cold start's chunked load (default 1500) */
   readonly freshLoadChunk?: number;
+  /** nft processes at once in a cold start's chunked load (default: 2, or 1 on one core) */
+  readonly freshLoadParallel?: number;
+  /** small transactions go to a long-lived nft (default: unless once) */
+  readonly session?: boolean;
 }
 
 interface FamilyState {
@@ -69,18 +73,24 @@ export interface ProxierStats {
   lastSuccess: number;
   lastElementChanges: number;
   lastTransactionBytes: number;
+  /** how the last transaction went to nft: the long-lived session, or a process of its own */
+  lastVia: 'session' | 'process' | '';
 }
 
 const MAX_ELEMENTS_PER_COMMAND = 2000;
+/** transactions up to this size go to the long-lived nft; bigger ones to a fresh `nft -f` (their cost is nft's parsing anyway) */
+const SESSION_MAX_BYTES = 128 * 1024;
 /** services per transaction when a cold start loads an empty node in chunks */
-const FRESH_LOAD_CHUNK = 6000;
+const FRESH_LOAD_CHUNK = 1500;
 
 export class NftProxier extends ProxierBase {
   private readonly fam: Map<Family, FamilyState>;
-  readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, lastElementChanges: 0, lastTransactionBytes: 0 };
+  private readonly session?: NftSession;
+  readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, lastElementChanges: 0, lastTransactionBytes: 0, lastVia: '' };
 
   constructor(private readonly o: NftProxierOptions) {
     super(o, () => ({ minSyncPeriodMs: o.config.nftables.minSyncPeriodMs, syncPeriodMs: o.config.nftables.syncPeriodMs }));
+    if (!o.dryRun && (o.session ?? !o.once)) this.session = new NftSession(o.nftPath);
     this.fam = new Map(
       (o.families ?? [4, 6]).map((f) => [
         f,
@@ -103,6 +113,10 @@ export class NftProxier extends ProxierBase {
 
   private get chunk(): number {
     return this.o.freshLoadChunk ?? FRESH_LOAD_CHUNK;
+  }
+
+  private get parallel(): number {
+    return Math.max(1, this.o.freshLoadParallel ?? Math.min(2, availableParallelism()));
   }
 
   // --- computing
@@ -187,45 +201,53 @@ export class NftProxier extends ProxierBase {
     const flows: StaleFlow[] = [];
     this.trackServices(keys);
     for (const [family, st] of this.fam) {
-      const nodeIPs = ipSetOf(this.node?.IPs, family);
+      const node = { nodeIPs: ipSetOf(this.node?.IPs, family) };
       for (const key of keys) {
-        const owner = `svc:${key}`;
+        const owner = ownerOf(key);
         const svc = this.services.get(key);
-        const elements: Element[] = [];
-        const lbs: LbRequirement[] = [];
-        const udp = new Set<string>();
-        const udpVips = new Set<string>();
+        const ports = svc ? servicePorts(svc, this.endpoints.get(key)?.values() ?? [], family) : [];
+        // nothing in this family, now or before (a single-stack service): nothing to do
+        if (!ports.length && !st.elements.hasOwner(owner) && !st.ownerSlots.has(owner) && !st.ownerLb.has(owner) && !st.ownerUdp.has(owner) && !st.ownerUdpVips.has(owner)) continue;
+        let elements: Element[] = [];
+        const lbNames: string[] = [];
+        let udp: Set<string> | undefined;
+        let udpVips: Set<string> | undefined;
         const nextSlots: Slots = new Map();
-        if (svc) {
-          for (const sp of servicePorts(svc, this.endpoints.get(key)?.values() ?? [], family)) {
-            const pe = portElements(sp, { nodeIPs }, st.slots, nextSlots);
-            elements.push(...pe.elements);
-            lbs.push(...pe.lbChains);
-            for (const u of pe.udpFlows) udp.add(flowKey(u));
-            for (const u of pe.udpWithEndpoints) udpVips.add(flowKey(u));
+        for (const sp of ports) {
+          const pe = portElements(sp, node, st.slots, nextSlots);
+          if (ports.length === 1) elements = pe.elements;
+          else elements.push(...pe.elements);
+          for (const r of pe.lbChains) {
+            const k = lbKey(r);
+            if (!lbNames.includes(k)) lbNames.push(k);
           }
+          for (const u of pe.udpFlows) (udp ??= new Set()).add(flowKey(u));
+          for (const u of pe.udpWithEndpoints) (udpVips ??= new Set()).add(flowKey(u));
         }
         st.elements.setOwner(owner, elements);
         // slots
-        for (const k of st.ownerSlots.get(owner) ?? []) st.slots.delete(k);
+        const slotsBefore = st.ownerSlots.get(owner);
+        if (slotsBefore) for (const k of slotsBefore) st.slots.delete(k);
         for (const [k, v] of nextSlots) st.slots.set(k, v);
         if (nextSlots.size) st.ownerSlots.set(owner, [...nextSlots.keys()]);
-        else st.ownerSlots.delete(owner);
+        else if (slotsBefore) st.ownerSlots.delete(owner);
         // shared lb chains, refcounted
-        const lbNames = [...new Set(lbs.map((r) => lbKey(r)))];
-        for (const n of st.ownerLb.get(owner) ?? []) st.lbRefs.set(n, (st.lbRefs.get(n) ?? 1) - 1);
-        for (const n of lbNames) st.lbRefs.set(n, (st.lbRefs.get(n) ?? 0) + 1);
-        if (lbNames.length) st.ownerLb.set(owner, lbNames);
-        else st.ownerLb.delete(owner);
+        const lbBefore = st.ownerLb.get(owner);
+        if (!lbBefore || lbBefore.length !== lbNames.length || lbBefore.some((n, i) => n !== lbNames[i])) {
+          if (lbBefore) for (const n of lbBefore) st.lbRefs.set(n, (st.lbRefs.get(n) ?? 1) - 1);
+          for (const n of lbNames) st.lbRefs.set(n, (st.lbRefs.get(n) ?? 0) + 1);
+          if (lbNames.length) st.ownerLb.set(owner, lbNames);
+          else st.ownerLb.delete(owner);
+        }
         // UDP flows gone (conntrack cleanup), and service IPs getting endpoints
         const before = st.ownerUdp.get(owner);
-        for (const k of before ?? []) if (!udp.has(k)) flows.push(parseFlow(family, k));
+        if (before) for (const k of before) if (!udp?.has(k)) flows.push(parseFlow(family, k));
         const vipsBefore = st.ownerUdpVips.get(owner);
-        for (const k of udpVips) if (!vipsBefore?.has(k) && !k.startsWith('|')) flows.push(parseFlow(family, k));
-        if (udp.size) st.ownerUdp.set(owner, udp);
-        else st.ownerUdp.delete(owner);
-        if (udpVips.size) st.ownerUdpVips.set(owner, udpVips);
-        else st.ownerUdpVips.delete(owner);
+        if (udpVips) for (const k of udpVips) if (!vipsBefore?.has(k) && !k.startsWith('|')) flows.push(parseFlow(family, k));
+        if (udp) st.ownerUdp.set(owner, udp);
+        else if (before) st.ownerUdp.delete(owner);
+        if (udpVips) st.ownerUdpVips.set(owner, udpVips);
+        else if (vipsBefore) st.ownerUdpVips.delete(owner);
       }
       for (const c of st.elements.conflicts) this.warnOnce(`conflict ${family} ${c}`, `two services want the same nftables element (${c}); the first one (by name) wins`);
     }
@@ -265,6 +287,7 @@ export class NftProxier extends ProxierBase {
       if (full) await this.adopt();
       const fresh = full && !this.o.dryRun && [...this.fam.values()].every((st) => st.committedChains.size === 0);
       if (fresh && keys.length > this.chunk) {
+        this.stats.lastVia = 'process';
         ({ bytes, elementChanges } = await this.freshLoad(keys));
         keys = [];
       } else {
@@ -276,7 +299,13 @@ export class NftProxier extends ProxierBase {
         const applyStart = Date.now();
         if (script.text) {
           if (this.o.dryRun) (this.o.out ?? process.stdout).write(script.text);
-          else await runNft(['-f', '-'], script.text, this.o.nftPath);
+          else if (this.session && script.text.length <= SESSION_MAX_BYTES) {
+            this.stats.lastVia = 'session';
+            await this.session.run(script.text);
+          } else {
+            this.stats.lastVia = 'process';
+            await runNft(['-f', '-'], script.text, this.o.nftPath);
+          }
         }
         metrics.stageDuration.observe({ stage: 'apply' }, (Date.now() - applyStart) / 1000);
         script.commit();
@@ -307,10 +336,12 @@ export class NftProxier extends ProxierBase {
 
   /**
    * A cold start on a node without kpng's tables: the maps, sets and regular
-   * chains are created and filled in chunks, each chunk's nft running while
-   * the next one is computed (nft gets the second core); none of it touches a
+   * chains are created and filled in chunks, up to `freshLoadParallel` nft
+   * processes at once (nft's parsing is most of a big load, and it runs on
+   * every core) while the next chunk is computed; none of it touches a
    * packet until the last transaction hooks the base chains, so packets see
-   * no kpng, then all of it.
+   * no kpng, then all of it. The table is empty, so a chunk is only adds:
+   * no diff, and the committed state is the desired one at the end.
    */
   private async freshLoad(keys: readonly string[]): Promise<{ bytes: number; elementChanges: number }> {
     let bytes = 0;
@@ -320,6 +351,7 @@ export class NftProxier extends ProxierBase {
     const dir = mkdtempSync(join(tmpdir(), 'kpng-nft-'));
     let files = 0;
     const apply = async (text: string) => {
+      if (!text) return;
       bytes += text.length;
       const file = join(dir, `${files++}.nft`);
       writeFileSync(file, text);
@@ -329,23 +361,46 @@ export class NftProxier extends ProxierBase {
         rmSync(file, { force: true });
       }
     };
+    /** the elements that count of these owners, as adds */
+    const adds = (owners: (st: FamilyState) => Iterable<string>) => {
+      const lines: string[] = [];
+      for (const st of this.fam.values()) {
+        const list: Element[] = [];
+        for (const owner of owners(st)) for (const e of st.elements.winnersOf(owner)) list.push(e);
+        elementChanges += list.length;
+        pushElements(lines, 'add', `${st.names.table} ${TABLE}`, list, true);
+      }
+      return lines.length ? lines.join('\n') + '\n' : '';
+    };
+    // in name order, the owner that counts for a key (the first by name) is the first to load it
+    const sorted = [...keys].sort();
     try {
       const header = this.render({ header: true, baseChains: false, elements: false });
-      await apply(header.text);
+      // with the elements of owners not loaded below (the node's, the ServiceCIDRs')
+      const reloaded = new Set(sorted.map(ownerOf));
+      await apply(header.text + adds((st) => [...st.elements.owners()].filter((o) => !reloaded.has(o))));
       header.commit();
-      let inFlight: Promise<void> = Promise.resolve();
       let failure: unknown;
-      for (let i = 0; i < keys.length; i += this.chunk) {
-        this.pendingFlows.push(...this.recomputeKeys(keys.slice(i, i + this.chunk)));
-        const chunk = this.render({ header: false, baseChains: false, elements: true });
-        chunk.commit();
-        elementChanges += chunk.elementChanges;
-        inFlight = inFlight.then(() => (failure ? undefined : apply(chunk.text))).catch((e) => void (failure ??= e));
-        // let the previous nft finish and the next one start
-        await new Promise((r) => setImmediate(r));
+      const running = new Set<Promise<void>>();
+      for (let i = 0; i < sorted.length && !failure; i += this.chunk) {
+        const chunk = sorted.slice(i, i + this.chunk);
+        this.pendingFlows.push(...this.recomputeKeys(chunk));
+        // chains the elements point to go in first, on their own (a few lines)
+        const structure = this.render({ header: false, baseChains: false, elements: false });
+        await apply(structure.text);
+        structure.commit();
+        if (failure) break;
+        const owners = chunk.map(ownerOf);
+        // nft starts now (spawned synchronously), while the next chunk is computed
+        const p: Promise<void> = apply(adds(() => owners))
+          .catch((e) => void (failure ??= e))
+          .finally(() => running.delete(p));
+        running.add(p);
+        while (running.size >= this.parallel) await Promise.race(running);
       }
-      await inFlight;
+      await Promise.all(running);
       if (failure) throw failure;
+      for (const st of this.fam.values()) st.elements.commitDesired();
       const hooks = this.render({ header: false, baseChains: true, elements: true });
       await apply(hooks.text);
       hooks.commit();
@@ -374,29 +429,33 @@ export class NftProxier extends ProxierBase {
   /**
    * A transaction for both families: with `header`, the table and every set
    * and map (re-)declared; chains whose rules changed (base chains only with
-   * `baseChains`), then element differences. commit() records it as applied.
+   * `baseChains`), then element differences. `structure` is the part that
+   * declares (sets, chains, rules), `elements` the element changes; commit()
+   * records it all as applied.
    */
-  private render(what: { header: boolean; baseChains: boolean; elements: boolean }): { text: string; elementChanges: number; commit: () => void } {
-    const lines: string[] = [];
+  private render(what: { header: boolean; baseChains: boolean; elements: boolean }): Rendered {
+    const structure: string[] = [];
+    const elements: string[] = [];
     const commits: (() => void)[] = [];
     let elementChanges = 0;
+    let deletes = 0;
     for (const st of this.fam.values()) {
       const f = st.names;
       const t = `${f.table} ${TABLE}`;
       const desired = this.desiredChains(st);
       const committed = st.committedChains;
       if (what.header) {
-        if (st.rebuild) lines.push(`add table ${t}`, `delete table ${t}`);
-        lines.push(`add table ${t} { comment "rules for kpng" ; }`);
+        if (st.rebuild) structure.push(`add table ${t}`, `delete table ${t}`);
+        structure.push(`add table ${t} { comment "rules for kpng" ; }`);
       }
-      if (what.baseChains) for (const [name, decl] of Object.entries(BASE_CHAINS)) if (!committed.has(name) || what.header) lines.push(`add chain ${t} ${name} { ${decl} }`);
+      if (what.baseChains) for (const [name, decl] of Object.entries(BASE_CHAINS)) if (!committed.has(name) || what.header) structure.push(`add chain ${t} ${name} { ${decl} }`);
       // sets and maps first: chains refer to them
       const newSets: string[] = [];
       const decls = setDeclarations(f);
-      for (const [name, d] of Object.entries(decls)) if (what.header || !st.committedSets.has(name)) (lines.push(`add ${d.kind} ${t} ${name} { ${d.body} }`), newSets.push(name));
+      for (const [name, d] of Object.entries(decls)) if (what.header || !st.committedSets.has(name)) (structure.push(`add ${d.kind} ${t} ${name} { ${d.body} }`), newSets.push(name));
       for (let i = 0; i < this.affinitySlots(st); i++) {
         const name = affinitySetName(i);
-        if (what.header || !st.committedSets.has(name)) (lines.push(`add set ${t} ${name} { ${affinitySetBody(f)} }`), newSets.push(name));
+        if (what.header || !st.committedSets.has(name)) (structure.push(`add set ${t} ${name} { ${affinitySetBody(f)} }`), newSets.push(name));
       }
       // chains: declare all new ones before any rule (rules jump between them)
       const changed: string[] = [];
@@ -405,25 +464,36 @@ export class NftProxier extends ProxierBase {
         if (base && !what.baseChains) continue;
         const have = committed.get(name);
         if (have && sameRules(have, rules)) continue;
-        if (!base && (!committed.has(name) || what.header)) lines.push(`add chain ${t} ${name}`);
+        if (!base && (!committed.has(name) || what.header)) structure.push(`add chain ${t} ${name}`);
         changed.push(name);
       }
       for (const name of changed) {
-        if (committed.has(name)) lines.push(`flush chain ${t} ${name}`);
-        for (const r of desired.get(name)!) lines.push(`add rule ${t} ${name} ${r}`);
+        if (committed.has(name)) structure.push(`flush chain ${t} ${name}`);
+        for (const r of desired.get(name)!) structure.push(`add rule ${t} ${name} ${r}`);
       }
       // elements: deletes, then adds (a changed value is both)
       const diff = what.elements ? st.elements.diff() : { deletes: [], adds: [] };
       elementChanges += diff.deletes.length + diff.adds.length;
-      pushElements(lines, 'delete', t, diff.deletes, false);
-      pushElements(lines, 'add', t, diff.adds, true);
+      deletes += diff.deletes.length;
+      pushElements(elements, 'delete', t, diff.deletes, false);
+      pushElements(elements, 'add', t, diff.adds, true);
       commits.push(() => {
         if (what.elements) st.elements.commit(diff);
         for (const name of changed) committed.set(name, desired.get(name)!);
         for (const name of newSets) st.committedSets.add(name);
       });
     }
-    return { text: lines.length ? lines.join('\n') + '\n' : '', elementChanges, commit: () => commits.forEach((c) => c()) };
+    const text = (lines: string[]) => (lines.length ? lines.join('\n') + '\n' : '');
+    return {
+      structure: text(structure),
+      elements: text(elements),
+      get text() {
+        return this.structure + this.elements;
+      },
+      elementChanges,
+      deletes,
+      commit: () => commits.forEach((c) => c()),
+    };
   }
 
   /** chains no element or rule points to anymore (after a reconcile) */
@@ -447,11 +517,33 @@ export class NftProxier extends ProxierBase {
     }
   }
 
+  override async close(): Promise<void> {
+    await super.close();
+    this.session?.close();
+  }
+
   /** what is programmed, for introspection and tests */
   desiredElements(family: Family, set: string) {
     return this.fam.get(family)!.elements.desiredElements(set);
   }
 
+}
+
+interface Rendered {
+  /** sets, maps, chains and rules declared or changed */
+  readonly structure: string;
+  /** element deletes and adds */
+  readonly elements: string;
+  /** the whole transaction */
+  readonly text: string;
+  readonly elementChanges: number;
+  readonly deletes: number;
+  commit(): void;
+}
+
+/** the element owner of a service */
+function ownerOf(key: string): string {
+  return `svc:${key}`;
 }
 
 function lbKey(r: LbRequirement): string {
