@@ -197,6 +197,7 @@ describe('against nft in a namespace', { skip: canUseNetns() }, () => {
     try {
       const h = harness(syncedStore(objs), { ns: other, chunk: 7 });
       await h.sync();
+      assert.equal(h.proxier.stats.lastVia, 'chunks');
       assert.ok(h.proxier.stats.lastTransactionBytes > 0);
       const listed = other.exec('nft', ['list', 'table', 'ip', 'kpng']);
       for (let i = 0; i < 40; i++) assert.match(listed, new RegExp(`172\\.30\\.1\\.${i} \\. (tcp|udp) \\. 53 comment "ns/s${i}:dns" : goto lb-cluster-(tcp|udp)-${i >= 35 ? 3 : 2}`), `s${i}`);

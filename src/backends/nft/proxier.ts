@@ -73,8 +73,8 @@ export interface ProxierStats {
   lastSuccess: number;
   lastElementChanges: number;
   lastTransactionBytes: number;
-  /** how the last transaction went to nft: the long-lived session, or a process of its own */
-  lastVia: 'session' | 'process' | '';
+  /** how the last sync went to nft: the long-lived session, a process of its own, or a fresh load in chunks */
+  lastVia: 'session' | 'process' | 'chunks' | '';
 }
 
 const MAX_ELEMENTS_PER_COMMAND = 2000;
@@ -287,7 +287,7 @@ export class NftProxier extends ProxierBase {
       if (full) await this.adopt();
       const fresh = full && !this.o.dryRun && [...this.fam.values()].every((st) => st.committedChains.size === 0);
       if (fresh && keys.length > this.chunk) {
-        this.stats.lastVia = 'process';
+        this.stats.lastVia = 'chunks';
         ({ bytes, elementChanges } = await this.freshLoad(keys));
         keys = [];
       } else {
@@ -346,18 +346,26 @@ export class NftProxier extends ProxierBase {
   private async freshLoad(keys: readonly string[]): Promise<{ bytes: number; elementChanges: number }> {
     let bytes = 0;
     let elementChanges = 0;
-    // each chunk goes to nft as a file it reads by itself: through a pipe it
-    // would wait for this process, busy computing the next chunk
+    // each chunk goes to nft as a file it reads by itself (through a pipe it
+    // would wait for this process, busy computing the next chunk), included
+    // by an idle long-lived `nft -i`: spawning from a big process blocks it
+    // for ~13 ms each time, and a fresh nft waits for the kernel at exit
     const dir = mkdtempSync(join(tmpdir(), 'kpng-nft-'));
+    // the running kpng's own session is one of them: it is warm afterwards
+    const own = Array.from({ length: this.parallel - (this.session ? 1 : 0) }, () => new NftSession(this.o.nftPath));
+    const sessions = this.session ? [this.session, ...own] : own;
+    const idle = [...sessions];
     let files = 0;
     const apply = async (text: string) => {
       if (!text) return;
       bytes += text.length;
       const file = join(dir, `${files++}.nft`);
       writeFileSync(file, text);
+      const session = idle.pop() ?? sessions[0];
       try {
-        await runNft(['-f', file], undefined, this.o.nftPath);
+        await session.run(`include "${file}"`);
       } finally {
+        if (!idle.includes(session)) idle.push(session);
         rmSync(file, { force: true });
       }
     };
@@ -406,6 +414,7 @@ export class NftProxier extends ProxierBase {
       hooks.commit();
       return { bytes, elementChanges: elementChanges + hooks.elementChanges };
     } finally {
+      for (const session of own) session.close();
       rmSync(dir, { recursive: true, force: true });
     }
   }
