@@ -1,10 +1,13 @@
 // What the scale benchmarks (nft.ts, iptables.ts) share: each measurement in
-// its own network namespace, by a child process of the benchmark run there;
+// its own network namespace, by a child process of the benchmark run there
+// (once, or kept alive and asked one step at a time, so steps of different
+// sizes interleave and the machine's noise hits them alike);
 // the synthetic cluster (Services x 5 endpoints plus probe Services whose one
 // endpoint is a server on lo); the cold sync and one endpoint change at a
 // time; and the first-connection latency probe, a small separate process
 // in a namespace whose rules stay after the child has exited.
-import { spawn, execFileSync, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawn, execFileSync, spawnSync, type ChildProcess, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import { createInterface } from 'node:readline';
 import { randomBytes } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { Store, KINDS } from '../src/store/store.js';
@@ -44,6 +47,7 @@ const ROOT = fileURLToPath(new URL('..', import.meta.url));
 export class BenchNamespaces {
   private readonly live = new Set<string>();
   private running?: ChildProcess;
+  private readonly kept = new Set<ChildProcess>();
   private readonly onSignal = () => {
     this.close();
     process.exit(130);
@@ -73,6 +77,7 @@ export class BenchNamespaces {
   /** kills what runs, removes every namespace left, stops handling signals */
   close(): void {
     this.running?.kill('SIGKILL');
+    for (const p of this.kept) p.kill('SIGKILL');
     for (const ns of [...this.live]) this.remove(ns);
     process.removeListener('SIGINT', this.onSignal);
     process.removeListener('SIGTERM', this.onSignal);
@@ -84,6 +89,42 @@ export class BenchNamespaces {
     const line = r.stdout.split('\n').find((l) => l.startsWith('RESULT '));
     if (!line) throw new Error(`${what} failed: ${r.stderr || r.stdout}`);
     return JSON.parse(line.slice(7));
+  }
+
+  /**
+   * Starts the benchmark's child (serveAsChild) in ns with params and keeps
+   * it: ask() sends it one request and resolves with its answer; end() closes
+   * its input and waits for it to exit.
+   */
+  keep(ns: string, params: object, what: string): { ask<R>(request: object): Promise<R>; end(): Promise<void> } {
+    const p: ChildProcessWithoutNullStreams = spawn('ip', ['netns', 'exec', ns, process.execPath, '--expose-gc', '--import', 'tsx', `${ROOT}bench/run.ts`, this.bench], {
+      cwd: ROOT,
+      env: { ...process.env, KPNG_BENCH_CHILD: JSON.stringify(params), KPNG_BENCH_SERVE: '1' },
+    });
+    this.kept.add(p);
+    let stderr = '';
+    p.stderr.on('data', (d) => (stderr = (stderr + d).slice(-20_000)));
+    const answers = createInterface({ input: p.stdout })[Symbol.asyncIterator]();
+    const exited = new Promise<void>((resolve) =>
+      p.on('close', () => {
+        this.kept.delete(p);
+        resolve();
+      }),
+    );
+    return {
+      ask: async <R>(request: object): Promise<R> => {
+        p.stdin.write(JSON.stringify(request) + '\n');
+        for (;;) {
+          const line = await answers.next();
+          if (line.done) throw new Error(`${what} failed: ${stderr}`);
+          if (line.value.startsWith('ANSWER ')) return JSON.parse(line.value.slice(7)) as R;
+        }
+      },
+      end: () => {
+        p.stdin.end();
+        return exited;
+      },
+    };
   }
 
   /**
@@ -142,6 +183,20 @@ export async function runAsChild<P, R>(fn: (p: P) => Promise<R>): Promise<boolea
   return true;
 }
 
+/**
+ * In a kept child (BenchNamespaces.keep): start(params) makes the handler of
+ * its requests, each answered in turn until its input closes; false in the parent.
+ */
+export async function serveAsChild<P, Q>(start: (p: P) => Promise<(request: Q) => Promise<unknown>>): Promise<boolean> {
+  const params = process.env.KPNG_BENCH_CHILD;
+  if (!params || !process.env.KPNG_BENCH_SERVE) return false;
+  const handle = await start(JSON.parse(params));
+  for await (const line of createInterface({ input: process.stdin })) {
+    if (line.trim()) console.log('ANSWER ' + JSON.stringify((await handle(JSON.parse(line))) ?? null));
+  }
+  return true;
+}
+
 /** lo up, the probe's endpoint on it, and the Service IPs routed there too */
 export function prepareNamespace(): void {
   execFileSync('ip', ['link', 'set', 'lo', 'up']);
@@ -192,16 +247,10 @@ export function syntheticCluster(c: { probes: ProbeService[]; from: number; to: 
 
 /**
  * The cold sync (compute: every op but the last into the proxier; apply: the
- * last, the sync), then `changes` endpoint changes one at a time, each from
- * the store update to the kernel having it. afterCold/afterChange run right
- * after each, to read the proxier's stats.
+ * last, the sync); then change(i) makes the i-th endpoint change and returns
+ * its time from the store update to the kernel having it.
  */
-export async function measureSyncs(
-  cluster: SyntheticCluster,
-  proxier: DecoderHandler,
-  changes: number,
-  hooks: { afterCold?: () => void; afterChange?: () => void } = {},
-): Promise<{ coldComputeMs: number; coldApplyMs: number; changeMs: number[] }> {
+export async function coldSync(cluster: SyntheticCluster, proxier: DecoderHandler): Promise<{ coldComputeMs: number; coldApplyMs: number; change(i: number): Promise<number> }> {
   const sink = new DecoderSink(proxier);
   let t0 = now();
   const ops = cluster.diff.next();
@@ -210,17 +259,21 @@ export async function measureSyncs(
   t0 = now();
   await sink.send(ops.at(-1)!);
   const coldApplyMs = now() - t0;
-  hooks.afterCold?.();
-
-  const changeMs: number[] = [];
-  for (let i = 0; i < changes; i++) {
+  const change = async (i: number) => {
     const c = cluster.change(i);
     const t = now();
     cluster.store.update((tx) => applyObject(tx, c));
     for (const op of cluster.diff.next()) await sink.send(op);
-    changeMs.push(now() - t);
-    hooks.afterChange?.();
-  }
+    return now() - t;
+  };
+  return { coldComputeMs, coldApplyMs, change };
+}
+
+/** The cold sync, then `changes` endpoint changes one at a time (coldSync). */
+export async function measureSyncs(cluster: SyntheticCluster, proxier: DecoderHandler, changes: number): Promise<{ coldComputeMs: number; coldApplyMs: number; changeMs: number[] }> {
+  const { coldComputeMs, coldApplyMs, change } = await coldSync(cluster, proxier);
+  const changeMs: number[] = [];
+  for (let i = 0; i < changes; i++) changeMs.push(await change(i));
   return { coldComputeMs, coldApplyMs, changeMs };
 }
 

@@ -1,72 +1,86 @@
 // nftables backend at scale, side by side for 1k / 10k / 30k Services x 5
 // endpoints, each size in its own network namespace (real nft, real kernel):
-//   npm run bench -- nft [--sizes 1000,10000,30000] [--changes 100] [--connections 3000]
+//   npm run bench -- nft [--sizes 1000,10000,30000] [--changes 500] [--connections 3000]
 // Reports: cold sync; one endpoint change from the source seeing it to the
 // kernel having it (p50/p99); first-connection latency through a ClusterIP.
+// The sizes' proxiers stay alive side by side and take their changes in
+// turn, and the latency probes alternate between sizes in rounds, so the
+// machine's noise hits every size alike.
 import { execFileSync } from 'node:child_process';
 import { pino } from 'pino';
 import { NftProxier } from '../src/backends/nft/proxier.js';
 import { defaultConfig } from '../src/backends/shared/config.js';
-import { BenchNamespaces, arg, measureSyncs, pct, prepareNamespace, rssMiB, runAsChild, syntheticCluster, vip } from './_scale.js';
+import { BenchNamespaces, arg, coldSync, pct, prepareNamespace, rssMiB, serveAsChild, syntheticCluster, vip } from './_scale.js';
 
-interface Result {
-  services: number;
+interface Cold {
   coldComputeMs: number;
   coldApplyMs: number;
   coldBytes: number;
-  changeP50: number;
-  changeP99: number;
-  changeApplyP50: number;
-  /** microseconds */
-  connectP50: number;
-  connectP99: number;
-  rssMiB: number;
 }
 
+type Request = { op: 'cold' } | { op: 'change'; i: number } | { op: 'finish' };
+
 export default async function (args: string[]) {
-  if (await runAsChild(child)) return;
+  if (await serveAsChild(child)) return;
   const sizes = arg(args, 'sizes', '1000,10000,30000').split(',').map(Number);
-  const changes = Number(arg(args, 'changes', '100'));
+  const changes = Number(arg(args, 'changes', '500'));
   const connections = Number(arg(args, 'connections', '3000'));
-  const results: Result[] = [];
   const spaces = new BenchNamespaces('nft', 'kpng-bench');
   const namespaces: string[] = [];
+  const colds: Cold[] = [];
+  const changeMs = sizes.map(() => [] as number[]);
+  const applyMs = sizes.map(() => [] as number[]);
+  const rss: number[] = [];
+  const lat = sizes.map(() => [] as number[]);
   try {
+    const children = [];
     for (const services of sizes) {
       const ns = spaces.add();
       namespaces.push(ns);
-      results.push(await spaces.child<Result>(ns, { services, changes }, `benchmark for ${services}`));
+      const c = spaces.keep(ns, { services }, `benchmark for ${services}`);
+      colds.push(await c.ask<Cold>({ op: 'cold' }));
+      children.push(c);
       console.error(`${services} services programmed`);
     }
-    // first-connection latency, side by side: the rules stay in each
-    // namespace; rounds alternate between sizes so noise hits them alike
-    const lat = namespaces.map(() => [] as number[]);
-    const rounds = 5;
+    // one change at a time, in turn: size 1, size 2, ..., size 1, ...
+    for (let i = 0; i < changes; i++) {
+      for (const [s, c] of children.entries()) {
+        const [total, apply] = await c.ask<[number, number]>({ op: 'change', i });
+        changeMs[s].push(total);
+        applyMs[s].push(apply);
+      }
+    }
+    for (const c of children) {
+      rss.push(await c.ask<number>({ op: 'finish' }));
+      await c.end();
+    }
+    // first-connection latency: the rules stay in each namespace; rounds
+    // alternate between sizes
+    const rounds = 10;
     for (let round = 0; round < rounds; round++) {
       for (const [i, ns] of namespaces.entries()) {
-        const [us] = await spaces.probe(ns, [vip(0)], { n: Math.ceil(connections / rounds), close: 'destroy' }, `${results[i].services}`);
+        const [us] = await spaces.probe(ns, [vip(0)], { n: Math.ceil(connections / rounds), warmup: 50, close: 'destroy' }, `${sizes[i]}`);
         lat[i].push(...us);
       }
     }
-    results.forEach((r, i) => {
-      r.connectP50 = pct(lat[i], 50);
-      r.connectP99 = pct(lat[i], 99);
-    });
   } finally {
     spaces.close();
   }
-  const base = results[0];
   const f = (x: number) => x.toFixed(x < 10 ? 2 : 0);
-  console.log(`nft benchmark: services x 5 endpoints, each size in a fresh network namespace; node ${process.version}, ${execFileSync('nft', ['--version'], { encoding: 'utf8' }).trim()}`);
+  const p99 = changeMs.map((xs) => pct(xs, 99));
+  const connect50 = lat.map((xs) => pct(xs, 50));
+  console.log(`nft benchmark: services x 5 endpoints, each size in a fresh network namespace; ${changes} changes per size; node ${process.version}, ${execFileSync('nft', ['--version'], { encoding: 'utf8' }).trim()}`);
   console.log('services | cold sync: compute + apply (transaction) | one endpoint change p50 / p99 (apply p50) | vs smallest (p99) | first connection p50 / p99 | vs smallest (p50) | RSS');
-  for (const r of results) {
+  sizes.forEach((services, s) => {
+    const c = colds[s];
     console.log(
-      `${r.services} | ${f(r.coldComputeMs)} + ${f(r.coldApplyMs)} ms (${(r.coldBytes / 2 ** 20).toFixed(1)} MiB) | ${f(r.changeP50)} / ${f(r.changeP99)} ms (${f(r.changeApplyP50)}) | ${(r.changeP99 / base.changeP99).toFixed(2)}x | ${r.connectP50.toFixed(0)} / ${r.connectP99.toFixed(0)} us | ${(r.connectP50 / base.connectP50).toFixed(2)}x | ${r.rssMiB.toFixed(0)} MiB`,
+      `${services} | ${f(c.coldComputeMs)} + ${f(c.coldApplyMs)} ms (${(c.coldBytes / 2 ** 20).toFixed(1)} MiB) | ${f(pct(changeMs[s], 50))} / ${f(p99[s])} ms (${f(pct(applyMs[s], 50))}) | ${(p99[s] / p99[0]).toFixed(2)}x | ${connect50[s].toFixed(0)} / ${pct(lat[s], 99).toFixed(0)} us | ${(connect50[s] / connect50[0]).toFixed(2)}x | ${rss[s].toFixed(0)} MiB`,
     );
-  }
+  });
 }
 
-async function child(p: { services: number; changes: number }): Promise<Result> {
+/** in the size's namespace: the proxier and its cluster, asked one step at a time */
+async function child(p: { services: number }) {
   prepareNamespace();
   const config = defaultConfig();
   config.clusterCIDRs = ['10.0.0.0/8'];
@@ -75,23 +89,19 @@ async function child(p: { services: number; changes: number }): Promise<Result> 
   const proxier = new NftProxier({ nodeName: 'node-0', config, log: pino({ level: 'warn' }), once: true, session: true, healthChecks: false });
   // svc-0 is the probe Service (its one endpoint is the probe's server)
   const cluster = syntheticCluster({ probes: [{ namespace: 'bench', name: 'svc-0', clusterIP: vip(0), pod: 'probe' }], from: 1, to: p.services });
-  let coldBytes = 0;
-  const applies: number[] = [];
-  const m = await measureSyncs(cluster, proxier, p.changes, {
-    afterCold: () => (coldBytes = proxier.stats.lastTransactionBytes),
-    afterChange: () => applies.push(proxier.stats.lastSyncMs),
-  });
-  await proxier.close();
-  return {
-    services: p.services,
-    coldComputeMs: m.coldComputeMs,
-    coldApplyMs: m.coldApplyMs,
-    coldBytes,
-    changeP50: pct(m.changeMs, 50),
-    changeP99: pct(m.changeMs, 99),
-    changeApplyP50: pct(applies, 50),
-    connectP50: 0,
-    connectP99: 0,
-    rssMiB: rssMiB(),
+  let change: ((i: number) => Promise<number>) | undefined;
+  return async (r: Request): Promise<unknown> => {
+    switch (r.op) {
+      case 'cold': {
+        const cold = await coldSync(cluster, proxier);
+        change = cold.change;
+        return { coldComputeMs: cold.coldComputeMs, coldApplyMs: cold.coldApplyMs, coldBytes: proxier.stats.lastTransactionBytes } satisfies Cold;
+      }
+      case 'change':
+        return [await change!(r.i), proxier.stats.lastSyncMs];
+      case 'finish':
+        await proxier.close();
+        return rssMiB();
+    }
   };
 }
