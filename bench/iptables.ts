@@ -112,7 +112,7 @@ async function child(p: { backend: Backend; services: number; changes: number })
   const log = pino({ level: 'warn' });
   const proxier: DecoderHandler & { close(): Promise<void> } =
     p.backend === 'nft'
-      ? new NftProxier({ nodeName: 'node-0', config, log, once: true, healthChecks: false, families: [4] })
+      ? new NftProxier({ nodeName: 'node-0', config, log, once: true, session: true, healthChecks: false, families: [4] }) // session: as in a running kpng
       : new IptablesProxier({ nodeName: 'node-0', config, log, once: true, healthChecks: false, families: [4], mode: p.backend === 'iptables-nft' ? 'nft' : 'legacy' });
   const cluster = syntheticCluster({
     probes: [
