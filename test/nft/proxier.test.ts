@@ -4,6 +4,9 @@
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
+import { mkdtempSync, writeFileSync, chmodSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { pino } from 'pino';
 import { syncedStore, load, service, slice, node, serviceCIDR } from '../helpers/k8s.js';
 import { ServiceViews } from '../../src/localstate/views.js';
@@ -25,7 +28,7 @@ function config(over: Partial<KubeProxyConfiguration> = {}): KubeProxyConfigurat
 }
 
 /** a proxier fed by a store through the real diff stream */
-function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfiguration; chunk?: number; session?: boolean } = {}) {
+function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfiguration; chunk?: number; session?: boolean; nftPath?: string } = {}) {
   const out: string[] = [];
   const sink = new Writable({ write: (c, _e, cb) => (out.push(String(c)), cb()) });
   const make = () =>
@@ -36,7 +39,7 @@ function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfigu
       dryRun: !opts.ns,
       once: true,
       out: sink,
-      nftPath: opts.ns?.wrapper('nft'),
+      nftPath: opts.nftPath ?? opts.ns?.wrapper('nft'),
       conntrackPath: opts.ns?.wrapper('conntrack'),
       healthChecks: false,
       freshLoadChunk: opts.chunk,
@@ -245,4 +248,27 @@ describe('against nft in a namespace', { skip: canUseNetns() }, () => {
       }
     });
   }
+
+  test('an nft whose -i never answers: one failed sync, then a process per transaction', async () => {
+    const other = createNetns();
+    const dir = mkdtempSync(join(tmpdir(), 'kpng-nft-'));
+    const nft = join(dir, 'nft');
+    writeFileSync(nft, `#!/bin/sh\nif [ "$1" = "-i" ]; then exit 0; fi\nexec ip netns exec ${other.name} nft "$@"\n`);
+    chmodSync(nft, 0o755);
+    const store = syncedStore(cluster());
+    const h = harness(store, { ns: other, session: true, nftPath: nft });
+    try {
+      await assert.rejects(h.sync(), /nft -i exited/);
+      await h.proxier.sync(); // the retry
+      assert.equal(h.proxier.stats.lastVia, 'process');
+      load(store, [slice('ns', 'web-1', 'web', [{ ip: '10.1.0.9', node: 'n1', pod: 'w9' }])]);
+      await h.sync();
+      assert.equal(h.proxier.stats.lastVia, 'process');
+      assert.match(other.exec('nft', ['list', 'map', 'ip', 'kpng', 'cluster-endpoints-tcp']), /172\.30\.0\.10 \. tcp \. 80 \. 0 : 10\.1\.0\.9 \. 8080/);
+    } finally {
+      await h.proxier.close();
+      other.remove();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
 });

@@ -128,6 +128,8 @@ export class NftSession {
   private queue: Promise<void> = Promise.resolve();
   private seq = 0;
   private runs = 0;
+  private answered = false;
+  private broken = false;
 
   constructor(
     private readonly nftPath = 'nft',
@@ -139,6 +141,15 @@ export class NftSession {
     const next = this.queue.then(() => this.runNow(text));
     this.queue = next.catch(() => {});
     return next;
+  }
+
+  /**
+   * False once a transaction got no answer (a timeout, nft gone) from a
+   * session that never answered: this nft does not speak the marker
+   * protocol, and its user falls back to a process per transaction.
+   */
+  get usable(): boolean {
+    return !this.broken;
   }
 
   /** Ends the nft process (it exits when its input closes). */
@@ -210,6 +221,7 @@ export class NftSession {
       w.reject(new NftError(`${this.nftPath} -i failed: ${firstLines(own, 6)}`, own));
       return;
     }
+    this.answered = true;
     if (++this.runs >= (this.opts.maxRuns ?? 1000)) this.close();
     w.resolve();
   }
@@ -222,6 +234,7 @@ export class NftSession {
     this.pending = undefined;
     if (!w) return;
     clearTimeout(w.timer);
+    if (!this.answered) this.broken = true;
     w.reject(e);
   }
 }

@@ -86,6 +86,7 @@ const FRESH_LOAD_CHUNK = 1500;
 export class NftProxier extends ProxierBase {
   private readonly fam: Map<Family, FamilyState>;
   private readonly session?: NftSession;
+  private sessionsUsable = true;
   readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, lastElementChanges: 0, lastTransactionBytes: 0, lastVia: '' };
 
   constructor(private readonly o: NftProxierOptions) {
@@ -299,7 +300,7 @@ export class NftProxier extends ProxierBase {
         const applyStart = Date.now();
         if (script.text) {
           if (this.o.dryRun) (this.o.out ?? process.stdout).write(script.text);
-          else if (this.session && script.text.length <= SESSION_MAX_BYTES) {
+          else if (this.useSession(this.session) && script.text.length <= SESSION_MAX_BYTES) {
             this.stats.lastVia = 'session';
             await this.session.run(script.text);
           } else {
@@ -363,8 +364,10 @@ export class NftProxier extends ProxierBase {
       writeFileSync(file, text);
       const session = idle.pop() ?? sessions[0];
       try {
-        await session.run(`include "${file}"`);
+        if (this.useSession(session)) await session.run(`include "${file}"`);
+        else await runNft(['-f', file], undefined, this.o.nftPath);
       } finally {
+        if (!session.usable) this.sessionsUsable = false;
         if (!idle.includes(session)) idle.push(session);
         rmSync(file, { force: true });
       }
@@ -417,6 +420,14 @@ export class NftProxier extends ProxierBase {
       for (const session of own) session.close();
       rmSync(dir, { recursive: true, force: true });
     }
+  }
+
+  /** a session is used while sessions answer; once one never did, never again (logged once) */
+  private useSession(session: NftSession | undefined): session is NftSession {
+    if (!session) return false;
+    if (!session.usable) this.sessionsUsable = false;
+    if (!this.sessionsUsable) this.warnOnce('nft session', `${this.o.nftPath ?? 'nft'} -i did not answer as expected: each transaction runs its own nft from now on`);
+    return this.sessionsUsable;
   }
 
   /** Reads the kernel's tables back: what a previous kpng (or a failed sync) left. */
