@@ -11,7 +11,7 @@ import { networkInterfaces } from 'node:os';
 import { parseCIDR, cidrContains, type Family } from '../../api/ip.js';
 import { externallyAccessible, ipSetOf } from '../../api/model.js';
 import { metrics } from '../shared/metrics.js';
-import { ProxierBase, parseFlow, sameRules, type ProxierBaseOptions } from '../shared/proxier.js';
+import { ProxierBase, parseFlow, sameRules, type ProxierBaseOptions, type SyncStats } from '../shared/proxier.js';
 import type { KubeProxyConfiguration } from '../shared/config.js';
 import { servicePorts, type ServicePort } from '../shared/service-ports.js';
 import type { StaleFlow } from '../shared/conntrack.js';
@@ -74,12 +74,7 @@ interface FamilyState {
   large: boolean;
 }
 
-export interface ProxierStats {
-  syncs: number;
-  fullSyncs: number;
-  failures: number;
-  lastSyncMs: number;
-  lastSuccess: number;
+export interface ProxierStats extends SyncStats {
   /** per-service chains written (flushed and refilled) by the last sync */
   lastChainsWritten: number;
   lastChainsDeleted: number;
@@ -357,22 +352,17 @@ export class IptablesProxier extends ProxierBase {
         for (const name of r.stale) st.committed.delete(name);
         st.missingJumps = [];
       }
-      this.stats.syncs++;
-      if (full) this.stats.fullSyncs++;
-      this.stats.lastSyncMs = Date.now() - t0;
-      this.stats.lastSuccess = Date.now();
       this.stats.lastChainsWritten = written;
       this.stats.lastChainsDeleted = deleted;
       this.stats.lastRestoreBytes = bytes;
-      this.o.log.debug({ full, ms: this.stats.lastSyncMs, chainsWritten: written, chainsDeleted: deleted, bytes }, 'iptables: synced');
+      this.o.log.debug({ full, ms: Date.now() - t0, chainsWritten: written, chainsDeleted: deleted, bytes }, 'iptables: synced');
     } catch (e) {
-      this.stats.failures++;
       metrics.iptablesRestoreFailures.inc({ ip_family: '' });
       if (!full) metrics.iptablesPartialRestoreFailures.inc({ ip_family: '' });
       this.failed(e, 'iptables');
       return;
     }
-    await this.succeeded({ full, durationMs: this.stats.lastSyncMs });
+    await this.succeeded({ full, durationMs: Date.now() - t0 });
   }
 
   /** Reads the kernel's rules back: what a previous kpng (or a failed sync) left. */

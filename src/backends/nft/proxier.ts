@@ -9,7 +9,7 @@ import type { Family } from '../../api/ip.js';
 import { parseCIDR } from '../../api/ip.js';
 import { ipSetOf } from '../../api/model.js';
 import { metrics } from '../shared/metrics.js';
-import { ProxierBase, parseFlow, sameRules, type ProxierBaseOptions } from '../shared/proxier.js';
+import { ProxierBase, parseFlow, sameRules, type ProxierBaseOptions, type SyncStats } from '../shared/proxier.js';
 import type { KubeProxyConfiguration } from '../shared/config.js';
 import { servicePorts, normalizeCIDRs } from '../shared/service-ports.js';
 import type { StaleFlow } from '../shared/conntrack.js';
@@ -65,12 +65,7 @@ interface FamilyState {
   rebuild: boolean;
 }
 
-export interface ProxierStats {
-  syncs: number;
-  fullSyncs: number;
-  failures: number;
-  lastSyncMs: number;
-  lastSuccess: number;
+export interface ProxierStats extends SyncStats {
   lastElementChanges: number;
   lastTransactionBytes: number;
   /** how the last sync went to nft: the long-lived session, a process of its own, or a fresh load in chunks */
@@ -314,17 +309,12 @@ export class NftProxier extends ProxierBase {
         elementChanges = script.elementChanges;
       }
       for (const st of this.fam.values()) st.rebuild = false;
-      this.stats.syncs++;
-      if (full) this.stats.fullSyncs++;
-      this.stats.lastSyncMs = Date.now() - t0;
-      this.stats.lastSuccess = Date.now();
       this.stats.lastElementChanges = elementChanges;
       this.stats.lastTransactionBytes = bytes;
       metrics.elementChanges.inc(elementChanges);
-      this.o.log.debug({ full, ms: this.stats.lastSyncMs, elementChanges, bytes }, 'nft: synced');
+      this.o.log.debug({ full, ms: Date.now() - t0, elementChanges, bytes }, 'nft: synced');
       if (full && !this.o.dryRun) await this.deleteUnusedChains();
     } catch (e) {
-      this.stats.failures++;
       // keys not recomputed yet (a failed fresh load) are recomputed next time
       for (const k of keys) this.dirty.add(k);
       if (this.failuresInRow >= 1) for (const st of this.fam.values()) st.rebuild = true;
@@ -332,7 +322,7 @@ export class NftProxier extends ProxierBase {
       this.failed(e, 'nft');
       return;
     }
-    await this.succeeded({ full, durationMs: this.stats.lastSyncMs });
+    await this.succeeded({ full, durationMs: Date.now() - t0 });
   }
 
   /**

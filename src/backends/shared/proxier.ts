@@ -32,7 +32,19 @@ export interface SyncPeriods {
   readonly syncPeriodMs: number;
 }
 
+/** what every backend counts of its syncs (kept by ProxierBase); backends add their own */
+export interface SyncStats {
+  syncs: number;
+  fullSyncs: number;
+  failures: number;
+  /** duration of the last successful sync */
+  lastSyncMs: number;
+  /** when it ended (ms since the epoch) */
+  lastSuccess: number;
+}
+
 export abstract class ProxierBase implements DecoderHandler {
+  abstract readonly stats: SyncStats;
   protected readonly services = new Map<string, Service>();
   protected readonly endpoints = new Map<string, Map<string, Endpoint>>();
   protected node?: LocalNode;
@@ -193,6 +205,10 @@ export abstract class ProxierBase implements DecoderHandler {
 
   /** A sync succeeded: health, metrics, then conntrack cleanup and health-check servers. */
   protected async succeeded(r: { full: boolean; durationMs: number }): Promise<void> {
+    this.stats.syncs++;
+    if (r.full) this.stats.fullSyncs++;
+    this.stats.lastSyncMs = r.durationMs;
+    this.stats.lastSuccess = Date.now();
     this.needReconcile = false;
     this.failuresInRow = 0;
     this.base.report?.synced(r);
@@ -213,6 +229,7 @@ export abstract class ProxierBase implements DecoderHandler {
 
   /** A sync failed: the last good rules stay; retry later with a full reconcile (or throw with --once). */
   protected failed(e: unknown, what: string): void {
+    this.stats.failures++;
     this.failuresInRow++;
     this.needReconcile = true;
     const msg = e instanceof Error ? e.message : String(e);
