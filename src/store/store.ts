@@ -7,6 +7,7 @@ import { toBinary } from '@bufbuild/protobuf';
 import { EndpointInfoSchema, NodeSchema, type EndpointInfo, type Node } from '../api/gen/api/globalv1/api_pb.js';
 import { ServiceSchema, ServiceCIDRSchema, type Service, type ServiceCIDR } from '../api/gen/api/localv1/api_pb.js';
 import { bytesEqual, serviceKey } from '../api/model.js';
+import { compact } from '../api/compact.js';
 
 export type Kind = 'services' | 'endpointSlices' | 'nodes' | 'serviceCIDRs';
 export const KINDS: readonly Kind[] = ['services', 'endpointSlices', 'nodes', 'serviceCIDRs'];
@@ -108,7 +109,7 @@ export class Store {
         const bytes = toBinary(ServiceSchema, svc);
         const prev = this.services.get(key);
         if (prev && bytesEqual(prev.bytes, bytes)) return;
-        this.services.set(key, { key, service: svc, bytes });
+        this.services.set(key, { key, service: compact(ServiceSchema, [svc])[0], bytes });
         touchService(key);
       },
       deleteService: (namespace, name) => {
@@ -124,7 +125,7 @@ export class Store {
         const prev = this.slices.get(key);
         if (prev && bytesEqual(prev.bytes, bytes)) return;
         if (prev && prev.serviceName !== serviceName) this.unindexSlice(prev);
-        const stored: StoredSlice = { key, namespace, name, serviceName, endpoints, bytes };
+        const stored: StoredSlice = { key, namespace, name, serviceName, endpoints: compact(EndpointInfoSchema, endpoints), bytes };
         this.slices.set(key, stored);
         this.indexSlice(stored);
         slices.add(key);
@@ -146,7 +147,7 @@ export class Store {
         const bytes = toBinary(NodeSchema, node);
         const prev = this.nodeMap.get(node.Name);
         if (prev && bytesEqual(prev.bytes, bytes)) return;
-        this.nodeMap.set(node.Name, { node, bytes });
+        this.nodeMap.set(node.Name, { node: compact(NodeSchema, [node])[0], bytes });
         nodes.add(node.Name);
       },
       deleteNode: (name) => {

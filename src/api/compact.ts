@@ -1,0 +1,97 @@
+// Compact copies of protobuf-es messages for values kept a long time.
+//
+// protobuf-es builds a message as `{ $typeName }` and then adds its fields
+// one by one, so V8 keeps all but the first few of them outside the object,
+// in a separate property array: a third of the store's memory at 50k
+// endpoints (measured: 20 MB of property arrays out of 72 MB). A copy made
+// by one object literal naming every field keeps them inside the object.
+// The literal is compiled once per message type (like protobuf-es's own
+// create), lists get their exact length, and empty lists and maps are one
+// shared frozen value: nothing may change a stored message.
+import type { DescField, DescMessage, Message } from '@bufbuild/protobuf';
+
+/** copies made in one call, by source: what the source shared stays shared */
+type Memo = Map<object, unknown>;
+type Copy = (m: Record<string, unknown>, memo: Memo) => Record<string, unknown>;
+
+const EMPTY_LIST: readonly unknown[] = Object.freeze([]);
+const EMPTY_MAP: Readonly<Record<string, unknown>> = Object.freeze({});
+
+const copies = new WeakMap<DescMessage, Copy>();
+
+function list(memo: Memo, xs: unknown[] | undefined, each?: Copy): readonly unknown[] {
+  if (!xs || xs.length === 0) return EMPTY_LIST;
+  let c = memo.get(xs) as unknown[] | undefined;
+  if (!c) memo.set(xs, (c = each ? xs.map((x) => each(x as Record<string, unknown>, memo)) : xs.slice()));
+  return c;
+}
+
+function map(memo: Memo, o: Record<string, unknown> | undefined, each?: Copy): Readonly<Record<string, unknown>> {
+  if (!o) return EMPTY_MAP;
+  const keys = Object.keys(o);
+  if (keys.length === 0) return EMPTY_MAP;
+  if (!each) return o;
+  const out: Record<string, unknown> = {};
+  for (const k of keys) out[k] = each(o[k] as Record<string, unknown>, memo);
+  return out;
+}
+
+function message(memo: Memo, m: Record<string, unknown> | undefined, copy: Copy): Record<string, unknown> | undefined {
+  if (m === undefined) return undefined;
+  let c = memo.get(m) as Record<string, unknown> | undefined;
+  if (!c) memo.set(m, (c = copy(m, memo)));
+  return c;
+}
+
+function compile(desc: DescMessage): Copy {
+  const helpers: Copy[] = [];
+  const helper = (d: DescMessage) => {
+    helpers.push((m, memo) => copyOf(d)(m, memo));
+    return `h[${helpers.length - 1}]`;
+  };
+  const value = (f: DescField, v: string): string => {
+    switch (f.fieldKind) {
+      case 'scalar':
+      case 'enum':
+        return v;
+      case 'message':
+        return `message(memo, ${v}, ${helper(f.message)})`;
+      case 'list':
+        return `list(memo, ${v}${f.listKind === 'message' ? `, ${helper(f.message)}` : ''})`;
+      case 'map':
+        return `map(memo, ${v}${f.mapKind === 'message' ? `, ${helper(f.message)}` : ''})`;
+    }
+  };
+  const props = ['$typeName: m.$typeName'];
+  for (const member of desc.members) {
+    const v = `m[${JSON.stringify(member.localName)}]`;
+    if (member.kind === 'oneof') {
+      // { case, value }: the value is copied by the case's field
+      const cases = member.fields.map((f) => `${JSON.stringify(f.localName)}: (x) => ${value(f, 'x')}`).join(', ');
+      props.push(`${JSON.stringify(member.localName)}: oneof(${v}, { ${cases} })`);
+    } else props.push(`${JSON.stringify(member.localName)}: ${value(member, v)}`);
+  }
+  const oneof = (o: { case?: string; value?: unknown } | undefined, byCase: Record<string, (x: unknown) => unknown>) =>
+    o?.case === undefined ? { case: undefined } : { case: o.case, value: byCase[o.case](o.value) };
+  // eslint-disable-next-line @typescript-eslint/no-implied-eval
+  const make = new Function('h', 'list', 'map', 'message', 'oneof', `return (m, memo) => ({ ${props.join(', ')} });`);
+  return make(helpers, list, map, message, oneof) as Copy;
+}
+
+function copyOf(desc: DescMessage): Copy {
+  let c = copies.get(desc);
+  if (!c) copies.set(desc, (c = compile(desc)));
+  return c;
+}
+
+/**
+ * A copy of a message whose fields are all inside one object; nested
+ * messages are copied too. Parts the given messages share (the same list or
+ * message object) are copied once and stay shared. Messages with a prototype
+ * chain (proto2 defaults) are returned as they are.
+ */
+export function compact<T extends Message>(schema: DescMessage, ms: readonly T[]): T[] {
+  const memo: Memo = new Map();
+  const copy = copyOf(schema);
+  return ms.map((m) => (Object.getPrototypeOf(m) !== Object.prototype ? m : (message(memo, m as unknown as Record<string, unknown>, copy) as unknown as T)));
+}

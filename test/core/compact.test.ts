@@ -1,0 +1,50 @@
+// Stored messages are compact copies: the same encoding, every field inside
+// one object, shared parts still shared, and nothing to mutate by accident.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { create, equals, toBinary } from '@bufbuild/protobuf';
+import * as L from '../../src/api/gen/api/localv1/api_pb.js';
+import * as G from '../../src/api/gen/api/globalv1/api_pb.js';
+import { compact } from '../../src/api/compact.js';
+
+const service = () =>
+  create(L.ServiceSchema, {
+    Namespace: 'ns',
+    Name: 'web',
+    Type: 'ClusterIP',
+    Labels: { app: 'web' },
+    IPs: { ClusterIPs: { V4: ['10.96.0.1'], V6: ['fd00::1'] } },
+    Ports: [{ Name: 'http', Protocol: L.Protocol.TCP, Port: 80, TargetPort: 8080 }],
+    SessionAffinity: { case: 'ClientIP', value: { TimeoutSeconds: 300 } },
+  });
+
+test('a compact copy is the same message, with the same encoding', () => {
+  const svc = service();
+  const [copy] = compact(L.ServiceSchema, [svc]);
+  assert.notEqual(copy, svc);
+  assert.ok(equals(L.ServiceSchema, copy, svc));
+  assert.deepEqual(toBinary(L.ServiceSchema, copy), toBinary(L.ServiceSchema, svc));
+  assert.equal(copy.SessionAffinity.case, 'ClientIP');
+  assert.equal(copy.SessionAffinity.value?.TimeoutSeconds, 300);
+  assert.deepEqual(Object.keys(copy), Object.keys(svc), 'every field, in order');
+});
+
+test('parts the messages share stay shared; empty lists are one frozen value', () => {
+  const ports = [create(L.PortNameSchema, { Name: 'http', Port: 8080, Protocol: L.Protocol.TCP })];
+  const eps = ['10.0.0.1', '10.0.0.2'].map((ip) => {
+    const e = create(G.EndpointInfoSchema, { Namespace: 'ns', ServiceName: 'web', Endpoint: { IPs: { V4: [ip] } } });
+    e.Endpoint!.PortOverrides = ports;
+    return e;
+  });
+  const copies = compact(G.EndpointInfoSchema, eps);
+  assert.equal(copies.length, 2);
+  assert.equal(copies[0].Endpoint!.PortOverrides, copies[1].Endpoint!.PortOverrides, 'one ports list for both');
+  assert.notEqual(copies[0].Endpoint!.PortOverrides, ports, 'a copy of it');
+  assert.deepEqual(copies.map((c) => c.Endpoint!.IPs!.V4), [['10.0.0.1'], ['10.0.0.2']]);
+  assert.equal(copies[0].Hints, undefined, 'an unset message stays unset');
+  const v6 = copies[0].Endpoint!.IPs!.V6;
+  assert.equal(v6, copies[1].Endpoint!.IPs!.V6);
+  assert.ok(Object.isFrozen(v6));
+  assert.throws(() => (v6 as string[]).push('fd00::1'), TypeError);
+  eps.forEach((e, i) => assert.deepEqual(toBinary(G.EndpointInfoSchema, copies[i]), toBinary(G.EndpointInfoSchema, e)));
+});
