@@ -22,11 +22,11 @@ class ServiceSetOp {
   readonly kind = 'set';
   readonly set = LocalSet.ServicesSet;
   readonly path: string;
-  readonly bytes: Uint8Array;
   constructor(private readonly view: ServiceView) {
     this.path = view.key;
-    this.bytes = view.bytes;
   }
+  get bytes(): Uint8Array { return this.view.bytes; }
+  get frame(): Buffer | undefined { return this.view.frame; }
   get value(): LocalValue { return this.view.service; }
 }
 
@@ -38,6 +38,7 @@ class EndpointSetOp {
     this.path = view.path;
   }
   get bytes(): Uint8Array { return this.view.bytes; }
+  get frame(): Buffer | undefined { return this.view.frame; }
   get value(): LocalValue { return this.view.endpoint; }
 }
 
@@ -194,7 +195,7 @@ export class LocalDiff {
       for (const ep of view?.endpoints ?? []) {
         const old = prevEps.get(ep.path);
         prevEps.delete(ep.path);
-        if (old && bytesEqual(old.bytes, ep.bytes)) continue;
+        if (old && (old === ep || bytesEqual(old.bytes, ep.bytes))) continue;
         (ep.named ? namedSets : anonSets).push(ep);
       }
       for (const old of prevEps.values()) (old.named ? namedDeletes : anonDeletes).push(old.path);

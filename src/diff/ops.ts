@@ -15,6 +15,8 @@ export type LocalOp =
       readonly value: LocalValue;
       /** the protobuf encoding of value (Value.Bytes on the wire) */
       readonly bytes: Uint8Array;
+      /** this op as an encoded OpItem, when its value keeps one (views in a server) */
+      readonly frame?: Buffer;
     }
   | { readonly kind: 'delete'; readonly set: LocalSet; readonly path: string };
 

@@ -18,6 +18,8 @@ export interface EndpointView {
   readonly bytes: Uint8Array;
   /** false for hash-named (anonymous) endpoints */
   readonly named: boolean;
+  /** the OpItem (Set, EndpointsSet, path, bytes) that sends it, when the views keep them (a server) */
+  readonly frame?: Buffer;
 }
 
 export interface ServiceView {
@@ -27,6 +29,8 @@ export interface ServiceView {
   readonly bytes: Uint8Array;
   /** sorted by path */
   readonly endpoints: readonly EndpointView[];
+  /** the OpItem (Set, ServicesSet, key, bytes) that sends it, when the views keep them (a server) */
+  readonly frame?: Buffer;
 }
 
 /**

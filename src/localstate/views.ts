@@ -11,7 +11,8 @@
 // per node, and each distinct value has one bytes object (encoded once for
 // every node that is sent it).
 import type { Store } from '../store/store.js';
-import { bytesEqual, decodeEndpoint, decodeService, type Endpoint, type Service } from '../api/model.js';
+import { LocalSet, bytesEqual, decodeEndpoint, decodeService, type Endpoint, type Service } from '../api/model.js';
+import { putSetOp, setOpSize } from '../api/opitem.js';
 import { computeServiceView, type EndpointView, type ServiceView } from './service-view.js';
 import type { NodeContext } from './topology.js';
 
@@ -26,7 +27,7 @@ interface Entry {
   byClass?: Map<string, ServiceView | undefined>;
   /** distinct services and endpoints (by path) among this version's views, once a second view is interned */
   services?: LazyServiceView[];
-  endpoints?: Map<string, EndpointView[]>;
+  endpoints?: Map<string, LazyEndpointView[]>;
 }
 
 export class ServiceViews {
@@ -179,25 +180,41 @@ export class ServiceViews {
    * The view with the parts it has in common with this version's other views
    * replaced by theirs. Values are kept as their encoding only and decoded
    * when first read: a server fanning views out to nodes only sends bytes,
-   * and the decoded messages would be most of a view's memory.
+   * and the decoded messages would be most of a view's memory. Such a server
+   * (keepDecoded false) keeps each value as the OpItem that sends it, the
+   * values new in one computation packed in one buffer.
    */
   private intern(e: Entry, v: ServiceView): ServiceView {
     // in-process (one node): nothing to share, keep what was computed
-    if (this.keepDecoded && e.firstClass === undefined) return new LazyServiceView(v.key, v.bytes, v.endpoints, undefined, v.service);
-    const services = (e.services ??= []);
-    const known = (e.endpoints ??= new Map<string, EndpointView[]>());
-    let svc = services.find((x) => bytesEqual(x.bytes, v.bytes));
-    if (!svc) services.push((svc = lazyService(v, this.keepDecoded)));
-    const endpoints = v.endpoints.map((ep) => {
-      let variants = known.get(ep.path);
-      if (!variants) known.set(ep.path, (variants = []));
-      const same = variants.find((x) => x.named === ep.named && bytesEqual(x.bytes, ep.bytes));
+    if (this.keepDecoded && e.firstClass === undefined) return new LazyServiceView(v.key, v.bytes, -1, v.endpoints, undefined, v.service);
+    const services = e.services ?? [];
+    const known = (e.endpoints ??= new Map<string, LazyEndpointView[]>());
+    const svc = services.find((x) => bytesEqual(x.bytes, v.bytes));
+    const fresh: EndpointView[] = [];
+    const shared = v.endpoints.map((ep) => {
+      const same = known.get(ep.path)?.find((x) => x.named === ep.named && bytesEqual(x.bytes, ep.bytes));
+      if (!same) fresh.push(ep);
+      return same;
+    });
+    const frames = this.keepDecoded ? undefined : new FrameWriter(svc ? [] : [[LocalSet.ServicesSet, v.key, v.bytes]], fresh.map((ep) => [LocalSet.EndpointsSet, ep.path, ep.bytes]));
+    let root = svc;
+    if (!root) {
+      root = frames ? frames.service(v.key) : new LazyServiceView(v.key, v.bytes, -1, NO_ENDPOINTS, undefined, v.service);
+      e.services = services.concat(root);
+    }
+    let f = 0;
+    const endpoints = v.endpoints.map((ep, i) => {
+      const same = shared[i];
       if (same) return same;
-      const lazy = lazyEndpoint(ep, this.keepDecoded);
-      variants.push(lazy);
+      const variants = known.get(ep.path);
+      // the path string of an earlier variant: one copy per path
+      const path = variants ? variants[0].path : ep.path;
+      const lazy = frames ? frames.endpoint(f++, path, ep.named) : new LazyEndpointView(path, ep.named, ep.bytes, -1, ep.endpoint);
+      // arrays of their exact size (a pushed-to array keeps room for 16 more)
+      known.set(ep.path, variants ? variants.concat(lazy) : [lazy]);
       return lazy;
     });
-    return new LazyServiceView(v.key, svc.bytes, endpoints, svc);
+    return new LazyServiceView(v.key, NO_BYTES, -1, endpoints, root);
   }
 
   private newEntry(key: string, version: number): Entry {
@@ -218,18 +235,34 @@ export class ServiceViews {
   }
 }
 
+const NO_BYTES = new Uint8Array(0);
+const NO_ENDPOINTS: readonly EndpointView[] = Object.freeze([]) as readonly EndpointView[];
+
 // Classes, not object literals with getters: a literal's getter is a closure
 // and a dictionary-mode object, several times the size of these.
+//
+// A value's `data` is either its bytes (valueAt -1) or the OpItem Set frame
+// that sends it, whose bytes start at valueAt: one object per value, and
+// the frames of one computation share one buffer.
 class LazyServiceView implements ServiceView {
   /** ServiceViews.ref's id while some LocalDiff holds this view (a field: no WeakMap for the GC to trace) */
   id = 0;
   constructor(
     readonly key: string,
-    readonly bytes: Uint8Array,
+    private readonly data: Uint8Array,
+    private readonly valueAt: number,
     readonly endpoints: readonly EndpointView[],
     private readonly from?: LazyServiceView,
     private decoded?: Service,
   ) {}
+  get bytes(): Uint8Array {
+    if (this.from) return this.from.bytes;
+    return this.valueAt < 0 ? this.data : this.data.subarray(this.valueAt);
+  }
+  get frame(): Buffer | undefined {
+    if (this.from) return this.from.frame;
+    return this.valueAt < 0 ? undefined : (this.data as Buffer);
+  }
   get service(): Service {
     if (this.from) return this.from.service;
     return (this.decoded ??= decodeService(this.bytes));
@@ -239,14 +272,58 @@ class LazyServiceView implements ServiceView {
 class LazyEndpointView implements EndpointView {
   constructor(
     readonly path: string,
-    readonly bytes: Uint8Array,
     readonly named: boolean,
+    private readonly data: Uint8Array,
+    private readonly valueAt: number,
     private decoded?: Endpoint,
   ) {}
+  get bytes(): Uint8Array {
+    return this.valueAt < 0 ? this.data : this.data.subarray(this.valueAt);
+  }
+  get frame(): Buffer | undefined {
+    return this.valueAt < 0 ? undefined : (this.data as Buffer);
+  }
   get endpoint(): Endpoint {
     return (this.decoded ??= decodeEndpoint(this.bytes));
   }
 }
 
-const lazyService = (v: ServiceView, keep: boolean) => new LazyServiceView(v.key, v.bytes, [], undefined, keep ? v.service : undefined);
-const lazyEndpoint = (ep: EndpointView, keep: boolean) => new LazyEndpointView(ep.path, ep.bytes, ep.named, keep ? ep.endpoint : undefined);
+/** Encodes the OpItem frames of one computation's new values into one buffer. */
+class FrameWriter {
+  private readonly buf: Buffer;
+  private readonly starts: number[] = [];
+  private readonly valueAts: number[] = [];
+
+  /** values: [set, path, bytes]; the service's (if any) first */
+  constructor(
+    private readonly svc: [LocalSet, string, Uint8Array][],
+    endpoints: [LocalSet, string, Uint8Array][],
+  ) {
+    const all = [...svc, ...endpoints];
+    let size = 0;
+    for (const [set, path, bytes] of all) size += setOpSize(set, path, bytes.length);
+    this.buf = Buffer.allocUnsafeSlow(size);
+    let off = 0;
+    for (const [set, path, bytes] of all) {
+      this.starts.push(off);
+      const at = putSetOp(this.buf, off, set, path, bytes);
+      this.valueAts.push(at - off);
+      off = at + bytes.length;
+    }
+    this.starts.push(off);
+  }
+
+  private frame(i: number): Buffer {
+    return this.buf.subarray(this.starts[i], this.starts[i + 1]);
+  }
+
+  service(key: string): LazyServiceView {
+    return new LazyServiceView(key, this.frame(0), this.valueAts[0], NO_ENDPOINTS);
+  }
+
+  /** the i-th endpoint given */
+  endpoint(i: number, path: string, named: boolean): LazyEndpointView {
+    const j = i + this.svc.length;
+    return new LazyEndpointView(path, named, this.frame(j), this.valueAts[j]);
+  }
+}

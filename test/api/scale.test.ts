@@ -9,6 +9,8 @@ import { EndpointSchema, ServiceSchema } from '../../src/api/gen/api/localv1/api
 import { ServiceViews } from '../../src/localstate/views.js';
 import { computeServiceView } from '../../src/localstate/service-view.js';
 import { LocalDiff } from '../../src/diff/local-diff.js';
+import { LocalSet } from '../../src/api/model.js';
+import { encodeSetOp } from '../../src/api/opitem.js';
 import { FullStateSink, type FullState } from '../../src/diff/fullstate.js';
 import type { Store } from '../../src/store/store.js';
 import { apply, node, remove, slice, svc, syncedStore } from './helpers.js';
@@ -93,11 +95,14 @@ test('views share their common parts and keep values encoded until read', () => 
   const a = views.view('ns/s0', { name: 'node-a', zone: '' })!;
   const z = views.view('ns/s0', { name: 'node-z', zone: '' })!;
   assert.notEqual(a, z);
-  assert.equal(a.bytes, z.bytes, 'one Service encoding for both');
+  assert.ok(a.frame && a.frame === z.frame, 'one Service encoding (its OpItem) for both');
+  assert.deepEqual(a.frame, encodeSetOp(LocalSet.ServicesSet, 'ns/s0', a.bytes), 'the OpItem that sends it');
   const [ap, aq] = a.endpoints;
   const [zp, zq] = z.endpoints;
   assert.equal(aq, zq, 'the endpoint that is the same for both is one object');
-  assert.notEqual(ap.bytes, zp.bytes, 'the local one differs');
+  assert.notDeepEqual(ap.bytes, zp.bytes, 'the local one differs');
+  assert.deepEqual(ap.frame, encodeSetOp(LocalSet.EndpointsSet, ap.path, ap.bytes));
+  assert.equal(ap.frame!.buffer, a.frame.buffer, 'the values new in one computation share one buffer');
   assert.equal(ap.endpoint.Local, true);
   assert.equal(zp.endpoint.Local, false);
   // decoded values are the computed ones

@@ -10,6 +10,7 @@ import { fromBinary, toBinary } from '@bufbuild/protobuf';
 import type * as grpc from '@grpc/grpc-js';
 import * as L from '../gen/api/localv1/api_pb.js';
 import * as G from '../gen/api/globalv1/api_pb.js';
+import { encodeSetOp } from '../opitem.js';
 
 function methodPath(svc: { typeName: string; method: { watch: { name: string } } }): string {
   return `/${svc.typeName}/${svc.method.watch.name}`;
@@ -70,83 +71,9 @@ export { decodeOpItem };
  */
 export const GLOBAL_SETS_HEADER = 'kpng-global-sets';
 
-// --- OpItem encoding (identical to toBinary(OpItemSchema, ...); tested)
+// --- OpItem encoding (src/api/opitem.ts), and a frame cache for values without their own
 
-export const SYNC_FRAME = Buffer.from([0x0a, 0x00]); // OpItem{Sync: {}}
-export const RESET_FRAME = Buffer.from([0x22, 0x00]); // OpItem{Reset: {}}
-
-function varintLen(n: number): number {
-  let len = 1;
-  while (n >= 0x80) {
-    n = Math.floor(n / 128);
-    len++;
-  }
-  return len;
-}
-
-function putVarint(buf: Buffer, off: number, n: number): number {
-  while (n >= 0x80) {
-    buf[off++] = (n & 0x7f) | 0x80;
-    n = Math.floor(n / 128);
-  }
-  buf[off++] = n;
-  return off;
-}
-
-function refLen(set: number, pathBytes: number): number {
-  return (set !== 0 ? 1 + varintLen(set) : 0) + (pathBytes > 0 ? 1 + varintLen(pathBytes) + pathBytes : 0);
-}
-
-function putRef(buf: Buffer, off: number, set: number, path: string, pathBytes: number): number {
-  if (set !== 0) {
-    buf[off++] = 0x08; // Ref.Set, varint
-    off = putVarint(buf, off, set);
-  }
-  if (pathBytes > 0) {
-    buf[off++] = 0x12; // Ref.Path
-    off = putVarint(buf, off, pathBytes);
-    off += buf.write(path, off, 'utf8');
-  }
-  return off;
-}
-
-/**
- * OpItem{Set: Value{Ref{set, path}, Bytes: bytes}}. With `own`, the frame
- * gets its own memory instead of a slice of Node's shared 8 KiB Buffer pool:
- * a long-lived slice would pin a whole pool slab that otherwise only holds
- * short-lived buffers (grpc-js allocates every message it sends there).
- */
-export function encodeSetOp(set: number, path: string, bytes: Uint8Array, own = false): Buffer {
-  const pb = Buffer.byteLength(path, 'utf8');
-  const rl = refLen(set, pb);
-  const vl = 1 + varintLen(rl) + rl + (bytes.length > 0 ? 1 + varintLen(bytes.length) + bytes.length : 0);
-  const size = 1 + varintLen(vl) + vl;
-  const buf = own ? Buffer.allocUnsafeSlow(size) : Buffer.allocUnsafe(size);
-  let off = 0;
-  buf[off++] = 0x12; // OpItem.Set
-  off = putVarint(buf, off, vl);
-  buf[off++] = 0x0a; // Value.Ref
-  off = putVarint(buf, off, rl);
-  off = putRef(buf, off, set, path, pb);
-  if (bytes.length > 0) {
-    buf[off++] = 0x12; // Value.Bytes
-    off = putVarint(buf, off, bytes.length);
-    buf.set(bytes, off);
-  }
-  return buf;
-}
-
-/** OpItem{Delete: Ref{set, path}} */
-export function encodeDeleteOp(set: number, path: string): Buffer {
-  const pb = Buffer.byteLength(path, 'utf8');
-  const rl = refLen(set, pb);
-  const buf = Buffer.allocUnsafe(1 + varintLen(rl) + rl);
-  let off = 0;
-  buf[off++] = 0x1a; // OpItem.Delete
-  off = putVarint(buf, off, rl);
-  putRef(buf, off, set, path, pb);
-  return buf;
-}
+export { RESET_FRAME, SYNC_FRAME, encodeSetOp, encodeDeleteOp } from '../opitem.js';
 
 interface CachedFrame {
   readonly set: number;

@@ -4,9 +4,9 @@
 import { DEFAULT_API } from '../../api/grpc/address.js';
 import { tlsFromOpts } from '../../api/grpc/tls.js';
 import { registerSink } from '../registry.js';
-import { ApiServer } from './server.js';
+import { ApiServer, tuneHeapForFanOut } from './server.js';
 
-export { ApiServer, type ApiServerOptions, type ApiServerStats } from './server.js';
+export { ApiServer, tuneHeapForFanOut, type ApiServerOptions, type ApiServerStats } from './server.js';
 
 registerSink({
   name: 'to-api',
@@ -23,6 +23,7 @@ registerSink({
       .option('--no-global-api', 'do not serve /globalv1.Sets/Watch');
   },
   async run(opts, ctx) {
+    tuneHeapForFanOut();
     const server = new ApiServer({
       store: ctx.store,
       views: ctx.views,
