@@ -9,21 +9,23 @@
 // so every node is affected. Reported per change: time from the change to
 // each node's Sync (p50/p99 over all node syncs) and to the last node's Sync
 // (p50/p99/max over changes), brain CPU, bytes sent; and the brain's RSS.
-// --profile FILE writes a CPU profile of the change phase;
-// KPNG_BENCH_TRACE_GC=1 prints the brain's GCs during the change phase.
+// --profile FILE writes a CPU profile of the change phase; --heap FILE a heap
+// snapshot after the initial sync;
+// KPNG_BENCH_TRACE_GC=1 prints the brain's GCs during the change phase;
+// KPNG_BENCH_PRETENURING=1 leaves V8's pretenuring on (tuneHeapForFanOut).
 import { fork, type ChildProcess } from 'node:child_process';
 import { connect, type ClientHttp2Session } from 'node:http2';
 import { fileURLToPath } from 'node:url';
 import { writeFileSync } from 'node:fs';
 import inspector from 'node:inspector';
 import { pino } from 'pino';
-import { Store, KINDS } from '../src/store/store.js';
+import { Store, KINDS, type StoreTx } from '../src/store/store.js';
 import { ServiceViews } from '../src/localstate/views.js';
 import { convertObject } from '../src/sources/objects.js';
 import { applyObject } from '../src/sources/apply.js';
-import { ApiServer } from '../src/sinks/api/server.js';
+import { ApiServer, tuneHeapForFanOut } from '../src/sinks/api/server.js';
 
-interface Config {
+export interface Config {
   nodes: number;
   services: number;
   endpoints: number;
@@ -31,6 +33,8 @@ interface Config {
   procs: number;
   /** write a CPU profile of the change phase to this file (cpuprofile) */
   profile?: string;
+  /** write a heap snapshot after the initial sync to this file */
+  heap?: string;
 }
 
 const post = (s: inspector.Session, method: string) => new Promise((resolve, reject) => s.post(method, (e, r) => (e ? reject(e) : resolve(r))));
@@ -119,48 +123,65 @@ function rng(seed: number) {
 
 const ip = (n: number) => `10.${(n >> 16) & 255}.${(n >> 8) & 255}.${n & 255}`;
 
-function buildCluster(store: Store, c: Config) {
+/**
+ * Fills the store with the cluster. The brain keeps no Kubernetes objects
+ * (the kube source does not either): the benchmark keeps each endpoint's IP
+ * and node as numbers and rebuilds a slice object when it changes one.
+ */
+export function buildCluster(store: Store, c: Config) {
   const rand = rng(42);
-  const nodeOf = () => `node-${String(Math.floor(rand() * c.nodes)).padStart(4, '0')}`;
-  const objects: Record<string, any>[] = [];
-  for (let i = 0; i < c.nodes; i++) {
-    objects.push({ apiVersion: 'v1', kind: 'Node', metadata: { name: `node-${String(i).padStart(4, '0')}`, labels: { 'topology.kubernetes.io/zone': `z${i % 3}` } }, spec: {}, status: {} });
-  }
+  const nodeName = (i: number) => `node-${String(i).padStart(4, '0')}`;
+  const podIPs = new Int32Array(c.services * c.endpoints);
+  const podNodes = new Int32Array(c.services * c.endpoints);
   let podIP = 1 << 16;
-  const slices: Record<string, any>[] = [];
-  for (let i = 0; i < c.services; i++) {
+  for (let i = 0; i < podIPs.length; i++) {
+    podIPs[i] = podIP++;
+    podNodes[i] = Math.floor(rand() * c.nodes);
+  }
+  const slice = (i: number) => {
     const ns = `ns-${i % 100}`;
     const name = `svc-${i}`;
-    objects.push({
-      apiVersion: 'v1',
-      kind: 'Service',
-      metadata: { namespace: ns, name },
-      spec: { type: 'ClusterIP', clusterIP: `10.96.${(i >> 8) & 255}.${i & 255}`, clusterIPs: [`10.96.${(i >> 8) & 255}.${i & 255}`], ports: [{ name: 'http', port: 80, targetPort: 8080 }] },
-    });
-    const s = {
+    return {
       apiVersion: 'discovery.k8s.io/v1',
       kind: 'EndpointSlice',
       metadata: { namespace: ns, name: `${name}-1`, labels: { 'kubernetes.io/service-name': name } },
       addressType: 'IPv4',
       ports: [{ name: 'http', port: 8080, protocol: 'TCP' }],
       endpoints: Array.from({ length: c.endpoints }, (_, j) => ({
-        addresses: [ip(podIP++)],
+        addresses: [ip(podIPs[i * c.endpoints + j])],
         conditions: { ready: true },
-        nodeName: nodeOf(),
+        nodeName: nodeName(podNodes[i * c.endpoints + j]),
         targetRef: { kind: 'Pod', name: `${name}-${j}`, namespace: ns },
       })),
     };
-    slices.push(s);
-    objects.push(s);
-  }
+  };
+  const service = (i: number) => ({
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: { namespace: `ns-${i % 100}`, name: `svc-${i}` },
+    spec: { type: 'ClusterIP', clusterIP: `10.96.${(i >> 8) & 255}.${i & 255}`, clusterIPs: [`10.96.${(i >> 8) & 255}.${i & 255}`], ports: [{ name: 'http', port: 80, targetPort: 8080 }] },
+  });
+  const apply = (tx: StoreTx, o: Record<string, unknown>) => {
+    const conv = convertObject(o);
+    if (conv.kind !== 'Ignored') applyObject(tx, conv);
+  };
   store.update((tx) => {
-    for (const o of objects) {
-      const conv = convertObject(o);
-      if (conv.kind !== 'Ignored') applyObject(tx, conv);
+    for (let i = 0; i < c.nodes; i++) {
+      apply(tx, { apiVersion: 'v1', kind: 'Node', metadata: { name: nodeName(i), labels: { 'topology.kubernetes.io/zone': `z${i % 3}` } }, spec: {}, status: {} });
+    }
+    for (let i = 0; i < c.services; i++) {
+      apply(tx, service(i));
+      apply(tx, slice(i));
     }
     KINDS.forEach((k) => tx.setSynced(k));
   });
-  return { slices, nextIP: () => ip(podIP++), rand };
+  /** a random endpoint gets a new IP (its pod restarted): the changed slice, converted */
+  const change = () => {
+    const i = Math.floor(rand() * c.services);
+    podIPs[i * c.endpoints + Math.floor(rand() * c.endpoints)] = podIP++;
+    return convertObject(slice(i));
+  };
+  return { change };
 }
 
 const pct = (xs: number[], p: number) => {
@@ -173,7 +194,7 @@ function parseArgs(args: string[]): Config {
   const c: Config = { nodes: 1000, services: 10_000, endpoints: 5, changes: 100, procs: 2 };
   for (let i = 0; i < args.length; i += 2) {
     const k = args[i].replace(/^--/, '') as keyof Config;
-    if (k === 'profile') c.profile = args[i + 1];
+    if (k === 'profile' || k === 'heap') c[k] = args[i + 1];
     else if (!(k in c)) throw new Error(`unknown option ${args[i]}`);
     else c[k] = Number(args[i + 1]);
   }
@@ -182,6 +203,7 @@ function parseArgs(args: string[]): Config {
 
 export default async function main(args: string[]) {
   const c = parseArgs(args);
+  if (!process.env.KPNG_BENCH_PRETENURING) tuneHeapForFanOut(); // as the to-api sink does
   const log = pino({ level: 'warn' });
   const t0 = now();
   const store = new Store();
@@ -248,6 +270,7 @@ export default async function main(args: string[]) {
     const rssSettled = process.memoryUsage.rss();
     const m = process.memoryUsage();
     console.log(`brain rss 6 s after the initial sync: ${mb(rssSettled)} MB (V8 heap used ${mb(m.heapUsed)} MB, committed ${mb(m.heapTotal)} MB; external ${mb(m.external)} MB)`);
+    if (c.heap) console.log(`heap snapshot: ${(await import('node:v8')).writeHeapSnapshot(c.heap)}`);
     let maxRssChanges = 0;
 
     const session = c.profile ? new inspector.Session() : undefined;
@@ -264,10 +287,7 @@ export default async function main(args: string[]) {
     const bytes: number[] = [];
     const msgs: number[] = [];
     for (let k = 0; k < c.changes; k++) {
-      const s = cluster.slices[Math.floor(cluster.rand() * cluster.slices.length)];
-      const e = s.endpoints[Math.floor(cluster.rand() * s.endpoints.length)];
-      e.addresses = [cluster.nextIP()];
-      const conv = convertObject(s);
+      const conv = cluster.change();
       syncTimes.length = 0;
       lastSyncCount = 0;
       const b0 = server.stats.bytes;
