@@ -18,28 +18,16 @@ export interface LocalDiffOptions {
 // Set ops of views read the value only when a sink asks for it (a getter:
 // `value` is not an own property): views keep values encoded, and a server
 // sending them to nodes never decodes them.
-class ServiceSetOp {
+class ViewSetOp {
   readonly kind = 'set';
-  readonly set = LocalSet.ServicesSet;
-  readonly path: string;
-  constructor(private readonly view: ServiceView) {
-    this.path = view.key;
-  }
+  constructor(
+    readonly set: LocalSet.ServicesSet | LocalSet.EndpointsSet,
+    readonly path: string,
+    private readonly view: ServiceView | EndpointView,
+  ) {}
   get bytes(): Uint8Array { return this.view.bytes; }
   get frame(): Buffer | undefined { return this.view.frame; }
-  get value(): LocalValue { return this.view.service; }
-}
-
-class EndpointSetOp {
-  readonly kind = 'set';
-  readonly set = LocalSet.EndpointsSet;
-  readonly path: string;
-  constructor(private readonly view: EndpointView) {
-    this.path = view.path;
-  }
-  get bytes(): Uint8Array { return this.view.bytes; }
-  get frame(): Buffer | undefined { return this.view.frame; }
-  get value(): LocalValue { return this.view.endpoint; }
+  get value(): LocalValue { return 'service' in this.view ? this.view.service : this.view.endpoint; }
 }
 
 const NODE_LABEL_PREFIXES = ['topology.kubernetes.io/', 'kubernetes.io/hostname'];
@@ -212,16 +200,12 @@ export class LocalDiff {
     const byPath = (a: EndpointView, b: EndpointView) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0);
     ops.push(...nodeOps.sets, ...cidrOps.sets);
     for (const v of svcSets.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0))) {
-      ops.push(new ServiceSetOp(v));
+      ops.push(new ViewSetOp(LocalSet.ServicesSet, v.key, v));
     }
     for (const p of anonDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.EndpointsSet, path: p });
-    for (const e of namedSets.sort(byPath)) {
-      ops.push(new EndpointSetOp(e));
-    }
+    for (const e of namedSets.sort(byPath)) ops.push(new ViewSetOp(LocalSet.EndpointsSet, e.path, e));
     for (const p of namedDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.EndpointsSet, path: p });
-    for (const e of anonSets.sort(byPath)) {
-      ops.push(new EndpointSetOp(e));
-    }
+    for (const e of anonSets.sort(byPath)) ops.push(new ViewSetOp(LocalSet.EndpointsSet, e.path, e));
     for (const k of svcDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.ServicesSet, path: k });
     ops.push(...cidrOps.deletes, ...nodeOps.deletes);
 
