@@ -9,6 +9,7 @@ import type { ServiceViews } from '../localstate/views.js';
 import type { ServiceView, EndpointView } from '../localstate/service-view.js';
 import type { NodeContext } from '../localstate/topology.js';
 import type { LocalOp, LocalValue } from './ops.js';
+import { StoreFollower } from './store-follower.js';
 
 export interface LocalDiffOptions {
   /** extra sets beyond services and endpoints (NodesSet, ServiceCIDRsSet) */
@@ -32,7 +33,7 @@ class ViewSetOp {
 
 const NODE_LABEL_PREFIXES = ['topology.kubernetes.io/', 'kubernetes.io/hostname'];
 
-export class LocalDiff {
+export class LocalDiff extends StoreFollower {
   /** what was last sent of each service: view ids (0: nothing) by the views' slot of its key */
   private sent = new Int32Array(0);
   private sentNode?: { node: LocalNode; bytes: Uint8Array };
@@ -45,30 +46,25 @@ export class LocalDiff {
   private ctx: NodeContext;
   private readonly wantNode: boolean;
   private readonly wantCIDRs: boolean;
-  private readonly unsubscribe: () => void;
-  private wake?: () => void;
-  private closed = false;
 
   constructor(
-    private readonly store: Store,
+    store: Store,
     private readonly views: ServiceViews,
     readonly nodeName: string,
     opts: LocalDiffOptions = {},
   ) {
+    super(store);
     this.wantNode = opts.sets?.includes(LocalSet.NodesSet) ?? false;
     this.wantCIDRs = opts.sets?.includes(LocalSet.ServiceCIDRsSet) ?? false;
     this.ctx = this.nodeContext();
-    this.unsubscribe = store.subscribe((c) => this.onChange(c));
   }
 
-  private onChange(c: StoreChange) {
+  protected note(c: StoreChange) {
     for (const k of c.services) this.dirty.add(k);
     if (c.nodes.has(this.nodeName)) this.nodeDirty = true;
     if (c.serviceCIDRs) this.cidrsDirty = true;
-    this.wake?.();
   }
 
-  /** Something may have changed since the last diff. */
   get pending(): boolean {
     return this.first || this.allDirty || this.nodeDirty || this.cidrsDirty || this.dirty.size > 0;
   }
@@ -78,19 +74,9 @@ export class LocalDiff {
     return this.first || this.allDirty ? Number.MAX_SAFE_INTEGER : this.dirty.size;
   }
 
-  /** Resolves when a diff may be non-empty (or the diff is closed). */
-  async changed(): Promise<void> {
-    while (!this.closed && !(this.pending && this.store.allSynced)) {
-      await new Promise<void>((r) => (this.wake = r));
-      this.wake = undefined;
-    }
-  }
-
-  close() {
-    this.closed = true;
-    this.unsubscribe();
+  override close() {
+    super.close();
     this.forgetSent();
-    this.wake?.();
   }
 
   private forgetSent() {

@@ -1,11 +1,12 @@
 // The Watch streams on the wire: grpc-js service definitions for
 // /localv1.Sets/Watch and /globalv1.Sets/Watch built from the generated
-// descriptors, and OpItem encoding by hand.
+// descriptors, and OpItem encoding by hand (src/api/opitem.ts).
 //
-// The server sends pre-encoded OpItems: a Set op's Value.Bytes is the value's
-// encoding that the views already made once for every node sharing it, and
-// the whole OpItem is cached per value (keyed by its bytes object), so
-// fanning one change out to N nodes encodes it once, not N times.
+// The server sends pre-encoded OpItems: a view's values carry the OpItem that
+// sends them (made once for every node sharing it); other values (a node, a
+// ServiceCIDR, views kept for in-process use) get theirs cached per value,
+// keyed by its bytes object. Fanning one change out to N nodes encodes it
+// once, not N times.
 import { fromBinary, toBinary } from '@bufbuild/protobuf';
 import type * as grpc from '@grpc/grpc-js';
 import * as L from '../gen/api/localv1/api_pb.js';

@@ -17,6 +17,7 @@ import { create, toBinary } from '@bufbuild/protobuf';
 import { createHash } from 'node:crypto';
 import * as G from '../../api/gen/api/globalv1/api_pb.js';
 import { LocalSet, bytesEqual } from '../../api/model.js';
+import { StoreFollower } from '../../diff/store-follower.js';
 import type { Store, StoreChange, StoredNode, StoredService, StoredServiceCIDR, StoredSlice } from '../../store/store.js';
 
 export { GLOBAL_SETS_HEADER } from '../../api/grpc/wire.js';
@@ -101,7 +102,7 @@ export interface GlobalDiffOptions {
 const asc = (a: { path: string }, b: { path: string }) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0);
 const desc = (a: string, b: string) => (a < b ? 1 : a > b ? -1 : 0);
 
-export class GlobalDiff {
+export class GlobalDiff extends StoreFollower {
   /** path -> value bytes, as last sent */
   private readonly sentNodes = new Map<string, Uint8Array>();
   private readonly sentServices = new Map<string, Uint8Array>();
@@ -115,25 +116,21 @@ export class GlobalDiff {
   private allDirty = true;
   private first = true;
   private readonly wantCIDRs: boolean;
-  private readonly unsubscribe: () => void;
-  private wake?: () => void;
-  private closed = false;
 
   constructor(
-    private readonly store: Store,
+    store: Store,
     private readonly enc: GlobalEncoder,
     opts: GlobalDiffOptions = {},
   ) {
+    super(store);
     this.wantCIDRs = opts.sets?.includes(LocalSet.GlobalServiceCIDRInfos) ?? false;
-    this.unsubscribe = store.subscribe((c) => this.onChange(c));
   }
 
-  private onChange(c: StoreChange) {
+  protected note(c: StoreChange) {
     for (const k of c.nodes) this.dirtyNodes.add(k);
     for (const k of c.services) this.dirtyServices.add(k);
     for (const k of c.slices) this.dirtySlices.add(k);
     if (c.serviceCIDRs) this.cidrsDirty = true;
-    this.wake?.();
   }
 
   get pending(): boolean {
@@ -144,19 +141,6 @@ export class GlobalDiff {
   get pendingSize(): number {
     if (this.allDirty) return Number.MAX_SAFE_INTEGER;
     return this.dirtyNodes.size + this.dirtyServices.size + this.dirtySlices.size;
-  }
-
-  async changed(): Promise<void> {
-    while (!this.closed && !(this.pending && this.store.allSynced)) {
-      await new Promise<void>((r) => (this.wake = r));
-      this.wake = undefined;
-    }
-  }
-
-  close(): void {
-    this.closed = true;
-    this.unsubscribe();
-    this.wake?.();
   }
 
   /** The next change set ending with Sync (Reset first on the first one); empty when nothing changed. */
