@@ -25,7 +25,9 @@ export class Agent {
 
   /** Starts the agent; resolves once it is ready. */
   start(timeoutMs = 10_000): Promise<void> {
-    const p = spawn('ip', ['netns', 'exec', this.ns, process.execPath, '-e', agentScript(), this.name], { stdio: ['pipe', 'pipe', 'pipe'] });
+    // its own process group: a Ctrl-C meant for the lab's owner must not kill
+    // it under a running request (the owner stops it; it also exits on EOF)
+    const p = spawn('ip', ['netns', 'exec', this.ns, process.execPath, '-e', agentScript(), this.name], { stdio: ['pipe', 'pipe', 'pipe'], detached: true });
     this.proc = p;
     p.stdin!.on('error', () => {});
     p.stderr!.on('data', (d) => (this.stderr = (this.stderr + d).slice(-4000)));

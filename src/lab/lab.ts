@@ -415,7 +415,8 @@ export class Lab {
 
   /** Starts kpng in the node's namespace: `kpng <args>`. Stopped by close(). */
   startKpng(args: string[], opts: { env?: NodeJS.ProcessEnv } = {}): KpngProcess {
-    const p = spawn('ip', ['netns', 'exec', this.nodeNs, process.execPath, KPNG_BIN, ...args], { env: { ...process.env, ...opts.env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    // its own process group, as the agents': only the lab's owner decides when it stops
+    const p = spawn('ip', ['netns', 'exec', this.nodeNs, process.execPath, KPNG_BIN, ...args], { env: { ...process.env, ...opts.env }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
     let stdout = '';
     let stderr = '';
     const cap = (s: string) => (s.length > 400_000 ? s.slice(-200_000) : s);
