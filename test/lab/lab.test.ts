@@ -217,14 +217,14 @@ for (const file of ['nftables_test_cluster_ip_general.json', 'nftables_test_load
   });
 }
 
-/** A process that builds a lab, prints its namespaces, then does `then`. */
-function child(then: string): { p: ReturnType<typeof spawn>; namespaces: Promise<string[]> } {
+/** A process that builds a lab, prints its namespaces, then does `then` (in its own process group with `group`). */
+function child(then: string, group = false): { p: ReturnType<typeof spawn>; namespaces: Promise<string[]> } {
   const lab = new URL('../../src/lab/index.ts', import.meta.url).pathname;
   const code = `import { Lab } from ${JSON.stringify(lab)};
 const lab = await Lab.create({ tag: 'crashtest', node: { name: 'n' }, pods: [{ name: 'p', ips: ['10.0.0.5'] }] });
 console.log(JSON.stringify(lab.namespaces));
 ${then}`;
-  const p = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', code], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const p = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', code], { stdio: ['ignore', 'pipe', 'pipe'], detached: group });
   let out = '';
   const namespaces = new Promise<string[]>((resolve, reject) => {
     p.stdout!.on('data', (d) => {
@@ -257,6 +257,42 @@ describe('lab: a test process that dies', { skip }, () => {
       assert.deepEqual(listNamespaces().filter((n) => names.includes(n)), []);
     } finally {
       for (const n of names) spawnSync('ip', ['netns', 'del', n]);
+    }
+  });
+});
+
+describe('lab: its owner interrupted', { skip }, () => {
+  it('a Ctrl-C (SIGINT to the process group) reaches the owner, not the agents or kpng it runs: they answer while it cleans up', async () => {
+    // as kpng demo on Ctrl-C: one last probe through the agents, then close
+    const c = child(
+      `await lab.serve('p', { tcp: [80] });
+const kpng = lab.startKpng(['file', '--input', '/nonexistent-kpng-test', 'to-local', 'to-log']);
+await kpng.until(() => kpng.stderr.length > 0, 'kpng started');
+process.on('SIGINT', async () => {
+  await new Promise((r) => setTimeout(r, 300));
+  const o = await lab.connect({ from: '192.168.0.2', to: '10.0.0.5', port: 80 }).catch((e) => ({ kind: String(e) }));
+  const running = kpng.process.exitCode === null && kpng.process.signalCode === null;
+  await lab.close();
+  console.log(JSON.stringify({ probe: o.kind, kpngRunning: running }));
+  process.exit(0);
+});
+console.log('ready');`,
+      true,
+    );
+    const names = await c.namespaces;
+    let out = '';
+    c.p.stdout!.on('data', (d) => (out += d));
+    try {
+      for (let i = 0; i < 200 && !out.includes('ready'); i++) await new Promise((r) => setTimeout(r, 50));
+      assert.ok(out.includes('ready'), out);
+      process.kill(-c.p.pid!, 'SIGINT');
+      const code = await new Promise((r) => c.p.on('exit', r));
+      assert.equal(code, 0, out);
+      assert.deepEqual(JSON.parse(out.trim().split('\n').at(-1)!), { probe: 'answered', kpngRunning: true });
+      assert.deepEqual(listNamespaces().filter((n) => names.includes(n)), []);
+    } finally {
+      if (c.p.exitCode === null) process.kill(-c.p.pid!, 'SIGKILL');
+      for (const n of names) spawnSync('ip', ['netns', 'del', n], { stdio: 'ignore' });
     }
   });
 });
