@@ -12,7 +12,8 @@
 // --profile FILE writes a CPU profile of the change phase; --heap FILE a heap
 // snapshot after the initial sync;
 // KPNG_BENCH_TRACE_GC=1 prints the brain's GCs during the change phase;
-// KPNG_BENCH_PRETENURING=1 leaves V8's pretenuring on (tuneHeapForFanOut).
+// KPNG_BENCH_PRETENURING=1 leaves V8's pretenuring on (tuneHeapForFanOut);
+// KPNG_BENCH_HEAP_GROWTH=P as to-api's --heap-growth P (default 50).
 import { fork, type ChildProcess } from 'node:child_process';
 import { connect, type ClientHttp2Session } from 'node:http2';
 import { fileURLToPath } from 'node:url';
@@ -23,7 +24,7 @@ import { Store, KINDS, type StoreTx } from '../src/store/store.js';
 import { ServiceViews } from '../src/localstate/views.js';
 import { convertObject } from '../src/sources/objects.js';
 import { applyObject } from '../src/sources/apply.js';
-import { ApiServer, tuneHeapForFanOut } from '../src/sinks/api/server.js';
+import { ApiServer, DEFAULT_HEAP_GROWTH_PERCENT, tuneHeapForFanOut } from '../src/sinks/api/server.js';
 
 export interface Config {
   nodes: number;
@@ -203,7 +204,8 @@ function parseArgs(args: string[]): Config {
 
 export default async function main(args: string[]) {
   const c = parseArgs(args);
-  if (!process.env.KPNG_BENCH_PRETENURING) tuneHeapForFanOut(); // as the to-api sink does
+  // as the to-api sink does
+  if (!process.env.KPNG_BENCH_PRETENURING) tuneHeapForFanOut(Number(process.env.KPNG_BENCH_HEAP_GROWTH ?? DEFAULT_HEAP_GROWTH_PERCENT));
   const log = pino({ level: 'warn' });
   const t0 = now();
   const store = new Store();

@@ -115,3 +115,15 @@ test('a non-loopback listener without TLS does not start', { timeout: 30_000 }, 
   assert.equal(await exited(r), 1);
   assert.match(r.err(), /refusing to serve the API on tcp:\/\/0\.0\.0\.0:12090 without TLS/);
 });
+
+test('a --heap-growth that is not a percentage does not start', { timeout: 30_000 }, async () => {
+  const dir = dirs.make();
+  const input = join(dir, 'cluster.yaml');
+  writeFileSync(input, CLUSTER);
+  for (const bad of ['lots', '-5', '12.5']) {
+    const r = kpng('file', '-i', input, 'to-api', '--listen', `unix://${join(dir, 'kpng.sock')}`, '--heap-growth', bad);
+    assert.equal(await exited(r), 1, bad);
+    assert.match(r.err(), /--heap-growth/, bad);
+    assert.ok(!r.err().includes('to-api: serving'), bad);
+  }
+});

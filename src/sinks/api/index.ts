@@ -4,9 +4,10 @@
 import { DEFAULT_API } from '../../api/grpc/address.js';
 import { tlsFromOpts } from '../../api/grpc/tls.js';
 import { registerSink } from '../registry.js';
-import { ApiServer, tuneHeapForFanOut } from './server.js';
+import { ConfigError } from '../../backends/shared/config.js';
+import { ApiServer, DEFAULT_HEAP_GROWTH_PERCENT, tuneHeapForFanOut } from './server.js';
 
-export { ApiServer, tuneHeapForFanOut, type ApiServerOptions, type ApiServerStats } from './server.js';
+export { ApiServer, DEFAULT_HEAP_GROWTH_PERCENT, tuneHeapForFanOut, type ApiServerOptions, type ApiServerStats } from './server.js';
 
 registerSink({
   name: 'to-api',
@@ -20,10 +21,13 @@ registerSink({
       .option('--tls-ca <file>', 'require client certificates signed by this CA (mTLS)')
       .option('--insecure', 'allow a non-loopback TCP listener without TLS')
       .option('--no-local-api', 'do not serve /localv1.Sets/Watch')
-      .option('--no-global-api', 'do not serve /globalv1.Sets/Watch');
+      .option('--no-global-api', 'do not serve /globalv1.Sets/Watch')
+      .option('--heap-growth <percent>', "how far V8's heap may grow past what survived the last full GC (0: V8's own, up to 4x)", String(DEFAULT_HEAP_GROWTH_PERCENT));
   },
   async run(opts, ctx) {
-    tuneHeapForFanOut();
+    const growth = Number(opts.heapGrowth);
+    if (!Number.isInteger(growth) || growth < 0 || growth > 1000) throw new ConfigError('--heap-growth', `${opts.heapGrowth} is not a whole number of percent from 0 to 1000`);
+    tuneHeapForFanOut(growth);
     const server = new ApiServer({
       store: ctx.store,
       views: ctx.views,

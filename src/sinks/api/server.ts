@@ -130,16 +130,25 @@ function globalOpFrame(op: GlobalOp): Buffer {
 
 /**
  * V8 tuning for a process fanning full states out to many nodes (the to-api
- * sink calls it; an embedder may). A node's first state is tens of thousands
- * of messages whose objects live only until their write completes; V8's
- * allocation-site pretenuring sees them survive a scavenge and starts
- * allocating them in the old generation, which then fills with garbage: with
- * the heap capped, 125 instead of 33 full GCs and twice the CPU for the
- * initial sync of 200 nodes (bench api-fanout, --trace-gc). A GC heuristic
- * only, read at each GC, but process-wide: hence not in the constructor.
+ * sink calls it; an embedder may). A GC heuristic only, read at each GC, but
+ * process-wide: hence not in the constructor.
+ * - Pretenuring off: a node's first state is tens of thousands of messages
+ *   whose objects live only until their write completes; V8's allocation-site
+ *   pretenuring sees them survive a scavenge and starts allocating them in
+ *   the old generation, which then fills with garbage (125 instead of 33 full
+ *   GCs and twice the CPU for the initial sync of 200 nodes, bench api-fanout,
+ *   --trace-gc).
+ * - Heap growth: V8 lets the heap grow up to 4x what survived the last full
+ *   GC (an initial sync of 1,000 nodes then peaks at ~750 MB RSS for a 128 MB
+ *   live heap). heapGrowthPercent (0: V8's own) bounds that in proportion to
+ *   the cluster, where a fixed --max-old-space-size would crash a brain whose
+ *   cluster outgrew it.
  */
-export function tuneHeapForFanOut(): void {
+export const DEFAULT_HEAP_GROWTH_PERCENT = 50;
+
+export function tuneHeapForFanOut(heapGrowthPercent = DEFAULT_HEAP_GROWTH_PERCENT): void {
   setFlagsFromString('--no-allocation-site-pretenuring');
+  if (heapGrowthPercent > 0) setFlagsFromString(`--heap-growing-percent=${heapGrowthPercent}`);
 }
 
 /** Prepares a unix socket path: its directory exists, a stale socket is gone, a live one is not taken over. */
