@@ -2,7 +2,7 @@
 // order (golden), ServiceCIDRs only on request, and `kpng api` (ApiSource)
 // chaining a second store that follows the first one, also across a
 // reconnect, with only real changes reaching it.
-import { test, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { fromBinary } from '@bufbuild/protobuf';
 import * as G from '../../src/api/gen/api/globalv1/api_pb.js';
@@ -13,17 +13,9 @@ import { Store, type StoreChange } from '../../src/store/store.js';
 import { ServiceViews } from '../../src/localstate/views.js';
 import { LocalDiff } from '../../src/diff/local-diff.js';
 import { ApiSource } from '../../src/sources/api/index.js';
-import {
-  TRANSPORTS, TempDirs, RawWatch, apply, remove, diffsOf, listenAddress, node, slice, smallCluster, startServer, svc, syncedStore, waitFor, quiet,
-  type TestServer,
-} from './helpers.js';
+import { TRANSPORTS, RawWatch, apply, remove, diffsOf, listenAddress, node, slice, smallCluster, startServer, svc, syncedStore, waitFor, quiet, type TestServer, testResources } from './helpers.js';
 
-const dirs = new TempDirs();
-const cleanups: (() => unknown)[] = [];
-after(async () => {
-  for (const c of cleanups.reverse()) await c();
-  dirs.cleanup();
-});
+const { dirs, cleanups } = testResources();
 
 const H = /\|[0-9a-f]{1,16}$/;
 const norm = (d: string[]) => d.map((s) => s.replace(H, '|<h>'));

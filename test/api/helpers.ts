@@ -1,6 +1,7 @@
 // Shared by the to-api tests: a small cluster, servers on both transports
 // (a unix socket in a temp dir, TCP on 127.0.0.1 with an ephemeral port),
 // a raw Watch client that records the wire, and bounded waiting.
+import { after } from 'node:test';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -18,7 +19,6 @@ import { newClient } from '../../src/api/grpc/client.js';
 import { parseAddress } from '../../src/api/grpc/address.js';
 import { decodeOpItem, type WatchMethod } from '../../src/api/grpc/wire.js';
 import type { ClientTLS } from '../../src/api/grpc/tls.js';
-import type { LocalOp } from '../../src/diff/ops.js';
 
 export const quiet = pino({ level: 'silent' });
 export const TLS_DIR = fileURLToPath(new URL('../fixtures/tls-api/', import.meta.url));
@@ -128,6 +128,17 @@ export class TempDirs {
   }
 }
 
+/** A test file's temporary directories and cleanups (servers, watches), undone in reverse after its tests, also when they fail. */
+export function testResources(): { dirs: TempDirs; cleanups: (() => unknown)[] } {
+  const dirs = new TempDirs();
+  const cleanups: (() => unknown)[] = [];
+  after(async () => {
+    for (const c of cleanups.reverse()) await c();
+    dirs.cleanup();
+  });
+  return { dirs, cleanups };
+}
+
 export function listenAddress(t: Transport, dirs: TempDirs): string {
   return t === 'unix' ? `unix://${join(dirs.make(), 'run', 'kpng.sock')}` : 'tcp://127.0.0.1:0';
 }
@@ -172,14 +183,7 @@ export function itemText(item: OpItem): string {
   }
 }
 
-export function opText(op: LocalOp): string {
-  switch (op.kind) {
-    case 'reset': return 'reset';
-    case 'sync': return 'sync';
-    case 'set': return `set ${LocalSet[op.set]} ${op.path}`;
-    case 'delete': return `delete ${LocalSet[op.set]} ${op.path}`;
-  }
-}
+export { opText } from '../helpers/k8s.js';
 
 /** Splits recorded items into diffs (each ends with Sync). */
 export function diffsOf(items: OpItem[]): string[][] {

@@ -3,22 +3,17 @@
 // user of kpng would) works unchanged: it reaches /localv1.Sets/Watch and
 // /globalv1.Sets/Watch, decodes every value with the original types, and
 // never gets a set it does not know.
-import { test, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
 import protobuf from 'protobufjs';
 import { LocalSet } from '../../src/api/model.js';
-import { TRANSPORTS, TempDirs, ORIGINAL_PROTO_DIR, apply, listenAddress, slice, smallCluster, startServer, syncedStore, waitFor } from './helpers.js';
+import { TRANSPORTS, ORIGINAL_PROTO_DIR, apply, listenAddress, slice, smallCluster, startServer, syncedStore, waitFor, testResources } from './helpers.js';
 import { grpcTarget, parseAddress } from '../../src/api/grpc/address.js';
 
-const dirs = new TempDirs();
-const cleanups: (() => unknown)[] = [];
-after(async () => {
-  for (const c of cleanups.reverse()) await c();
-  dirs.cleanup();
-});
+const { dirs, cleanups } = testResources();
 
 const loaderOpts = { keepCase: true, longs: String, enums: String, defaults: true, oneofs: true, includeDirs: [ORIGINAL_PROTO_DIR] };
 const def = protoLoader.loadSync(['api/localv1/api.proto', 'api/globalv1/api.proto'], loaderOpts);

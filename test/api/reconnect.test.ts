@@ -2,18 +2,13 @@
 // the stream is dropped), something changes meanwhile, the client comes
 // back by itself, and the backend sees exactly that change: no Reset, no
 // resent values, no flush and refill, and no empty Sync when nothing changed.
-import { test, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { watchLocalApi, QuietResyncSink } from '../../src/sources/local/index.js';
 import type { LocalOp } from '../../src/diff/ops.js';
-import { TRANSPORTS, TempDirs, apply, listenAddress, opText, quiet, slice, smallCluster, startServer, syncedStore, waitFor, sleepMs, type TestServer } from './helpers.js';
+import { TRANSPORTS, apply, listenAddress, opText, quiet, slice, smallCluster, startServer, syncedStore, waitFor, sleepMs, type TestServer, testResources } from './helpers.js';
 
-const dirs = new TempDirs();
-const cleanups: (() => unknown)[] = [];
-after(async () => {
-  for (const c of cleanups.reverse()) await c();
-  dirs.cleanup();
-});
+const { dirs, cleanups } = testResources();
 
 class Backend {
   ops: string[] = [];

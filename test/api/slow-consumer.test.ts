@@ -3,7 +3,7 @@
 // change, coalesced. A node that stops reading holds the brain at a bounded
 // number of bytes written (HTTP/2 flow control + the stream window), and
 // gets the rest when it reads again.
-import { test, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { create } from '@bufbuild/protobuf';
 import { WatchReqSchema } from '../../src/api/gen/api/localv1/api_pb.js';
@@ -13,14 +13,9 @@ import { ServiceViews } from '../../src/localstate/views.js';
 import { Store, KINDS } from '../../src/store/store.js';
 import { convertObject } from '../../src/sources/objects.js';
 import { applyObject } from '../../src/sources/apply.js';
-import { TRANSPORTS, TempDirs, RawWatch, apply, diffsOf, listenAddress, opText, slice, smallCluster, startServer, svc, syncedStore, sleepMs, waitFor } from './helpers.js';
+import { TRANSPORTS, RawWatch, apply, diffsOf, listenAddress, opText, slice, smallCluster, startServer, svc, syncedStore, sleepMs, waitFor, testResources } from './helpers.js';
 
-const dirs = new TempDirs();
-const cleanups: (() => unknown)[] = [];
-after(async () => {
-  for (const c of cleanups.reverse()) await c();
-  dirs.cleanup();
-});
+const { dirs, cleanups } = testResources();
 
 const req = create(WatchReqSchema, { NodeName: 'node-a' });
 

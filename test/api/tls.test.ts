@@ -2,21 +2,16 @@
 // certificate signed by that CA is required (mTLS); a certificate from
 // another CA, none at all, or plaintext are refused. A TCP listener on a
 // non-loopback address refuses to start without TLS unless --insecure.
-import { test, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { create } from '@bufbuild/protobuf';
 import { WatchReqSchema } from '../../src/api/gen/api/localv1/api_pb.js';
 import { localWatchMethod } from '../../src/api/grpc/wire.js';
 import { ApiServer } from '../../src/sinks/api/server.js';
 import { ServiceViews } from '../../src/localstate/views.js';
-import { TRANSPORTS, TempDirs, RawWatch, clientTLS, listenAddress, quiet, serverTLS, smallCluster, startServer, syncedStore, type TestServer } from './helpers.js';
+import { TRANSPORTS, RawWatch, clientTLS, listenAddress, quiet, serverTLS, smallCluster, startServer, syncedStore, type TestServer, testResources } from './helpers.js';
 
-const dirs = new TempDirs();
-const cleanups: (() => unknown)[] = [];
-after(async () => {
-  for (const c of cleanups.reverse()) await c();
-  dirs.cleanup();
-});
+const { dirs, cleanups } = testResources();
 
 const req = create(WatchReqSchema, { NodeName: 'node-a' });
 
