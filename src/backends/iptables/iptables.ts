@@ -2,46 +2,19 @@
 // sync, `iptables-save` only for a full reconcile, and choosing between
 // iptables-nft and iptables-legacy the way kubernetes-sigs/iptables-wrappers
 // does.
-import { spawn } from 'node:child_process';
+import { ToolError, runTool } from '../shared/tool.js';
 import type { Family } from '../../api/ip.js';
 
 export type IptablesMode = 'nft' | 'legacy';
 
-export class IptablesError extends Error {
-  constructor(
-    message: string,
-    readonly stderr: string,
-    /** exit code: 1 = not found / failed, 4 = resource (lock) problem; -1 = could not run */
-    readonly code = -1,
-  ) {
-    super(message);
-  }
-}
+/** exit code 1 = not found / failed, 4 = resource (lock) problem; -1 = could not run */
+export class IptablesError extends ToolError {}
 
 /** How to find a tool: the name, or a path (tests run tools inside a namespace this way). */
 export type ToolPath = (tool: string) => string;
 
 export function run(path: string, args: string[], input?: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const p = spawn(path, args, { stdio: ['pipe', 'pipe', 'pipe'] });
-    const out: Buffer[] = [];
-    const err: Buffer[] = [];
-    p.stdout.on('data', (d) => out.push(d));
-    p.stderr.on('data', (d) => err.push(d));
-    p.on('error', (e) => reject(new IptablesError(`cannot run ${path}: ${e.message}`, '')));
-    p.on('close', (code) => {
-      const stderr = Buffer.concat(err).toString();
-      if (code === 0) resolve(Buffer.concat(out).toString());
-      else reject(new IptablesError(`${path} ${args.join(' ')} failed (exit ${code}): ${firstLines(stderr, 6)}`, stderr, code ?? -1));
-    });
-    p.stdin.on('error', () => {}); // the tool may exit before reading everything; 'close' says why
-    p.stdin.end(input ?? '');
-  });
-}
-
-function firstLines(s: string, n: number): string {
-  const lines = s.trim().split('\n');
-  return lines.slice(0, n).join(' | ') + (lines.length > n ? ` | ... (${lines.length - n} more lines)` : '');
+  return runTool(path, args, input, IptablesError);
 }
 
 /** iptables-nft-restore, ip6tables-legacy-save, ... */

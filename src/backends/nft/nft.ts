@@ -2,38 +2,13 @@
 // table (`nft -j list table`) only for a full reconcile: at start-up, to
 // adopt what a previous kpng left behind, and after a failure.
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import { ToolError, firstLines, runTool } from '../shared/tool.js';
 import type { ElementValue } from './elements.js';
 
-export class NftError extends Error {
-  constructor(
-    message: string,
-    readonly stderr: string,
-  ) {
-    super(message);
-  }
-}
+export class NftError extends ToolError {}
 
 export function runNft(args: string[], input?: string, nftPath = 'nft'): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const p = spawn(nftPath, args, { stdio: ['pipe', 'pipe', 'pipe'] });
-    const out: Buffer[] = [];
-    const err: Buffer[] = [];
-    p.stdout.on('data', (d) => out.push(d));
-    p.stderr.on('data', (d) => err.push(d));
-    p.on('error', (e) => reject(new NftError(`cannot run ${nftPath}: ${e.message}`, '')));
-    p.on('close', (code) => {
-      const stderr = Buffer.concat(err).toString();
-      if (code === 0) resolve(Buffer.concat(out).toString());
-      else reject(new NftError(`${nftPath} ${args.join(' ')} failed (exit ${code}): ${firstLines(stderr, 6)}`, stderr));
-    });
-    p.stdin.on('error', () => {}); // nft may exit before reading everything; 'close' reports why
-    p.stdin.end(input ?? '');
-  });
-}
-
-function firstLines(s: string, n: number): string {
-  const lines = s.trim().split('\n');
-  return lines.slice(0, n).join(' | ') + (lines.length > n ? ` | ... (${lines.length - n} more lines)` : '');
+  return runTool(nftPath, args, input, NftError);
 }
 
 export interface TableListing {
