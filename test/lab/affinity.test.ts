@@ -1,7 +1,8 @@
 // Session affinity (ClientIP) with a short timeout: a client sticks to its
 // endpoint, different clients spread, and once a client has been quiet for
-// longer than the timeout its next connection is placed afresh. For every
-// backend (nftables: affinity sets with timeouts; iptables: -m recent).
+// longer than the timeout its next connection is placed afresh; affinity is
+// per client and service port, whichever of its IPs the client uses. For
+// every backend (nftables: a set per endpoint, with timeouts; iptables: -m recent).
 import { it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { describeOutcome, verdict, type Outcome } from '../../src/lab/index.js';
@@ -9,6 +10,7 @@ import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
 import { KpngLab, backendConfig, backendTag, describeBackends } from '../helpers/lab-kpng.js';
 
 const VIP = '10.96.0.10';
+const EXTERNAL_IP = '198.51.100.80';
 const TIMEOUT_S = 2;
 // 16 external clients: P(all on one endpoint by chance) = 2^-15
 const CLIENTS = Array.from({ length: 16 }, (_, i) => `203.0.113.${i + 1}`);
@@ -35,6 +37,7 @@ await describeBackends('session affinity (ClientIP)', (b) => {
         serviceCIDR('kubernetes', ['10.96.0.0/16']),
         service('demo', 'web', {
           clusterIP: VIP,
+          externalIPs: [EXTERNAL_IP],
           sessionAffinity: 'ClientIP',
           sessionAffinityConfig: { clientIP: { timeoutSeconds: TIMEOUT_S } },
           ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: 8080 }],
@@ -61,6 +64,20 @@ await describeBackends('session affinity (ClientIP)', (b) => {
     const again = await Promise.all(CLIENTS.map((c) => kl.lab.burst({ from: c, to: VIP, port: 80, count: 4 })));
     CLIENTS.forEach((c, i) => assert.deepEqual([...new Set(again[i].map(endpointOf))], [first.get(c)], `client ${c} moved`));
     assert.deepEqual([...new Set(first.values())].sort(), ['10.244.1.10:8080', '10.244.1.11:8080']);
+  });
+
+  it('a client keeps its endpoint whichever service IP it uses', async () => {
+    const sticks = async (c: string) => {
+      const viaVip = endpointOf(await kl.lab.connect({ from: c, to: VIP, port: 80 }));
+      const viaExternal = verdict(await kl.lab.connect({ from: c, to: EXTERNAL_IP, port: 80 }), EXTERNAL_IP, 80);
+      return { viaVip, viaExternal };
+    };
+    // per service IP, 16 clients all landing on the same endpoint both ways has p = 2^-16
+    const seen = await Promise.all(CLIENTS.map(sticks));
+    CLIENTS.forEach((c, i) => {
+      assert.match(seen[i].viaVip, /^10\.244\.1\.1[01]:8080$/, c);
+      assert.equal(seen[i].viaExternal, seen[i].viaVip, `client ${c}`);
+    });
   });
 
   it(`after ${TIMEOUT_S}s without connections, a client may be placed elsewhere`, async () => {

@@ -99,9 +99,15 @@ describe('rendering (dry run)', () => {
     assert.match(tx, /tcp \. 30080 comment "ns\/lb:http" : goto nodeport-policy-local/);
     // no endpoints anywhere: REJECT
     assert.match(tx, /172\.30\.0\.30 \. tcp \. 80 comment "ns\/empty:http" : goto reject-chain/);
-    // affinity: per-slot sets and chains, not per service
-    assert.match(tx, /add set ip kpng affinity-0 \{ type ipv4_addr \. ipv4_addr \. inet_proto \. inet_service ; flags dynamic,timeout ; timeout 3h ; \}/);
-    assert.match(tx, /goto lb-cluster-udp-1-affinity-60/);
+    // ClientIP affinity, as kube-proxy: the service port's own chain, a set of clients per endpoint
+    const aff = /172\.30\.0\.53 \. udp \. 53 comment "ns\/dns:dns" : goto (affinity-[0-9a-f]{8})-internal/.exec(tx)?.[1];
+    assert.ok(aff, tx);
+    const ep = new RegExp(`add set ip kpng (${aff}-[0-9a-f]{8}) \\{ type ipv4_addr ; flags dynamic,timeout ; timeout 1d ; \\}`).exec(tx)?.[1];
+    assert.ok(ep, tx);
+    const epChain = `${aff}-endpoint-${ep!.slice(aff!.length + 1)}`;
+    assert.match(tx, new RegExp(`add rule ip kpng ${aff}-internal ip saddr @${ep} goto ${epChain}\n`));
+    assert.match(tx, new RegExp(`add rule ip kpng ${aff}-internal numgen random mod 1 vmap \\{ 0 : goto ${epChain} \\}\n`));
+    assert.match(tx, new RegExp(`add rule ip kpng ${epChain} update @${ep} \\{ ip saddr timeout 60s \\}\nadd rule ip kpng ${epChain} meta l4proto udp dnat ip to 10\\.2\\.0\\.3:53\n`));
     // hairpin only for endpoints that can be on this node
     assert.match(tx, /add element ip kpng hairpin \{[^}]*10\.1\.0\.1 \. 10\.1\.0\.1/);
     assert.doesNotMatch(tx, /10\.2\.0\.1 \. 10\.2\.0\.1/);
@@ -137,6 +143,8 @@ describe('rendering (dry run)', () => {
     for (const set of ['service-ips', 'service-nodeports', 'cluster-ips', 'cluster-endpoints-tcp', 'local-endpoints-tcp', 'firewall-allow', 'hairpin', 'no-endpoint-services']) {
       assert.match(tx, new RegExp(`delete element ip kpng ${set} `), set);
     }
+    // and its affinity chains and sets, after the elements that pointed to them
+    assert.match(tx, /^delete element[^]*^flush chain ip kpng affinity-[0-9a-f]{8}-internal\n[^]*^delete chain ip kpng affinity-[0-9a-f]{8}-internal\n[^]*^delete set ip kpng affinity-[0-9a-f]{8}-[0-9a-f]{8}$/m);
   });
 
   test('slots stay put: a removed endpoint is replaced by the last one', () => {
@@ -180,6 +188,36 @@ describe('against nft in a namespace', { skip: canUseNetns() }, () => {
     await h.sync();
     assert.equal(h.proxier.stats.lastElementChanges, 3);
     assert.match(ns.exec('nft', ['list', 'map', 'ip', 'kpng', 'service-ips']), /172\.30\.0\.10 \. tcp \. 80 comment "ns\/web:http" : goto lb-cluster-tcp-1/);
+  });
+
+  test('affinity: its chains and sets follow the endpoints; the clients in them survive a restart', async () => {
+    const store = syncedStore(cluster());
+    const h = harness(store, { ns });
+    await h.sync();
+    const affinityNames = () => [...ns.exec('nft', ['list', 'table', 'ip', 'kpng']).matchAll(/^\s*(?:chain|set) (affinity-\S+) \{/gm)].map((m) => m[1]).sort();
+    const first = affinityNames();
+    assert.equal(first.length, 3, first.join(' ')); // the service port's chain, the endpoint's chain and set
+    const set = first.find((n) => /^affinity-[0-9a-f]{8}-[0-9a-f]{8}$/.test(n))!;
+    // a client the kernel put there
+    ns.exec('nft', ['add', 'element', 'ip', 'kpng', set, '{ 203.0.113.9 timeout 60s }']);
+    h.restart();
+    await h.sync();
+    assert.equal(h.proxier.stats.lastElementChanges, 0);
+    assert.match(ns.exec('nft', ['list', 'set', 'ip', 'kpng', set]), /203\.0\.113\.9 timeout 1m/);
+    // another endpoint: its chain and set replace the old one's in one transaction
+    load(store, [slice('ns', 'dns-1', 'dns', [{ ip: '10.2.0.4', node: 'n2', pod: 'd2' }], [{ name: 'dns', port: 53, protocol: 'UDP' }])]);
+    await h.sync();
+    const next = affinityNames();
+    assert.equal(next.length, 3, next.join(' '));
+    assert.ok(!next.includes(set), next.join(' '));
+    assert.match(ns.exec('nft', ['list', 'table', 'ip', 'kpng']), /udp dnat to 10\.2\.0\.4:53/);
+    // the service goes: nothing of it stays
+    store.update((tx) => {
+      tx.deleteService('ns', 'dns');
+      tx.deleteSlice('ns', 'dns-1');
+    });
+    await h.sync();
+    assert.deepEqual(affinityNames(), []);
   });
 
   test('a cold start on an empty node loads in chunks, then hooks everything at once', async () => {

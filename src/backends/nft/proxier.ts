@@ -22,8 +22,9 @@ import {
   setDeclarations,
   staticChains,
   lbChains,
-  affinitySetName,
   affinitySetBody,
+  AFFINITY_PREFIX,
+  AFFINITY_SET,
   type FamilyNames,
   type StaticInputs,
 } from './ruleset.js';
@@ -58,6 +59,8 @@ interface FamilyState {
   readonly ownerUdpVips: Map<string, Set<string>>;
   /** lb chain -> number of owners needing it */
   readonly lbRefs: Map<string, number>;
+  /** ClientIP affinity chains and sets, by owner (only services with affinity have any) */
+  readonly ownerAffinity: Map<string, { chains: Map<string, string[]>; sets: string[] }>;
   /** chain -> rules, as committed (undefined: content unknown) */
   committedChains: Map<string, string[] | undefined>;
   committedSets: Set<string>;
@@ -99,6 +102,7 @@ export class NftProxier extends ProxierBase {
           ownerUdp: new Map(),
           ownerUdpVips: new Map(),
           lbRefs: new Map(),
+          ownerAffinity: new Map(),
           committedChains: new Map(),
           committedSets: new Set(),
           rebuild: false,
@@ -203,11 +207,12 @@ export class NftProxier extends ProxierBase {
         const svc = this.services.get(key);
         const ports = svc ? servicePorts(svc, this.endpoints.get(key)?.values() ?? [], family) : [];
         // nothing in this family, now or before (a single-stack service): nothing to do
-        if (!ports.length && !st.elements.hasOwner(owner) && !st.ownerSlots.has(owner) && !st.ownerLb.has(owner) && !st.ownerUdp.has(owner) && !st.ownerUdpVips.has(owner)) continue;
+        if (!ports.length && !st.elements.hasOwner(owner) && !st.ownerSlots.has(owner) && !st.ownerLb.has(owner) && !st.ownerUdp.has(owner) && !st.ownerUdpVips.has(owner) && !st.ownerAffinity.has(owner)) continue;
         let elements: Element[] = [];
         const lbNames: string[] = [];
         let udp: Set<string> | undefined;
         let udpVips: Set<string> | undefined;
+        let affinity: { chains: Map<string, string[]>; sets: string[] } | undefined;
         const nextSlots: Slots = new Map();
         for (const sp of ports) {
           const pe = portElements(sp, node, st.slots, nextSlots);
@@ -216,6 +221,11 @@ export class NftProxier extends ProxierBase {
           for (const r of pe.lbChains) {
             const k = lbKey(r);
             if (!lbNames.includes(k)) lbNames.push(k);
+          }
+          if (pe.affinitySets.length) {
+            affinity ??= { chains: new Map(), sets: [] };
+            for (const [name, rules] of pe.affinityChains) affinity.chains.set(name, rules);
+            affinity.sets.push(...pe.affinitySets);
           }
           for (const u of pe.udpFlows) (udp ??= new Set()).add(flowKey(u));
           for (const u of pe.udpWithEndpoints) (udpVips ??= new Set()).add(flowKey(u));
@@ -235,6 +245,8 @@ export class NftProxier extends ProxierBase {
           if (lbNames.length) st.ownerLb.set(owner, lbNames);
           else st.ownerLb.delete(owner);
         }
+        if (affinity) st.ownerAffinity.set(owner, affinity);
+        else st.ownerAffinity.delete(owner);
         // UDP flows gone (conntrack cleanup), and service IPs getting endpoints
         const before = st.ownerUdp.get(owner);
         if (before) for (const k of before) if (!udp?.has(k)) flows.push(parseFlow(family, k));
@@ -255,19 +267,18 @@ export class NftProxier extends ProxierBase {
     const out = staticChains(st.names, this.staticInputs(st.names));
     for (const [k, refs] of st.lbRefs) {
       if (refs <= 0) continue;
-      const [kind, proto, n, aff] = k.split('|');
-      for (const [name, rules] of lbChains(st.names, kind as LbRequirement['kind'], proto as LbRequirement['proto'], Number(n), Number(aff))) out.set(name, rules);
+      const [kind, proto, n] = k.split('|');
+      for (const [name, rules] of lbChains(st.names, kind as LbRequirement['kind'], proto as LbRequirement['proto'], Number(n))) out.set(name, rules);
     }
+    for (const a of st.ownerAffinity.values()) for (const [name, rules] of a.chains) out.set(name, rules);
     return out;
   }
 
-  private affinitySlots(st: FamilyState): number {
-    let max = 0;
-    for (const [k, refs] of st.lbRefs) {
-      const [, , n, aff] = k.split('|');
-      if (refs > 0 && Number(aff) > 0) max = Math.max(max, Number(n));
-    }
-    return max;
+  /** the per-endpoint affinity sets this family needs now */
+  private desiredAffinitySets(st: FamilyState): Set<string> {
+    const out = new Set<string>();
+    for (const a of st.ownerAffinity.values()) for (const name of a.sets) out.add(name);
+    return out;
   }
 
   // --- applying
@@ -430,6 +441,8 @@ export class NftProxier extends ProxierBase {
         st.committedSets = new Set();
         continue;
       }
+      // the clients in affinity sets are the kernel's to keep, not elements to reconcile
+      for (const name of listing.elements.keys()) if (name.startsWith(AFFINITY_PREFIX)) listing.elements.delete(name);
       st.elements.adopt(listing.elements);
       st.committedChains = new Map([...listing.chains].map((c) => [c, undefined]));
       st.committedSets = new Set(listing.sets.keys());
@@ -463,10 +476,8 @@ export class NftProxier extends ProxierBase {
       const newSets: string[] = [];
       const decls = setDeclarations(f);
       for (const [name, d] of Object.entries(decls)) if (what.header || !st.committedSets.has(name)) (structure.push(`add ${d.kind} ${t} ${name} { ${d.body} }`), newSets.push(name));
-      for (let i = 0; i < this.affinitySlots(st); i++) {
-        const name = affinitySetName(i);
-        if (what.header || !st.committedSets.has(name)) (structure.push(`add set ${t} ${name} { ${affinitySetBody(f)} }`), newSets.push(name));
-      }
+      const affinitySets = this.desiredAffinitySets(st);
+      for (const name of affinitySets) if (what.header || !st.committedSets.has(name)) (structure.push(`add set ${t} ${name} { ${affinitySetBody(f)} }`), newSets.push(name));
       // chains: declare all new ones before any rule (rules jump between them)
       const changed: string[] = [];
       for (const [name, rules] of desired) {
@@ -487,10 +498,18 @@ export class NftProxier extends ProxierBase {
       deletes += diff.deletes.length;
       pushElements(elements, 'delete', t, diff.deletes, false);
       pushElements(elements, 'add', t, diff.adds, true);
+      // affinity chains and sets a service no longer needs: once nothing points to them
+      const goneChains = what.elements ? [...committed.keys()].filter((c) => c.startsWith(AFFINITY_PREFIX) && !desired.has(c)) : [];
+      const goneSets = what.elements ? [...st.committedSets].filter((n) => AFFINITY_SET.test(n) && !affinitySets.has(n)) : [];
+      for (const c of goneChains) elements.push(`flush chain ${t} ${c}`);
+      for (const c of goneChains) elements.push(`delete chain ${t} ${c}`);
+      for (const n of goneSets) elements.push(`delete set ${t} ${n}`);
       commits.push(() => {
         if (what.elements) st.elements.commit(diff);
         for (const name of changed) committed.set(name, desired.get(name)!);
         for (const name of newSets) st.committedSets.add(name);
+        for (const c of goneChains) committed.delete(c);
+        for (const n of goneSets) st.committedSets.delete(n);
       });
     }
     const text = (lines: string[]) => (lines.length ? lines.join('\n') + '\n' : '');
@@ -513,12 +532,17 @@ export class NftProxier extends ProxierBase {
       const t = `${st.names.table} ${TABLE}`;
       const desired = this.desiredChains(st);
       const unused = [...st.committedChains.keys()].filter((c) => !desired.has(c) && !(c in BASE_CHAINS));
+      // and affinity sets no chain uses (e.g. an earlier kpng's per-slot sets)
+      const affinitySets = this.desiredAffinitySets(st);
+      const unusedSets = [...st.committedSets].filter((n) => n.startsWith(AFFINITY_PREFIX) && !affinitySets.has(n));
       for (const c of unused) lines.push(`flush chain ${t} ${c}`);
       for (const c of unused) lines.push(`delete chain ${t} ${c}`);
-      if (unused.length) {
+      for (const n of unusedSets) lines.push(`delete set ${t} ${n}`);
+      if (lines.length) {
         try {
           await runNft(['-f', '-'], lines.join('\n') + '\n', this.o.nftPath);
           for (const c of unused) st.committedChains.delete(c);
+          for (const n of unusedSets) st.committedSets.delete(n);
         } catch (e) {
           this.o.log.debug({ err: (e as NftError).message }, 'nft: unused chains stay for now');
         }
@@ -557,7 +581,7 @@ function ownerOf(key: string): string {
 }
 
 function lbKey(r: LbRequirement): string {
-  return `${r.kind}|${r.proto}|${r.n}|${r.affinitySeconds}`;
+  return `${r.kind}|${r.proto}|${r.n}`;
 }
 
 function flowKey(u: UdpFlow): string {

@@ -74,13 +74,20 @@ export function setDeclarations(f: FamilyNames): Record<string, { kind: 'set' | 
   };
 }
 
-/** ClientIP affinity: which slot a client (per service IP and port) last used */
-export function affinitySetName(slot: number): string {
-  return `affinity-${slot}`;
-}
+/**
+ * ClientIP affinity, as kube-proxy does it: per endpoint of a service port, a
+ * set of the clients that used it, checked by the service port's affinity
+ * chain whichever of its IPs (or NodePort) the client used. Only services
+ * with affinity get chains and sets of their own; their names start with
+ * AFFINITY_PREFIX and carry a hash of the service port (and endpoint).
+ */
+export const AFFINITY_PREFIX = 'affinity-';
+/** a per-endpoint affinity set: affinity-<service port hash>-<endpoint hash> */
+export const AFFINITY_SET = /^affinity-[0-9a-f]{8}-[0-9a-f]{8}$/;
 
+/** the element timeout comes with each update (the Service's timeoutSeconds, at most a day) */
 export function affinitySetBody(f: FamilyNames): string {
-  return `type ${f.addr} . ${f.addr} . inet_proto . inet_service ; flags dynamic,timeout ; timeout 3h ;`;
+  return `type ${f.addr} ; flags dynamic,timeout ; timeout 1d ;`;
 }
 
 export interface StaticInputs {
@@ -153,43 +160,13 @@ export function endpointsMapOf(kind: LbKind, proto: Proto): string {
   return `${kind}-endpoints-${proto}`;
 }
 
-/** the chain that load-balances over n endpoints (with affinity: for that timeout) */
-export function lbChainName(kind: LbKind, proto: Proto, n: number, affinitySeconds = 0): string {
-  return affinitySeconds ? `lb-${kind}-${proto}-${n}-affinity-${affinitySeconds}` : `lb-${kind}-${proto}-${n}`;
+/** the chain that load-balances over n endpoints */
+export function lbChainName(kind: LbKind, proto: Proto, n: number): string {
+  return `lb-${kind}-${proto}-${n}`;
 }
 
-function slotChainName(kind: LbKind, proto: Proto, slot: number, affinitySeconds: number): string {
-  return `lb-${kind}-${proto}-slot-${slot}-affinity-${affinitySeconds}`;
-}
-
-/**
- * Load-balancing chains for n endpoints. Without affinity: one dnat through
- * the endpoints map at slot `numgen random mod n`. With affinity: a client
- * found in affinity-<i> goes back to slot i; otherwise a random slot, and the
- * slot chain records the client (refreshing its timeout) before the dnat.
- */
-export function lbChains(f: FamilyNames, kind: LbKind, proto: Proto, n: number, affinitySeconds: number): Map<string, string[]> {
-  const ip = f.ip;
-  const key = kind.startsWith('nodeport') ? 'meta l4proto . th dport' : `${ip} daddr . meta l4proto . th dport`;
-  const map = `@${endpointsMapOf(kind, proto)}`;
-  const out = new Map<string, string[]>();
-  if (!affinitySeconds) {
-    out.set(lbChainName(kind, proto, n), [`dnat ${ip} to ${key} . numgen random mod ${n} map ${map}`]);
-    return out;
-  }
-  const client = `${ip} saddr . ${ip} daddr . meta l4proto . th dport`;
-  const rules: string[] = [];
-  const slots: string[] = [];
-  for (let i = 0; i < n; i++) {
-    const slot = slotChainName(kind, proto, i, affinitySeconds);
-    rules.push(`${client} @${affinitySetName(i)} goto ${slot}`);
-    slots.push(`${i} : goto ${slot}`);
-    out.set(slot, [
-      `update @${affinitySetName(i)} { ${client} timeout ${affinitySeconds}s }`,
-      `dnat ${ip} to ${key} . numgen random mod 1 offset ${i} map ${map}`,
-    ]);
-  }
-  rules.push(`numgen random mod ${n} vmap { ${slots.join(', ')} }`);
-  out.set(lbChainName(kind, proto, n, affinitySeconds), rules);
-  return out;
+/** Load-balancing chain for n endpoints: one dnat through the endpoints map at slot `numgen random mod n`. */
+export function lbChains(f: FamilyNames, kind: LbKind, proto: Proto, n: number): Map<string, string[]> {
+  const key = kind.startsWith('nodeport') ? 'meta l4proto . th dport' : `${f.ip} daddr . meta l4proto . th dport`;
+  return new Map([[lbChainName(kind, proto, n), [`dnat ${f.ip} to ${key} . numgen random mod ${n} map @${endpointsMapOf(kind, proto)}`]]]);
 }

@@ -2,7 +2,8 @@
 // plus which shared load-balancing chains it needs.
 import type { ServicePort, Target } from '../shared/service-ports.js';
 import { rangesContain } from '../shared/service-ports.js';
-import { endpointsMapOf, lbChainName, type LbKind, type Proto } from './ruleset.js';
+import { createHash } from 'node:crypto';
+import { AFFINITY_PREFIX, endpointsMapOf, lbChainName, type LbKind, type Proto } from './ruleset.js';
 
 export interface Element {
   readonly set: string;
@@ -20,7 +21,6 @@ export interface LbRequirement {
   readonly kind: LbKind;
   readonly proto: Proto;
   readonly n: number;
-  readonly affinitySeconds: number;
 }
 
 /** A UDP flow this node programs (for conntrack cleanup when it goes away). */
@@ -34,6 +34,9 @@ export interface UdpFlow {
 export interface PortElements {
   readonly elements: Element[];
   readonly lbChains: LbRequirement[];
+  /** ClientIP affinity: this service port's own chains (name -> rules) and per-endpoint sets */
+  readonly affinityChains: Map<string, string[]>;
+  readonly affinitySets: string[];
   readonly udpFlows: UdpFlow[];
   /** service IP:port (or :NodePort) that have endpoints, for conntrack cleanup of 0 -> N */
   readonly udpWithEndpoints: UdpFlow[];
@@ -79,20 +82,24 @@ export function portElements(sp: ServicePort, node: NodeFacts, prevSlots: Slots,
   const noEndpoints = sp.hasEndpoints ? 'drop' : 'goto reject-chain';
   const add = (set: string, key: string, value = '', withComment = false) => elements.push({ set, key, value, comment: withComment ? comment : '', owner: '' });
 
+  const udp = (targets: readonly Target[], vip: string, port: number) => {
+    if (proto !== 'udp') return;
+    for (const t of targets) udpFlows.push({ vip, port, endpoint: t.ip });
+    udpWithEndpoints.push({ vip, port, endpoint: '' });
+  };
   /** endpoints of a key in the map of kind; returns the verdict that load-balances over them */
   const lb = (kind: LbKind, key: string, targets: readonly Target[], vip: string, port: number): string => {
+    udp(targets, vip, port);
+    if (affinity) return `goto ${affinity.chain(targets)}`;
     const map = endpointsMapOf(kind, proto);
     const slotKey = `${map}|${key}`;
     const slots = assignSlots(prevSlots.get(slotKey), targets.map((t) => `${t.ip} . ${t.port}`));
     nextSlots.set(slotKey, slots);
     slots.forEach((t, i) => add(map, `${key} . ${i}`, t));
-    lbChains.push({ kind, proto, n: slots.length, affinitySeconds: sp.affinitySeconds });
-    if (proto === 'udp') {
-      for (const t of targets) udpFlows.push({ vip, port, endpoint: t.ip });
-      udpWithEndpoints.push({ vip, port, endpoint: '' });
-    }
-    return `goto ${lbChainName(kind, proto, slots.length, sp.affinitySeconds)}`;
+    lbChains.push({ kind, proto, n: slots.length });
+    return `goto ${lbChainName(kind, proto, slots.length)}`;
   };
+  const affinity = sp.affinitySeconds ? new AffinityChains(sp) : undefined;
 
   // cluster IP: internal traffic policy; masquerading is in the services chain
   add('cluster-ips', sp.clusterIP);
@@ -143,5 +150,52 @@ export function portElements(sp: ServicePort, node: NodeFacts, prevSlots: Slots,
   const hairpin = new Set<string>();
   for (const list of [sp.internal, sp.external, sp.cluster]) for (const t of list) if (t.local || t.nodeName === '') hairpin.add(t.ip);
   for (const ip of hairpin) add('hairpin', `${ip} . ${ip}`);
-  return { elements, lbChains, udpFlows, udpWithEndpoints };
+  return { elements, lbChains, affinityChains: affinity?.chains ?? NO_CHAINS, affinitySets: affinity?.sets ?? [], udpFlows, udpWithEndpoints };
+}
+
+const NO_CHAINS: Map<string, string[]> = new Map();
+
+const hash8 = (s: string) => createHash('sha256').update(s).digest('hex').slice(0, 8);
+
+/**
+ * A service port's ClientIP affinity, as kube-proxy: a chain per list of
+ * endpoints (all of them; this node's) that sends a client found in an
+ * endpoint's set to that endpoint, any other client to a random one; the
+ * endpoint's chain records the client (refreshing its timeout) and DNATs.
+ * The sets are per endpoint, so a client keeps its endpoint whichever IP or
+ * NodePort of the service port it uses, wherever that endpoint is eligible.
+ */
+class AffinityChains {
+  readonly chains = new Map<string, string[]>();
+  readonly sets: string[] = [];
+  private readonly id: string;
+  private readonly ip: string;
+
+  constructor(private readonly sp: ServicePort) {
+    this.id = hash8(`${sp.portName}/${sp.protocol}`);
+    this.ip = sp.family === 4 ? 'ip' : 'ip6';
+  }
+
+  /** the chain for one of the service port's endpoint lists (a NodePort and its IPs share it) */
+  chain(targets: readonly Target[]): string {
+    const list = targets === this.sp.internal ? 'internal' : targets === this.sp.cluster ? 'cluster' : 'external';
+    const name = `${AFFINITY_PREFIX}${this.id}-${list}`;
+    if (this.chains.has(name)) return name;
+    const rules: string[] = [];
+    const pick: string[] = [];
+    targets.forEach((t, i) => {
+      const ep = hash8(`${this.id} ${t.ip} ${t.port}`);
+      const set = `${AFFINITY_PREFIX}${this.id}-${ep}`;
+      const chain = `${AFFINITY_PREFIX}${this.id}-endpoint-${ep}`;
+      rules.push(`${this.ip} saddr @${set} goto ${chain}`);
+      pick.push(`${i} : goto ${chain}`);
+      if (this.chains.has(chain)) return;
+      this.sets.push(set);
+      const to = this.sp.family === 4 ? `${t.ip}:${t.port}` : `[${t.ip}]:${t.port}`;
+      this.chains.set(chain, [`update @${set} { ${this.ip} saddr timeout ${this.sp.affinitySeconds}s }`, `meta l4proto ${this.sp.protocol} dnat ${this.ip} to ${to}`]);
+    });
+    rules.push(`numgen random mod ${targets.length} vmap { ${pick.join(', ')} }`);
+    this.chains.set(name, rules);
+    return name;
+  }
 }
