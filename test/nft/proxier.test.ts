@@ -100,13 +100,13 @@ describe('rendering (dry run)', () => {
     // no endpoints anywhere: REJECT
     assert.match(tx, /172\.30\.0\.30 \. tcp \. 80 comment "ns\/empty:http" : goto reject-chain/);
     // ClientIP affinity, as kube-proxy: the service port's own chain, a set of clients per endpoint
-    const aff = /172\.30\.0\.53 \. udp \. 53 comment "ns\/dns:dns" : goto (affinity-[0-9a-f]{8})-internal/.exec(tx)?.[1];
+    const aff = /172\.30\.0\.53 \. udp \. 53 comment "ns\/dns:dns" : goto (affinity-[0-9a-f]{8})-cluster/.exec(tx)?.[1];
     assert.ok(aff, tx);
     const ep = new RegExp(`add set ip kpng (${aff}-[0-9a-f]{8}) \\{ type ipv4_addr ; flags dynamic,timeout ; timeout 1d ; \\}`).exec(tx)?.[1];
     assert.ok(ep, tx);
     const epChain = `${aff}-endpoint-${ep!.slice(aff!.length + 1)}`;
-    assert.match(tx, new RegExp(`add rule ip kpng ${aff}-internal ip saddr @${ep} goto ${epChain}\n`));
-    assert.match(tx, new RegExp(`add rule ip kpng ${aff}-internal numgen random mod 1 vmap \\{ 0 : goto ${epChain} \\}\n`));
+    assert.match(tx, new RegExp(`add rule ip kpng ${aff}-cluster ip saddr @${ep} goto ${epChain}\n`));
+    assert.match(tx, new RegExp(`add rule ip kpng ${aff}-cluster numgen random mod 1 vmap \\{ 0 : goto ${epChain} \\}\n`));
     assert.match(tx, new RegExp(`add rule ip kpng ${epChain} update @${ep} \\{ ip saddr timeout 60s \\}\nadd rule ip kpng ${epChain} meta l4proto udp dnat ip to 10\\.2\\.0\\.3:53\n`));
     // hairpin only for endpoints that can be on this node
     assert.match(tx, /add element ip kpng hairpin \{[^}]*10\.1\.0\.1 \. 10\.1\.0\.1/);
@@ -144,7 +144,7 @@ describe('rendering (dry run)', () => {
       assert.match(tx, new RegExp(`delete element ip kpng ${set} `), set);
     }
     // and its affinity chains and sets, after the elements that pointed to them
-    assert.match(tx, /^delete element[^]*^flush chain ip kpng affinity-[0-9a-f]{8}-internal\n[^]*^delete chain ip kpng affinity-[0-9a-f]{8}-internal\n[^]*^delete set ip kpng affinity-[0-9a-f]{8}-[0-9a-f]{8}$/m);
+    assert.match(tx, /^delete element[^]*^flush chain ip kpng affinity-[0-9a-f]{8}-cluster\n[^]*^delete chain ip kpng affinity-[0-9a-f]{8}-cluster\n[^]*^delete set ip kpng affinity-[0-9a-f]{8}-[0-9a-f]{8}$/m);
   });
 
   test('slots stay put: a removed endpoint is replaced by the last one', () => {

@@ -155,6 +155,8 @@ export function portElements(sp: ServicePort, node: NodeFacts, prevSlots: Slots,
 
 const NO_CHAINS: Map<string, string[]> = new Map();
 
+const sameTargets = (a: readonly Target[], b: readonly Target[]) => a === b || (a.length === b.length && a.every((t, i) => t.ip === b[i].ip && t.port === b[i].port));
+
 const hash8 = (s: string) => createHash('sha256').update(s).digest('hex').slice(0, 8);
 
 /**
@@ -176,9 +178,10 @@ class AffinityChains {
     this.ip = sp.family === 4 ? 'ip' : 'ip6';
   }
 
-  /** the chain for one of the service port's endpoint lists (a NodePort and its IPs share it) */
+  /** the chain for one of the service port's endpoint lists (a NodePort and its IPs share it, as do lists alike) */
   chain(targets: readonly Target[]): string {
-    const list = targets === this.sp.internal ? 'internal' : targets === this.sp.cluster ? 'cluster' : 'external';
+    const sp = this.sp;
+    const list = sameTargets(targets, sp.cluster) ? 'cluster' : sameTargets(targets, sp.internal) ? 'internal' : 'external';
     const name = `${AFFINITY_PREFIX}${this.id}-${list}`;
     if (this.chains.has(name)) return name;
     const rules: string[] = [];
