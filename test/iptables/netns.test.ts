@@ -10,6 +10,7 @@ import { createNetns, type TestNetns } from '../helpers/netns.js';
 import { MODES, harness, iptablesUnsupported, kubeChains, overall, saveIn } from '../helpers/iptables.js';
 import { detectMode, parseSave, toolName, type IptablesMode } from '../../src/backends/iptables/iptables.js';
 import { endpointChain, serviceChains } from '../../src/backends/iptables/names.js';
+import { metrics } from '../../src/backends/shared/metrics.js';
 
 const cluster = () => [
   node('n1', undefined, ['192.168.0.2', '2001:db8::1']),
@@ -91,12 +92,15 @@ for (const mode of MODES) {
       assert.ok(nat.has(endpointChain('ns/web:http', 'tcp', '10.2.0.9:8080')));
       assert.ok(!nat.has(endpointChain('ns/web:http', 'tcp', '10.2.0.1:8080')));
       assert.match(nat.get(svc)!.join('\n'), /-> 10\.2\.0\.9:8080" -j KUBE-SEP-/);
+      // sync_proxy_rules_iptables_total counts what the kernel has of kpng's, kept up as chains change
+      await assertRuleTotals(ns, mode);
       // the restart-time state equals the incremental one
       const incremental = kubeChains(saveIn(ns, 4, mode).get('nat'));
       h.restart();
       await h.sync();
       assert.equal(h.proxier.stats.lastChainsWritten, 0);
       assert.deepEqual(kubeChains(saveIn(ns, 4, mode).get('nat')), incremental);
+      await assertRuleTotals(ns, mode);
     });
 
     test('Services deleted while kpng was down: their chains are deleted at start-up, other chains stay', async () => {
@@ -149,6 +153,17 @@ for (const mode of MODES) {
       assert.equal(d.mode, other(mode), d.reason);
     });
   });
+}
+
+/** kubeproxy_sync_proxy_rules_iptables_total{table} equals the rules in the kernel's KUBE-* chains (IPv4) */
+async function assertRuleTotals(ns: TestNetns, mode: IptablesMode): Promise<void> {
+  const saved = saveIn(ns, 4, mode);
+  const values = (await metrics.iptablesTotal.get()).values;
+  for (const table of ['nat', 'filter']) {
+    const kernel = Object.values(kubeChains(saved.get(table))).reduce((n, rules) => n + rules.filter((r) => r.startsWith('-A ')).length, 0);
+    assert.ok(kernel > 0, table);
+    assert.equal(values.find((v) => v.labels.table === table && v.labels.ip_family === 'IPv4')?.value, kernel, table);
+  }
 }
 
 function other(m: IptablesMode): IptablesMode {

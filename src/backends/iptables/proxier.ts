@@ -67,6 +67,8 @@ interface FamilyState {
   readonly desired: Map<string, string[]>;
   /** per-service nat chains as the kernel has them: name -> rules */
   committed: Map<string, string[]>;
+  /** rules in the committed per-service chains (kept as they change, for sync_proxy_rules_iptables_total) */
+  committedRules: number;
   /** jump rules from the built-in chains that are missing (filled at a reconcile) */
   missingJumps: JumpRule[];
   endpoints: number;
@@ -98,7 +100,7 @@ export class IptablesProxier extends ProxierBase {
     super(o, () => ({ minSyncPeriodMs: o.config.iptables.minSyncPeriodMs, syncPeriodMs: o.config.iptables.syncPeriodMs }));
     this.mode = o.mode;
     this.tool = o.tool ?? ((t) => t);
-    this.fam = new Map((o.families ?? [4, 6]).map((f) => [f, { family: f, rules: new Map(), desired: new Map(), committed: new Map(), missingJumps: [], endpoints: 0, large: false } satisfies FamilyState]));
+    this.fam = new Map((o.families ?? [4, 6]).map((f) => [f, { family: f, rules: new Map(), desired: new Map(), committed: new Map(), committedRules: 0, missingJumps: [], endpoints: 0, large: false } satisfies FamilyState]));
   }
 
   override async close(): Promise<void> {
@@ -346,10 +348,23 @@ export class IptablesProxier extends ProxierBase {
         deleted += r.stale.length;
         if (this.o.dryRun) (this.o.out ?? process.stdout).write(`# ${toolName(family, this.mode!, 'restore')} --noflush -w 5\n${r.input}`);
         else await restore(family, this.mode!, this.tool, r.input);
-        metrics.iptablesLast.set({ table: 'nat', ip_family: family === 4 ? 'IPv4' : 'IPv6' }, r.natRules);
-        metrics.iptablesLast.set({ table: 'filter', ip_family: family === 4 ? 'IPv4' : 'IPv6' }, r.filterRules);
-        for (const name of r.write) st.committed.set(name, st.desired.get(name)!);
-        for (const name of r.stale) st.committed.delete(name);
+        const ipFamily = family === 4 ? 'IPv4' : 'IPv6';
+        metrics.iptablesLast.set({ table: 'nat', ip_family: ipFamily }, r.natRules);
+        metrics.iptablesLast.set({ table: 'filter', ip_family: ipFamily }, r.filterRules);
+        let writtenRules = 0;
+        for (const name of r.write) {
+          const rules = st.desired.get(name)!;
+          writtenRules += ruleCount(rules);
+          st.committedRules += ruleCount(rules) - ruleCount(st.committed.get(name));
+          st.committed.set(name, rules);
+        }
+        for (const name of r.stale) {
+          st.committedRules -= ruleCount(st.committed.get(name));
+          st.committed.delete(name);
+        }
+        // the filter table is written in full; nat: its top-level chains plus every service chain
+        metrics.iptablesTotal.set({ table: 'filter', ip_family: ipFamily }, r.filterRules);
+        metrics.iptablesTotal.set({ table: 'nat', ip_family: ipFamily }, r.natRules - writtenRules + st.committedRules);
         st.missingJumps = [];
       }
       this.stats.lastChainsWritten = written;
@@ -371,6 +386,7 @@ export class IptablesProxier extends ProxierBase {
       const jumps = jumpRules(this.localhostNodePorts(st.family));
       if (this.o.dryRun) {
         st.committed = new Map();
+        st.committedRules = 0;
         st.missingJumps = jumps;
         continue;
       }
@@ -388,6 +404,8 @@ export class IptablesProxier extends ProxierBase {
       }
       const nat = tables.get('nat')?.chains ?? new Map<string, string[]>();
       st.committed = new Map([...nat].filter(([name]) => isServiceChain(name)));
+      st.committedRules = 0;
+      for (const rules of st.committed.values()) st.committedRules += ruleCount(rules);
       st.missingJumps = jumps.filter((j) => !(tables.get(j.table)?.chains.get(j.from) ?? []).includes(`-A ${j.from} ${j.rule}`));
     }
   }
@@ -483,4 +501,11 @@ function chainsOf(keys: Iterable<string>, st: FamilyState): string[] {
 
 function interfaceAddresses(): string[] {
   return Object.values(networkInterfaces()).flatMap((l) => (l ?? []).map((a) => a.address.replace(/%.*$/, '')));
+}
+
+/** rules (-A lines) of a chain */
+function ruleCount(rules: readonly string[] | undefined): number {
+  let n = 0;
+  if (rules) for (const r of rules) if (r.startsWith('-A ')) n++;
+  return n;
 }
