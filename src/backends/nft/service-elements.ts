@@ -1,5 +1,6 @@
-// What one service port puts in the kpng table: map and set elements only,
-// plus which shared load-balancing chains it needs.
+// What one service port puts in the kpng table: map and set elements, which
+// shared load-balancing chains it needs, and, with ClientIP affinity only,
+// chains and sets of its own.
 import type { ServicePort, Target } from '../shared/service-ports.js';
 import { rangesContain } from '../shared/service-ports.js';
 import { createHash } from 'node:crypto';
