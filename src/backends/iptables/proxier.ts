@@ -65,7 +65,7 @@ interface FamilyState {
   order?: string[];
   /** every per-service nat chain wanted now: name -> rules */
   readonly desired: Map<string, string[]>;
-  /** per-service nat chains as the kernel has them: name -> rules */
+  /** per-service nat chains as the kernel has them: name -> rules (-A lines) */
   committed: Map<string, string[]>;
   /** rules in the committed per-service chains (kept as they change, for sync_proxy_rules_iptables_total) */
   committedRules: number;
@@ -351,20 +351,18 @@ export class IptablesProxier extends ProxierBase {
         const ipFamily = family === 4 ? 'IPv4' : 'IPv6';
         metrics.iptablesLast.set({ table: 'nat', ip_family: ipFamily }, r.natRules);
         metrics.iptablesLast.set({ table: 'filter', ip_family: ipFamily }, r.filterRules);
-        let writtenRules = 0;
         for (const name of r.write) {
           const rules = st.desired.get(name)!;
-          writtenRules += ruleCount(rules);
-          st.committedRules += ruleCount(rules) - ruleCount(st.committed.get(name));
+          st.committedRules += rules.length - (st.committed.get(name)?.length ?? 0);
           st.committed.set(name, rules);
         }
         for (const name of r.stale) {
-          st.committedRules -= ruleCount(st.committed.get(name));
+          st.committedRules -= st.committed.get(name)?.length ?? 0;
           st.committed.delete(name);
         }
-        // the filter table is written in full; nat: its top-level chains plus every service chain
+        // the filter table is written in full; nat: its top-level chains, and every service chain
         metrics.iptablesTotal.set({ table: 'filter', ip_family: ipFamily }, r.filterRules);
-        metrics.iptablesTotal.set({ table: 'nat', ip_family: ipFamily }, r.natRules - writtenRules + st.committedRules);
+        metrics.iptablesTotal.set({ table: 'nat', ip_family: ipFamily }, r.natTopRules + st.committedRules);
         st.missingJumps = [];
       }
       this.stats.lastChainsWritten = written;
@@ -405,7 +403,7 @@ export class IptablesProxier extends ProxierBase {
       const nat = tables.get('nat')?.chains ?? new Map<string, string[]>();
       st.committed = new Map([...nat].filter(([name]) => isServiceChain(name)));
       st.committedRules = 0;
-      for (const rules of st.committed.values()) st.committedRules += ruleCount(rules);
+      for (const rules of st.committed.values()) st.committedRules += rules.length;
       st.missingJumps = jumps.filter((j) => !(tables.get(j.table)?.chains.get(j.from) ?? []).includes(`-A ${j.from} ${j.rule}`));
     }
   }
@@ -414,7 +412,7 @@ export class IptablesProxier extends ProxierBase {
    * The restore input of a family. changed: the services whose chains to
    * compare with the committed ones; undefined (a full reconcile) compares all.
    */
-  private render(st: FamilyState, changed: Map<string, string[]> | undefined, full: boolean): { input: string; write: string[]; stale: string[]; natRules: number; filterRules: number } {
+  private render(st: FamilyState, changed: Map<string, string[]> | undefined, full: boolean): { input: string; write: string[]; stale: string[]; natRules: number; natTopRules: number; filterRules: number } {
     const desired = st.desired;
     const s = this.staticInputs(st.family);
     const order = (st.order ??= [...st.rules.keys()].sort());
@@ -468,13 +466,14 @@ export class IptablesProxier extends ProxierBase {
     perService((r) => r.natNodePorts);
     perService((r) => r.natServices);
     lines.push(...nodePortJumps(s));
+    const serviceChainsStart = lines.length;
     for (const name of write) lines.push(...desired.get(name)!);
     for (const name of stale) lines.push(`-X ${name}`);
     lines.push('COMMIT');
     if (full) lines.push('*mangle', `:${KUBE_PROXY_CANARY} - [0:0]`, 'COMMIT');
     const natStart = lines.indexOf('*nat');
     const count = (from: number, to: number) => lines.slice(from, to).filter((l) => l.startsWith('-A ')).length;
-    return { input: lines.join('\n') + '\n', write, stale, filterRules: count(0, natStart), natRules: count(natStart, lines.length) };
+    return { input: lines.join('\n') + '\n', write, stale, filterRules: count(0, natStart), natRules: count(natStart, lines.length), natTopRules: count(natStart, serviceChainsStart) };
   }
 
 }
@@ -501,11 +500,4 @@ function chainsOf(keys: Iterable<string>, st: FamilyState): string[] {
 
 function interfaceAddresses(): string[] {
   return Object.values(networkInterfaces()).flatMap((l) => (l ?? []).map((a) => a.address.replace(/%.*$/, '')));
-}
-
-/** rules (-A lines) of a chain */
-function ruleCount(rules: readonly string[] | undefined): number {
-  let n = 0;
-  if (rules) for (const r of rules) if (r.startsWith('-A ')) n++;
-  return n;
 }

@@ -128,6 +128,9 @@ function globalOpFrame(op: GlobalOp): Buffer {
   }
 }
 
+/** to-api's --heap-growth default: the heap may grow 50% past what survived the last full GC */
+export const DEFAULT_HEAP_GROWTH_PERCENT = 50;
+
 /**
  * V8 tuning for a process fanning full states out to many nodes (the to-api
  * sink calls it; an embedder may). A GC heuristic only, read at each GC, but
@@ -144,8 +147,6 @@ function globalOpFrame(op: GlobalOp): Buffer {
  *   the cluster, where a fixed --max-old-space-size would crash a brain whose
  *   cluster outgrew it.
  */
-export const DEFAULT_HEAP_GROWTH_PERCENT = 50;
-
 export function tuneHeapForFanOut(heapGrowthPercent = DEFAULT_HEAP_GROWTH_PERCENT): void {
   setFlagsFromString('--no-allocation-site-pretenuring');
   if (heapGrowthPercent > 0) setFlagsFromString(`--heap-growing-percent=${heapGrowthPercent}`);
