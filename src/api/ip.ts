@@ -9,8 +9,10 @@ export type Family = 4 | 6;
 export function canonicalIP(s: string): string | undefined {
   const t = s.trim();
   if (isIPv4(t)) return t;
-  if (!isIPv6(t)) return undefined;
+  // node's isIPv6 accepts a zone ("fe80::1%eth0"); no Kubernetes address has one
+  if (t.includes('%') || !isIPv6(t)) return undefined;
   const words = ipv6Words(t);
+  if (words.length !== 8 || words.some((w) => !(w >= 0 && w <= 0xffff))) return undefined;
   // IPv4-mapped addresses are IPv4 for kube-proxy (ParseIPSloppy + To4)
   if (words.slice(0, 5).every((w) => w === 0) && words[5] === 0xffff) {
     return `${words[6] >> 8}.${words[6] & 255}.${words[7] >> 8}.${words[7] & 255}`;
@@ -40,7 +42,9 @@ function ipv6Words(s: string): number[] {
   if (r === undefined) {
     words = left;
   } else {
-    words = [...left, ...new Array(want + (tail4.length ? 1 : 0) - left.length - right.length).fill(0), ...right];
+    const zeros = want + (tail4.length ? 1 : 0) - left.length - right.length;
+    if (zeros < 0) return []; // more words than an address has: not one
+    words = [...left, ...new Array<number>(zeros).fill(0), ...right];
   }
   if (tail4.length) words = [...words.slice(0, 6), ...tail4];
   return words.slice(0, 8);

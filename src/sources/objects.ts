@@ -92,13 +92,28 @@ function typeName(v: unknown): string {
   return Array.isArray(v) ? 'a list' : v === null ? 'null' : typeof v;
 }
 
-function meta(o: Obj, namespaced: boolean): { name: string; namespace: string; labels: Record<string, string>; md: Obj } {
+// the API server's name rules (a file can hold anything; names end up in
+// dataplane comments and log lines)
+const DNS_LABEL = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
+const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+
+function dnsLabel(v: string, field: string): string {
+  if (!DNS_LABEL.test(v)) throw new InvalidObject(field, `${JSON.stringify(v.length > 80 ? v.slice(0, 80) + '...' : v)} is not a DNS label (at most 63 of a-z, 0-9 and "-")`);
+  return v;
+}
+
+function dnsSubdomain(v: string, field: string): string {
+  if (v.length > 253 || !DNS_SUBDOMAIN.test(v)) throw new InvalidObject(field, `${JSON.stringify(v.length > 80 ? v.slice(0, 80) + '...' : v)} is not a DNS subdomain (at most 253 of a-z, 0-9, "-" and ".")`);
+  return v;
+}
+
+function meta(o: Obj, namespaced: boolean, nameRule: 'label' | 'subdomain' = 'subdomain'): { name: string; namespace: string; labels: Record<string, string>; md: Obj } {
   const md = obj(o.metadata, 'metadata', true);
   const name = str(md.name, 'metadata.name');
   if (!name) throw new InvalidObject('metadata.name', 'missing');
-  if (name.includes('/')) throw new InvalidObject('metadata.name', `${JSON.stringify(name)} must not contain "/"`);
+  (nameRule === 'label' ? dnsLabel : dnsSubdomain)(name, 'metadata.name');
   const namespace = namespaced ? str(md.namespace, 'metadata.namespace') || 'default' : '';
-  if (namespace.includes('/')) throw new InvalidObject('metadata.namespace', `${JSON.stringify(namespace)} must not contain "/"`);
+  if (namespaced) dnsLabel(namespace, 'metadata.namespace');
   const labelsObj = obj(md.labels, 'metadata.labels');
   const labels: Record<string, string> = {};
   for (const [k, v] of Object.entries(labelsObj)) labels[k] = str(v, `metadata.labels[${k}]`);
@@ -122,7 +137,7 @@ export function convertObject(o: unknown): Converted {
 const SERVICE_TYPES = new Set(['ClusterIP', 'NodePort', 'LoadBalancer', 'ExternalName']);
 
 export function convertService(o: Obj): Converted {
-  const { name, namespace, labels } = meta(o, true);
+  const { name, namespace, labels } = meta(o, true, 'label');
   const spec = obj(o.spec, 'spec', true);
   const type = str(spec.type, 'spec.type', 'ClusterIP');
   if (!SERVICE_TYPES.has(type)) throw new InvalidObject('spec.type', `unknown type ${JSON.stringify(type)}`);
@@ -165,6 +180,7 @@ export function convertService(o: Obj): Converted {
     const f = `spec.ports[${i}]`;
     const p = obj(pv, f, true);
     const portName = str(p.name, `${f}.name`);
+    if (portName) dnsLabel(portName, `${f}.name`);
     const protocol = parseProtocol(str(p.protocol, `${f}.protocol`, 'TCP'));
     if (protocol === undefined) throw new InvalidObject(`${f}.protocol`, `unknown protocol ${JSON.stringify(p.protocol)}`);
     const port = int(p.port, `${f}.port`, 1, 65535);
@@ -221,6 +237,7 @@ export function convertSlice(o: Obj): Converted {
   const { name, namespace, labels } = meta(o, true);
   const serviceName = labels[SERVICE_NAME_LABEL];
   if (!serviceName) return { kind: 'Ignored', reason: `no ${SERVICE_NAME_LABEL} label` };
+  dnsLabel(serviceName, `metadata.labels[${SERVICE_NAME_LABEL}]`);
   if (HEADLESS_LABEL in labels) return { kind: 'Ignored', reason: 'headless service' };
   const addressType = str(o.addressType, 'addressType');
   if (addressType === 'FQDN') return { kind: 'Ignored', reason: 'FQDN address type' };
@@ -235,7 +252,9 @@ export function convertSlice(o: Obj): Converted {
     if (port === undefined) return; // no port: serves nothing kube-proxy can use
     const protocol = parseProtocol(str(p.protocol, `${f}.protocol`, 'TCP'));
     if (protocol === undefined) throw new InvalidObject(`${f}.protocol`, `unknown protocol ${JSON.stringify(p.protocol)}`);
-    ports.push(create(L.PortNameSchema, { Name: str(p.name, `${f}.name`), Port: port, Protocol: protocol }));
+    const portName = str(p.name, `${f}.name`);
+    if (portName) dnsLabel(portName, `${f}.name`);
+    ports.push(create(L.PortNameSchema, { Name: portName, Port: port, Protocol: protocol }));
   });
 
   const endpoints: G.EndpointInfo[] = [];

@@ -8,6 +8,7 @@
 import type { Family } from '../../api/ip.js';
 import type { ServicePort, Target } from '../shared/service-ports.js';
 import { rangesContain } from '../shared/service-ports.js';
+import { safeComment, IPTABLES_COMMENT_MAX } from '../shared/comment.js';
 import { addr, endpointChain, hostPort, probabilityOf, saveString, serviceChains } from './names.js';
 
 export const KUBE_SERVICES = 'KUBE-SERVICES';
@@ -61,7 +62,7 @@ export function rule(chain: string, x: Spec): string {
   return parts.join(' ');
 }
 
-const comment = (text: string) => `-m comment --comment ${saveString(text)}`;
+const comment = (text: string) => `-m comment --comment ${saveString(safeComment(text, IPTABLES_COMMENT_MAX))}`;
 
 /** What one service port (one family) puts in the top-level chains and its own chains. */
 export interface PortRules {

@@ -8,79 +8,39 @@ import type { ElementValue } from './elements.js';
 export class NftError extends ToolError {}
 
 export function runNft(args: string[], input?: string, nftPath = 'nft'): Promise<string> {
-  return runTool(nftPath, args, input, NftError);
+  return runTool(nftPath, args, input, NftError, nftErrors);
 }
 
-export interface TableListing {
-  readonly chains: Set<string>;
-  /** set/map name -> its type, as nft lists it (to detect a changed layout) */
-  readonly sets: Map<string, string>;
-  readonly elements: Map<string, Map<string, ElementValue>>;
-}
+/** how much of a failing line an error shows on each side of the part nft points at */
+const EXCERPT = 60;
 
-/** Lists a table; undefined when it does not exist. */
-export async function listTable(family: 'ip' | 'ip6', table: string, nftPath = 'nft'): Promise<TableListing | undefined> {
-  let out: string;
-  try {
-    out = await runNft(['-j', 'list', 'table', family, table], undefined, nftPath);
-  } catch (e) {
-    if (e instanceof NftError && /No such file or directory/.test(e.stderr)) return undefined;
-    throw e;
-  }
-  return parseListing(JSON.parse(out));
-}
-
-type J = any;
-
-export function parseListing(doc: J): TableListing {
-  const chains = new Set<string>();
-  const sets = new Map<string, string>();
-  const elements = new Map<string, Map<string, ElementValue>>();
-  for (const o of doc.nftables ?? []) {
-    if (o.chain) chains.add(o.chain.name);
-    const s = o.set ?? o.map;
-    if (!s) continue;
-    sets.set(s.name, JSON.stringify([s.type, s.map ?? null]));
-    const m = new Map<string, ElementValue>();
-    for (const el of s.elem ?? []) {
-      if (o.map) {
-        const [k, v] = el as [J, J];
-        const { val, comment } = unwrap(k);
-        m.set(atom(val), { value: verdictOrData(v), comment: comment ?? '' });
-      } else {
-        const { val, comment } = unwrap(el);
-        m.set(atom(val), { value: '', comment: comment ?? '' });
-      }
+/**
+ * nft's errors, short: each "where: Error: what" with the part of the
+ * failing line nft points at (a transaction's line can be many KB, and a
+ * failing sync is retried), at most `max` of them.
+ */
+export function nftErrors(stderr: string, max = 3): string {
+  const lines = stderr.split('\n');
+  const out: string[] = [];
+  let errors = 0;
+  for (let i = 0; i < lines.length; i++) {
+    const m = /^(?:[^:]*:(\d+):\d+-\d+: )?(Error: .*)$/.exec(lines[i]);
+    if (!m) continue;
+    if (++errors > max) continue;
+    let text = m[2];
+    // the failing line, then carets under the part nft means (`nft -f` also names the line)
+    const failing = lines[i + 1];
+    const carets = /^(\s*)(\^+)\s*$/.exec(lines[i + 2] ?? '');
+    if (failing !== undefined && carets) {
+      const a = Math.max(0, carets[1].length - EXCERPT);
+      const b = Math.min(failing.length, carets[1].length + carets[2].length + EXCERPT);
+      text += ` (${m[1] ? `line ${m[1]}: ` : ''}${a > 0 ? '...' : ''}${failing.slice(a, b)}${b < failing.length ? '...' : ''})`;
+      i += 2;
     }
-    elements.set(s.name, m);
+    out.push(text);
   }
-  return { chains, sets, elements };
-}
-
-function unwrap(x: J): { val: J; comment?: string } {
-  if (x && typeof x === 'object' && 'elem' in x) return { val: x.elem.val, comment: x.elem.comment };
-  return { val: x };
-}
-
-/** JSON element (key or data) in the text form kpng renders */
-function atom(x: J): string {
-  if (typeof x === 'string' || typeof x === 'number') return String(x);
-  if (x.concat) return (x.concat as J[]).map(atom).join(' . ');
-  if (x.prefix) return `${atom(x.prefix.addr)}/${x.prefix.len}`;
-  if (x.range) return `${atom(x.range[0])}-${atom(x.range[1])}`;
-  if (x.elem) return atom(x.elem.val);
-  return JSON.stringify(x);
-}
-
-function verdictOrData(v: J): string {
-  if (v && typeof v === 'object') {
-    if (v.goto) return `goto ${v.goto.target}`;
-    if (v.jump) return `jump ${v.jump.target}`;
-    if ('drop' in v) return 'drop';
-    if ('accept' in v) return 'accept';
-    if ('return' in v) return 'return';
-  }
-  return atom(v);
+  if (!out.length) return firstLines(stderr, 6);
+  return out.join(' | ') + (errors > max ? ` | ... (${errors - max} more errors)` : '');
 }
 
 /**
@@ -193,7 +153,7 @@ export class NftSession {
     if (/Error/.test(own)) {
       // a failed transaction changed nothing; a fresh process for the next one
       this.close();
-      w.reject(new NftError(`${this.nftPath} -i failed: ${firstLines(own, 6)}`, own));
+      w.reject(new NftError(`${this.nftPath} -i failed: ${nftErrors(own)}`, own));
       return;
     }
     this.answered = true;

@@ -3,6 +3,7 @@
 // chains and sets of its own.
 import type { ServicePort, Target } from '../shared/service-ports.js';
 import { rangesContain } from '../shared/service-ports.js';
+import { safeComment, NFT_COMMENT_MAX } from '../shared/comment.js';
 import { createHash } from 'node:crypto';
 import { AFFINITY_PREFIX, endpointsMapOf, lbChainName, type LbKind, type Proto } from './ruleset.js';
 
@@ -76,7 +77,7 @@ export function portElements(sp: ServicePort, node: NodeFacts, prevSlots: Slots,
   const lbChains: LbRequirement[] = [];
   const udpFlows: UdpFlow[] = [];
   const udpWithEndpoints: UdpFlow[] = [];
-  const comment = sp.portName;
+  const comment = safeComment(sp.portName, NFT_COMMENT_MAX);
   const proto = sp.protocol;
   const P = sp.port.Port;
   const vipKey = (ip: string) => `${ip} . ${proto} . ${P}`;
@@ -128,7 +129,8 @@ export function portElements(sp: ServicePort, node: NodeFacts, prevSlots: Slots,
       add('firewall-ips', key, '', true);
       for (const r of sp.sourceRanges) add('firewall-allow', `${key} . ${r}`);
       // traffic from the node itself may come from an LB IP
-      if (coversNode) for (const l of sp.loadBalancerIPs) add('firewall-allow', `${key} . ${l}`);
+      // (unless a range has it already: overlapping interval elements are refused)
+      if (coversNode) for (const l of sp.loadBalancerIPs) if (!rangesContain(sp.sourceRanges, l)) add('firewall-allow', `${key} . ${l}`);
     }
   }
 

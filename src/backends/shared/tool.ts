@@ -13,8 +13,8 @@ export class ToolError extends Error {
   }
 }
 
-/** Runs path with args, input on stdin; resolves with stdout, rejects with an ErrorClass (a ToolError). */
-export function runTool(path: string, args: string[], input?: string, ErrorClass: typeof ToolError = ToolError): Promise<string> {
+/** Runs path with args, input on stdin; resolves with stdout, rejects with an ErrorClass (a ToolError) whose message `summary` makes of stderr. */
+export function runTool(path: string, args: string[], input?: string, ErrorClass: typeof ToolError = ToolError, summary: (stderr: string) => string = (e) => firstLines(e, 6)): Promise<string> {
   return new Promise((resolve, reject) => {
     const p = spawn(path, args, { stdio: ['pipe', 'pipe', 'pipe'] });
     const out: Buffer[] = [];
@@ -25,7 +25,7 @@ export function runTool(path: string, args: string[], input?: string, ErrorClass
     p.on('close', (code) => {
       const stderr = Buffer.concat(err).toString();
       if (code === 0) resolve(Buffer.concat(out).toString());
-      else reject(new ErrorClass(`${path} ${args.join(' ')} failed (exit ${code}): ${firstLines(stderr, 6)}`, stderr, code ?? -1));
+      else reject(new ErrorClass(`${path} ${args.join(' ')} failed (exit ${code}): ${summary(stderr)}`, stderr, code ?? -1));
     });
     p.stdin.on('error', () => {}); // the tool may exit before reading everything; 'close' says why
     p.stdin.end(input ?? '');

@@ -1,0 +1,72 @@
+// Every backend programs every legal Service, however extreme (issue 19:
+// a 63-character namespace, name and port name made an nft comment too long
+// and froze every update on the node).
+import { test, describe, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { Writable } from 'node:stream';
+import { pino } from 'pino';
+import { syncedStore } from '../helpers/k8s.js';
+import { extremeCluster } from '../helpers/extreme.js';
+import { ServiceViews } from '../../src/localstate/views.js';
+import { LocalDiff } from '../../src/diff/local-diff.js';
+import { DecoderSink } from '../../src/diff/decoder.js';
+import { LocalSet } from '../../src/api/model.js';
+import { NftProxier } from '../../src/backends/nft/proxier.js';
+import { defaultConfig } from '../../src/backends/shared/config.js';
+import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
+import { harness as iptablesHarness, iptablesConfig, iptablesUnsupported, MODES } from '../helpers/iptables.js';
+import { toolName } from '../../src/backends/iptables/iptables.js';
+
+const quiet = pino({ level: 'silent' });
+
+describe('legal but extreme objects, nft', { skip: canUseNetns() }, () => {
+  let ns: TestNetns;
+  before(() => (ns = createNetns()));
+  after(() => ns?.remove());
+
+  test('every service is programmed, and a restart finds nothing to change', async () => {
+    const { objects, expect } = extremeCluster();
+    const store = syncedStore(objects);
+    const config = defaultConfig();
+    config.clusterCIDRs = ['10.0.0.0/8', 'fd00::/64'];
+    const run = async () => {
+      const proxier = new NftProxier({ nodeName: 'n1', config, log: quiet, once: true, nftPath: ns.wrapper('nft'), conntrackPath: ns.wrapper('conntrack'), healthChecks: false, out: new Writable({ write: (_c, _e, cb) => cb() }) });
+      const diff = new LocalDiff(store, new ServiceViews(store), 'n1', { sets: [LocalSet.NodesSet] });
+      try {
+        const decoder = new DecoderSink(proxier);
+        for (const op of diff.next()) await decoder.send(op);
+        return proxier.stats.lastElementChanges;
+      } finally {
+        diff.close();
+        await proxier.close();
+      }
+    };
+    assert.ok((await run()) > 0);
+    const table = ns.exec('nft', ['list', 'table', 'ip', 'kpng']) + ns.exec('nft', ['list', 'table', 'ip6', 'kpng']);
+    for (const [svc, ips] of expect) for (const ip of ips) assert.match(table, new RegExp(`\\b${ip.replace(/[.]/g, '\\.')} \\. (tcp|udp|sctp) \\.`), `${svc}: ${ip}`);
+    // what was written reads back the same (comments cut to nft's limit included)
+    assert.equal(await run(), 0);
+  });
+});
+
+for (const mode of MODES) {
+  describe(`legal but extreme objects, iptables-${mode}`, { skip: iptablesUnsupported(mode) }, () => {
+    let ns: TestNetns;
+    before(() => (ns = createNetns()));
+    after(() => ns?.remove());
+
+    test('every service is programmed', async () => {
+      const { objects, expect } = extremeCluster();
+      const h = iptablesHarness(syncedStore(objects), { ns, mode, config: iptablesConfig((c) => (c.clusterCIDRs = ['10.0.0.0/8', 'fd00::/64'])), families: [4, 6] });
+      await h.sync();
+      const saved = ns.exec(toolName(4, mode, 'save'), []) + ns.exec(toolName(6, mode, 'save'), []);
+      for (const [svc, ips] of expect) for (const ip of ips) assert.match(saved, new RegExp(`-d ${ip.replace(/[.]/g, '\\.')}/(32|128) `), `${svc}: ${ip}`);
+      // what was written reads back the same (comments included): a restart rewrites no service chain
+      const rules = () => (ns.exec(toolName(4, mode, 'save'), []) + ns.exec(toolName(6, mode, 'save'), [])).replace(/^#.*\n/gm, '');
+      const written = rules();
+      h.restart();
+      await h.sync();
+      assert.equal(rules(), written);
+    });
+  });
+}
