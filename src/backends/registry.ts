@@ -6,14 +6,10 @@ import type { Logger } from '../log.js';
 import type { LocalSink } from '../diff/ops.js';
 import type { LocalSet } from '../api/model.js';
 import type { KubeProxyConfiguration } from './shared/config.js';
+import type { SyncResult } from './shared/runner.js';
 
-/** How a backend tells the process (health, metrics) what each sync did. */
-export interface SyncReporter {
-  /** everything queued so far is applied */
-  synced(r: { full: boolean; durationMs: number }): void;
-  /** applying failed; the last good rules stay, a retry is scheduled */
-  failed(error: string): void;
-}
+/** How a backend tells the process (health, metrics) what each sync did, whoever asked for it. */
+export type SyncReporter = (r: SyncResult) => void;
 
 export interface BackendContext {
   readonly nodeName: string;

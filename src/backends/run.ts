@@ -10,6 +10,7 @@ import { getBackend, type BackendDefinition, type BackendInstance, type SyncRepo
 import { addConfigFlags, configFromFlags, type KubeProxyConfiguration } from './shared/config.js';
 import { ProxyHealth, startProxyServers } from './shared/health.js';
 import { metrics, enableProcessMetrics } from './shared/metrics.js';
+import type { SyncResult } from './shared/runner.js';
 
 /** The flags every backend command has, then the backend's own. */
 export function addBackendOptions(cmd: Command, def: BackendDefinition): void {
@@ -29,6 +30,8 @@ export interface StartedBackend {
   /** resolves after the first Sync was applied when --once is set */
   readonly done: Promise<void>;
   readonly health: ProxyHealth;
+  /** the last sync's result (whoever asked for it) */
+  readonly lastResult: SyncResult | undefined;
   /** stops the backend and its servers (the dataplane stays) */
   close(): Promise<void>;
 }
@@ -39,13 +42,13 @@ export async function startBackend(name: string, opts: Record<string, any>, log:
   const config = configFromFlags(opts);
   const nodeName = String(opts.nodeName || config.hostnameOverride || hostname());
   const health = new ProxyHealth(2 * (def.syncPeriodMs?.(config) ?? config.nftables.syncPeriodMs));
-  const report: SyncReporter = {
-    synced: ({ full, durationMs }) => {
-      health.updated();
-      metrics.syncDuration.observe({ ip_family: '' }, durationMs / 1000);
-      (full ? metrics.syncFullDuration : metrics.syncPartialDuration).observe({ ip_family: '' }, durationMs / 1000);
-    },
-    failed: () => {},
+  let lastResult: SyncResult | undefined;
+  const report: SyncReporter = (r) => {
+    lastResult = r;
+    health.observe(r);
+    if (!r.ok) return;
+    metrics.syncDuration.observe({ ip_family: '' }, r.durationMs / 1000);
+    (r.full ? metrics.syncFullDuration : metrics.syncPartialDuration).observe({ ip_family: '' }, r.durationMs / 1000);
   };
   const blog = log.child({ backend: name });
   const instance = await def.create(opts, { nodeName, config, log: blog, signal, report });
@@ -87,6 +90,9 @@ export async function startBackend(name: string, opts: Record<string, any>, log:
     sink,
     done,
     health,
+    get lastResult() {
+      return lastResult;
+    },
     async close() {
       await instance.close?.();
       await closeServers();

@@ -16,8 +16,8 @@ export interface DecoderHandler {
   deleteNode?(name: string): void | Promise<void>;
   setServiceCIDR?(cidr: ServiceCIDR): void | Promise<void>;
   deleteServiceCIDR?(name: string): void | Promise<void>;
-  /** the change set is complete: apply it */
-  sync(): void | Promise<void>;
+  /** the change set is complete: apply it (a proxier resolves with what its sync did) */
+  sync(): unknown;
 }
 
 export class DecoderSink implements LocalSink {
@@ -28,8 +28,10 @@ export class DecoderSink implements LocalSink {
     switch (op.kind) {
       case 'reset':
         return h.reset?.();
-      case 'sync':
-        return h.sync();
+      case 'sync': {
+        const r = h.sync();
+        return r instanceof Promise ? r.then(() => {}) : undefined;
+      }
       case 'set':
         switch (op.set) {
           case LocalSet.ServicesSet:

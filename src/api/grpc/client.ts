@@ -11,6 +11,7 @@ import type { OpItem } from '../gen/api/localv1/api_pb.js';
 import { grpcTarget, isLoopback, parseAddress, type ApiAddress } from './address.js';
 import { channelCredentials, type ClientTLS } from './tls.js';
 import { decodeOpItem, type WatchMethod } from './wire.js';
+import { backoffDelay, sleep } from '../../backoff.js';
 
 export interface WatchClientOptions {
   /** unix:///path, tcp://host:port or host:port */
@@ -31,20 +32,6 @@ export interface WatchHandler<Req> {
   /** a new stream starts: what a broken one left half-done is void */
   streamStart?(): void;
   op(op: OpItem): void | Promise<void>;
-}
-
-export function sleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal.aborted) return resolve();
-    const onAbort = () => (clearTimeout(t), resolve());
-    const t = setTimeout(() => (signal.removeEventListener('abort', onAbort), resolve()), ms);
-    signal.addEventListener('abort', onAbort, { once: true });
-  });
-}
-
-export function backoffDelay(attempt: number, min: number, max: number): number {
-  const base = Math.min(max, min * 2 ** Math.min(attempt, 30));
-  return Math.round(base * (0.5 + Math.random())); // jitter: nodes do not retry in lockstep
 }
 
 export function newClient(address: ApiAddress, tls: ClientTLS | undefined): grpc.Client {

@@ -13,8 +13,8 @@ export class IptablesError extends ToolError {}
 /** How to find a tool: the name, or a path (tests run tools inside a namespace this way). */
 export type ToolPath = (tool: string) => string;
 
-export function run(path: string, args: string[], input?: string): Promise<string> {
-  return runTool(path, args, input, IptablesError);
+export function run(path: string, args: string[], input?: string, onSpawn?: (pid: number) => void): Promise<string> {
+  return runTool(path, args, { input, errorClass: IptablesError, onSpawn });
 }
 
 /** iptables-nft-restore, ip6tables-legacy-save, ... */
@@ -59,9 +59,10 @@ export async function save(family: Family, mode: IptablesMode, tool: ToolPath): 
   return parseSave(await run(tool(toolName(family, mode, 'save')), []));
 }
 
-export async function restore(family: Family, mode: IptablesMode, tool: ToolPath, input: string): Promise<void> {
+/** iptables-restore --noflush (test: only parse and check the input, commit nothing) */
+export async function restore(family: Family, mode: IptablesMode, tool: ToolPath, input: string, o: { test?: boolean; onSpawn?: (pid: number) => void } = {}): Promise<void> {
   try {
-    await run(tool(toolName(family, mode, 'restore')), ['--noflush', '-w', '5'], input);
+    await run(tool(toolName(family, mode, 'restore')), ['--noflush', '-w', '5', ...(o.test ? ['--test'] : [])], input, o.onSpawn);
   } catch (e) {
     // name the line iptables-restore stopped at (as upstream logs it)
     const m = e instanceof IptablesError ? /Error occurred at line: (\d+)/.exec(e.stderr) : null;

@@ -11,10 +11,12 @@ import { networkInterfaces } from 'node:os';
 import { parseCIDR, cidrContains, type Family } from '../../api/ip.js';
 import { externallyAccessible, ipSetOf } from '../../api/model.js';
 import { metrics } from '../shared/metrics.js';
-import { ProxierBase, parseFlow, sameRules, type ProxierBaseOptions, type SyncStats } from '../shared/proxier.js';
+import { ProxierBase, sameRules, type ApplyRequest, type ProxierBaseOptions, type SyncStats } from '../shared/proxier.js';
 import type { KubeProxyConfiguration } from '../shared/config.js';
-import { servicePorts, type ServicePort } from '../shared/service-ports.js';
-import type { StaleFlow } from '../shared/conntrack.js';
+import { servicePorts } from '../shared/service-ports.js';
+import { detectLocal, nodePortAddresses } from '../shared/node-facts.js';
+import { NftWatch } from '../shared/nft-watch.js';
+import { xtablesInfo } from '../shared/kernel.js';
 import { isServiceChain, markHex } from './names.js';
 import {
   FILTER_CHAINS,
@@ -46,16 +48,16 @@ export interface IptablesProxierOptions extends ProxierBaseOptions {
   readonly families?: readonly Family[];
   /** the node's interface addresses (nodePortAddresses CIDRs); default: this process's namespace */
   readonly interfaceAddresses?: () => string[];
+  /** the drift check (default: unless once or dry run) */
+  readonly watch?: boolean;
+  /** the network namespace iptables works in, when not this process's (tests: a name under /run/netns) */
+  readonly netns?: string;
 }
 
 /** What one Service renders to, in one family. */
 interface ServiceRules extends PortRules {
   /** endpoints it counts toward large-cluster mode */
   readonly endpoints: number;
-  /** UDP flows it programs: "vip|port|endpoint" ('' vip: NodePort) */
-  readonly udp: Set<string>;
-  /** UDP service IP:ports with endpoints: "vip|port|" */
-  readonly udpVips: Set<string>;
 }
 
 interface FamilyState {
@@ -71,10 +73,16 @@ interface FamilyState {
   committedRules: number;
   /** jump rules from the built-in chains that are missing (filled at a reconcile) */
   missingJumps: JumpRule[];
+  /** Services computed again since their chains were last written: the chains they had before */
+  readonly uncommitted: Map<string, string[]>;
   endpoints: number;
   /** upstream's large-cluster mode: more than 1000 endpoints, no comments on endpoint rules */
   large: boolean;
 }
+
+/** the tables kpng writes, and the built-in chains that jump into its chains */
+const TABLES = ['filter', 'nat', 'mangle'];
+const BUILT_IN = new Set(['INPUT', 'OUTPUT', 'FORWARD', 'PREROUTING', 'POSTROUTING']);
 
 export interface ProxierStats extends SyncStats {
   /** per-service chains written (flushed and refilled) by the last sync */
@@ -88,24 +96,28 @@ export interface ProxierStats extends SyncStats {
 const LARGE_CLUSTER_ENDPOINTS = 1000;
 
 export class IptablesProxier extends ProxierBase {
-  private canaryTimer?: NodeJS.Timeout;
   private started = false;
   private mode?: IptablesMode;
   private tcpBeLiberal = false;
   private readonly fam: Map<Family, FamilyState>;
   private readonly tool: ToolPath;
-  readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, lastChainsWritten: 0, lastChainsDeleted: 0, lastRestoreBytes: 0 };
+  /** iptables-nft: nftables' change events; iptables-legacy: each table's size as kpng left it */
+  private watch?: NftWatch;
+  private legacySizes?: Map<string, string>;
+  /** pids of the iptables-restore runs of late (the drift watch tells kpng's changes apart by pid) */
+  private readonly pids: number[] = [];
+  readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, repairs: 0, lastChainsWritten: 0, lastChainsDeleted: 0, lastRestoreBytes: 0 };
 
   constructor(private readonly o: IptablesProxierOptions) {
-    super(o, () => ({ minSyncPeriodMs: o.config.iptables.minSyncPeriodMs, syncPeriodMs: o.config.iptables.syncPeriodMs }));
+    super(o, { minSyncPeriodMs: o.config.iptables.minSyncPeriodMs, syncPeriodMs: o.config.iptables.syncPeriodMs });
     this.mode = o.mode;
     this.tool = o.tool ?? ((t) => t);
-    this.fam = new Map((o.families ?? [4, 6]).map((f) => [f, { family: f, rules: new Map(), desired: new Map(), committed: new Map(), committedRules: 0, missingJumps: [], endpoints: 0, large: false } satisfies FamilyState]));
+    this.fam = new Map((o.families ?? [4, 6]).map((f) => [f, { family: f, rules: new Map(), desired: new Map(), committed: new Map(), committedRules: 0, missingJumps: [], uncommitted: new Map(), endpoints: 0, large: false } satisfies FamilyState]));
   }
 
   override async close(): Promise<void> {
-    clearInterval(this.canaryTimer);
     await super.close();
+    this.watch?.close();
   }
 
   /** the iptables in use (after the first sync) */
@@ -118,17 +130,13 @@ export class IptablesProxier extends ProxierBase {
   /** 'all', or the node addresses NodePorts are served on (upstream NodePortAddresses) */
   private nodePortAddresses(family: Family): 'all' | string[] {
     const list = this.o.config.nodePortAddresses;
-    if (!list.length || list.includes('all')) return 'all';
-    const local = this.o.interfaceAddresses?.() ?? interfaceAddresses();
-    const out = new Set<string>();
-    for (const a of list) {
-      if (a === 'primary') for (const ip of ipSetOf(this.node?.IPs, family)) out.add(ip);
-      else if (a === 'localhost') {
-        if (family === 4) out.add('127.0.0.1');
-      } else {
-        const c = parseCIDR(a);
-        if (c?.family === family) for (const ip of local) if (cidrContains(c, ip)) out.add(ip);
-      }
+    const np = nodePortAddresses(list.length ? list : ['all'], this.node, family);
+    if (np.all) return 'all';
+    const out = new Set<string>(np.primary);
+    if (np.localhost && family === 4) out.add('127.0.0.1');
+    if (np.cidrs.length) {
+      const cidrs = np.cidrs.map((c) => parseCIDR(c)!);
+      for (const ip of this.o.interfaceAddresses?.() ?? interfaceAddresses()) if (cidrs.some((c) => cidrContains(c, ip))) out.add(ip);
     }
     const loopback = (ip: string) => ip === '::1' || ip.startsWith('127.');
     return [...out].filter((ip) => !loopback(ip) || (family === 4 && this.localhostNodePorts(4))).sort();
@@ -148,26 +156,9 @@ export class IptablesProxier extends ProxierBase {
   private renderContext(st: FamilyState): RenderContext {
     const family = st.family;
     const c = this.o.config;
-    let local: RenderContext['local'];
-    switch (c.detectLocalMode) {
-      case 'ClusterCIDR': {
-        const cidr = c.clusterCIDRs.find((x) => parseCIDR(x)?.family === family);
-        if (cidr) local = { kind: 's', value: cidr };
-        break;
-      }
-      case 'NodeCIDR': {
-        const cidr = this.node?.PodCIDRs.map((x) => parseCIDR(x)).find((x) => x?.family === family);
-        if (cidr) local = { kind: 's', value: `${cidr.ip}/${cidr.prefix}` };
-        else this.warnOnce(`nodecidr-${family}`, 'detectLocalMode NodeCIDR: the node has no pod CIDR yet; pod traffic cannot be told apart');
-        break;
-      }
-      case 'BridgeInterface':
-        local = { kind: 'i', value: c.detectLocal.bridgeInterface };
-        break;
-      case 'InterfaceNamePrefix':
-        local = { kind: 'i', value: `${c.detectLocal.interfaceNamePrefix}+` };
-        break;
-    }
+    const detector = detectLocal(c, this.node, family, (msg) => this.warnOnce(`detect-local-${family}`, msg));
+    // iptables matches one CIDR per family, as upstream
+    const local: RenderContext['local'] = detector?.kind === 'cidrs' ? { kind: 's', value: detector.cidrs[0] } : detector ? { kind: 'i', value: detector.prefix ? `${detector.name}+` : detector.name } : undefined;
     return {
       family,
       mark: markHex(c.iptables.masqueradeBit),
@@ -189,54 +180,46 @@ export class IptablesProxier extends ProxierBase {
   }
 
   private renderService(key: string, ctx: RenderContext): ServiceRules | undefined {
-    const svc = this.services.get(key);
+    const svc = this.serviceOf(key);
     if (!svc) return undefined;
-    const out = { ...emptyPortRules(), endpoints: 0, udp: new Set<string>(), udpVips: new Set<string>() };
+    const out = { ...emptyPortRules(), endpoints: 0 };
     const facts = {
       serviceExternallyAccessible: externallyAccessible(svc),
       healthCheckNodePort: svc.Type === 'LoadBalancer' && svc.ExternalTrafficToLocal ? svc.HealthCheckNodePort : 0,
     };
     let endpoints = 0;
-    for (const sp of servicePorts(svc, this.endpoints.get(key)?.values() ?? [], ctx.family)) {
+    const ports = servicePorts(svc, this.endpointsOf(key), ctx.family);
+    for (const sp of ports) {
       renderPort(sp, facts, ctx, out);
       endpoints += Math.max(sp.cluster.length, sp.internal.length, sp.external.length);
-      if (sp.protocol === 'udp') udpFlows(sp, out.udp, out.udpVips);
     }
     return { ...out, endpoints };
   }
 
-  /**
-   * Brings the rendered services up to date. Returns, per family, the
-   * services that were rendered again with the chains they had before.
-   */
-  private recompute(): { changed: Map<Family, Map<string, string[]>>; flows: StaleFlow[] } {
-    const changed = new Map<Family, Map<string, string[]>>();
-    const flows: StaleFlow[] = [];
-    this.trackServices(this.dirty);
-    const rerender = (st: FamilyState, keys: Iterable<string>, touched: Map<string, string[]>) => {
+  /** Brings the rendered Services up to date (flows: note the UDP flows to clean). */
+  private recompute(keys: readonly string[], flows: boolean): void {
+    const all = this.nodeDirty;
+    this.trackServices(keys);
+    const rerender = (st: FamilyState, list: Iterable<string>) => {
       const ctx = this.renderContext(st);
-      for (const key of keys) {
+      for (const key of list) {
         const before = st.rules.get(key);
         const now = this.renderService(key, ctx);
-        // UDP conntrack entries to delete: flows to endpoints that went away,
-        // and service IPs that got their first endpoint (0 -> N)
-        for (const k of before?.udp ?? []) if (!now?.udp.has(k)) flows.push(parseFlow(st.family, k));
-        for (const k of now?.udpVips ?? []) if (!before?.udpVips.has(k) && !k.startsWith('|')) flows.push(parseFlow(st.family, k));
+        const svc = this.serviceOf(key);
+        const stale = this.staleFlows.update(st.family, key, svc ? servicePorts(svc, this.endpointsOf(key), st.family) : []);
+        if (flows) this.pendingFlows.push(...stale);
         st.endpoints += (now?.endpoints ?? 0) - (before?.endpoints ?? 0);
         for (const name of before?.chains.keys() ?? []) st.desired.delete(name);
         for (const [name, rules] of now?.chains ?? []) st.desired.set(name, rules);
         if (now) st.rules.set(key, now);
         else st.rules.delete(key);
         if (!before || !now) st.order = undefined;
-        if (!touched.has(key)) touched.set(key, [...(before?.chains.keys() ?? [])]);
+        if (!st.uncommitted.has(key)) st.uncommitted.set(key, [...(before?.chains.keys() ?? [])]);
       }
     };
-    for (const [family, st] of this.fam) {
+    for (const st of this.fam.values()) {
       // the node's IPs (source ranges covering the node) and pod CIDRs (NodeCIDR) shape every service
-      const keys = this.nodeDirty ? new Set([...this.dirty, ...this.services.keys(), ...st.rules.keys()]) : this.dirty;
-      const touched = new Map<string, string[]>();
-      rerender(st, keys, touched);
-      changed.set(family, touched);
+      rerender(st, all ? new Set([...keys, ...this.services.keys(), ...st.rules.keys()]) : keys);
     }
     // large-cluster mode, per family as upstream's per-family proxiers: comments change everywhere
     for (const [family, st] of this.fam) {
@@ -244,11 +227,8 @@ export class IptablesProxier extends ProxierBase {
       if (large === st.large) continue;
       st.large = large;
       this.o.log.info({ family, largeClusterMode: large }, `iptables: ${large ? 'more' : 'no more'} than ${LARGE_CLUSTER_ENDPOINTS} endpoints: endpoint rules ${large ? 'without' : 'with'} comments`);
-      rerender(st, [...st.rules.keys()], changed.get(family)!);
+      rerender(st, [...st.rules.keys()]);
     }
-    this.dirty = new Set();
-    this.nodeDirty = false;
-    return { changed, flows };
   }
 
   // --- applying
@@ -275,11 +255,6 @@ export class IptablesProxier extends ProxierBase {
       );
       await this.sysctl('net.ipv4.conf.all.route_localnet', '1');
     }
-    if (!this.o.once) {
-      const every = c.iptables.syncPeriodMs || 30_000;
-      this.canaryTimer = setInterval(() => void this.checkCanary(), every);
-      this.canaryTimer.unref?.();
-    }
   }
 
   /** Reads (and, with value, sets) a sysctl of kpng's network namespace. */
@@ -303,79 +278,136 @@ export class IptablesProxier extends ProxierBase {
   }
 
   /**
-   * upstream ipt.Monitor: the canary chain gone from mangle means iptables
-   * was flushed; reprogram everything. Checked between syncs, never during
-   * one; only "no such chain" (exit 1) counts, not a busy lock (exit 4).
+   * The periodic check, cheap while nobody touches iptables: with
+   * iptables-nft, nftables' change events to kpng's chains (and the built-in
+   * chains that jump to them) by another process; with iptables-legacy, the
+   * size of each table against what kpng left. And upstream's canary: the
+   * canary chain gone from mangle means iptables was flushed.
    */
-  private checkCanary(): Promise<void> {
-    return this.exclusive(async () => {
-      if (this.closed || this.needReconcile || !this.mode) return;
-      const missing = async (family: Family) => {
-        try {
-          await run(this.tool(toolName(family, this.mode!, '')), ['-w', '5', '-t', 'mangle', '-n', '-L', KUBE_PROXY_CANARY]);
-          return '';
-        } catch (e) {
-          return e instanceof IptablesError && e.code === 1 ? e.stderr.trim() || e.message : '';
-        }
-      };
-      for (const family of this.fam.keys()) {
-        const why = await missing(family);
-        if (!why) continue;
-        this.o.log.warn({ family, why }, 'iptables: the canary chain is gone (iptables flushed?); reprogramming everything');
-        this.needReconcile = true;
-        return this.syncNow();
+  protected override async checkDrift(): Promise<string | undefined> {
+    if (!this.mode || this.o.dryRun) return undefined;
+    const moved = this.mode === 'nft' ? this.watch?.check() : this.legacyMoved();
+    if (moved) return moved;
+    for (const family of this.fam.keys()) {
+      try {
+        await run(this.tool(toolName(family, this.mode, '')), ['-w', '5', '-t', 'mangle', '-n', '-L', KUBE_PROXY_CANARY]);
+      } catch (e) {
+        // only "no such chain" (exit 1) counts, not a busy lock (exit 4)
+        if (e instanceof IptablesError && e.code === 1) return `the canary chain is gone from ${toolName(family, this.mode, '')} (iptables flushed?)`;
       }
-    }).catch(() => {});
+    }
+    return undefined;
   }
 
-  protected async syncNow(): Promise<void> {
-    this.cancelRetry();
-    const t0 = Date.now();
-    const full = this.needReconcile;
+  /** iptables-legacy: which table changed size since kpng last wrote (undefined: none) */
+  private legacyMoved(): string | undefined {
+    const was = this.legacySizes;
+    if (!was) return undefined;
+    const now = this.legacyTableSizes();
+    if (!now) return 'the tables\' sizes cannot be read';
+    for (const [k, v] of now) if (was.get(k) !== v) return `iptables-legacy ${k} changed (${was.get(k) ?? 'none'} -> ${v} rules/bytes)`;
+    return undefined;
+  }
+
+  /** "family table" -> "rules/bytes" of the tables kpng writes; undefined when they cannot be read */
+  private legacyTableSizes(): Map<string, string> | undefined {
     try {
-      await this.start();
-      const r0 = this.recompute();
-      const changed = r0.changed;
-      this.pendingFlows.push(...r0.flows);
-      if (full) await this.adopt();
-      let bytes = 0;
-      let written = 0;
-      let deleted = 0;
-      for (const [family, st] of this.fam) {
-        const r = this.render(st, full ? undefined : changed.get(family)!, full);
-        bytes += r.input.length;
-        written += r.write.length;
-        deleted += r.stale.length;
-        if (this.o.dryRun) (this.o.out ?? process.stdout).write(`# ${toolName(family, this.mode!, 'restore')} --noflush -w 5\n${r.input}`);
-        else await restore(family, this.mode!, this.tool, r.input);
-        const ipFamily = family === 4 ? 'IPv4' : 'IPv6';
-        metrics.iptablesLast.set({ table: 'nat', ip_family: ipFamily }, r.natRules);
-        metrics.iptablesLast.set({ table: 'filter', ip_family: ipFamily }, r.filterRules);
-        for (const name of r.write) {
-          const rules = st.desired.get(name)!;
-          st.committedRules += rules.length - (st.committed.get(name)?.length ?? 0);
-          st.committed.set(name, rules);
+      const out = new Map<string, string>();
+      for (const family of this.fam.keys()) {
+        for (const table of TABLES) {
+          const i = xtablesInfo(family, table, this.o.netns);
+          out.set(`${family === 4 ? 'ip' : 'ip6'} ${table}`, i ? `${i.entries}/${i.size}` : 'none');
         }
-        for (const name of r.stale) {
-          st.committedRules -= st.committed.get(name)?.length ?? 0;
-          st.committed.delete(name);
-        }
-        // the filter table is written in full; nat: its top-level chains, and every service chain
-        metrics.iptablesTotal.set({ table: 'filter', ip_family: ipFamily }, r.filterRules);
-        metrics.iptablesTotal.set({ table: 'nat', ip_family: ipFamily }, r.natTopRules + st.committedRules);
-        st.missingJumps = [];
       }
-      this.stats.lastChainsWritten = written;
-      this.stats.lastChainsDeleted = deleted;
-      this.stats.lastRestoreBytes = bytes;
-      this.o.log.debug({ full, ms: Date.now() - t0, chainsWritten: written, chainsDeleted: deleted, bytes }, 'iptables: synced');
+      return out;
     } catch (e) {
-      metrics.iptablesRestoreFailures.inc({ ip_family: '' });
-      if (!full) metrics.iptablesPartialRestoreFailures.inc({ ip_family: '' });
-      this.failed(e, 'iptables');
-      return;
+      this.warnOnce('xtables-info', `iptables-legacy: the tables' sizes cannot be read (${(e as Error).message}); the periodic check reads them back whole`);
+      return undefined;
     }
-    await this.succeeded({ full, durationMs: Date.now() - t0 });
+  }
+
+  /** starts the drift watch for this iptables (before a read-back: what changes after it is seen) */
+  private startWatch(): void {
+    if (this.o.dryRun || this.o.once || this.o.watch === false) return;
+    if (this.mode === 'nft') {
+      if (!this.watch) {
+        const families = new Set<number>([...this.fam.keys()].map((f) => (f === 4 ? 2 : 10)));
+        this.watch = new NftWatch({
+          ours: (e) => families.has(e.family) && TABLES.includes(e.table) && (e.chain === '' || e.chain.startsWith('KUBE-') || BUILT_IN.has(e.chain)),
+          ownsPid: (pid) => this.pids.includes(pid),
+          netns: this.o.netns,
+          log: this.o.log,
+        });
+      }
+      this.watch.start();
+    }
+  }
+
+  private remember = (pid: number) => {
+    this.pids.push(pid);
+    if (this.pids.length > 64) this.pids.shift();
+  };
+
+  protected async apply(req: ApplyRequest): Promise<{ changes: number }> {
+    const t0 = Date.now();
+    await this.start();
+    if (req.full && !req.check) {
+      this.startWatch();
+      await this.adopt();
+    }
+    this.recompute(req.keys, !req.check);
+    let bytes = 0;
+    let written = 0;
+    let deleted = 0;
+    for (const [family, st] of this.fam) {
+      const r = this.render(st, req.full ? undefined : st.uncommitted, req.full);
+      if (this.o.dryRun) {
+        if (!req.check) (this.o.out ?? process.stdout).write(`# ${toolName(family, this.mode!, 'restore')} --noflush -w 5\n${r.filter}${r.nat}${r.mangle}`);
+      } else if (req.check) {
+        await restore(family, this.mode!, this.tool, r.filter + r.nat + r.mangle, { test: true });
+        continue;
+      } else {
+        // one restore per table: each is atomic, so what is committed stays known when another fails
+        const restoreOf = (input: string) => restore(family, this.mode!, this.tool, input, { onSpawn: this.remember });
+        await restoreOf(r.filter);
+        st.missingJumps = st.missingJumps.filter((j) => j.table !== 'filter');
+        await restoreOf(r.nat);
+        if (r.mangle) await restoreOf(r.mangle);
+      }
+      if (req.check) continue;
+      bytes += r.nat.length + r.filter.length + r.mangle.length;
+      for (const name of r.write) {
+        const rules = st.desired.get(name)!;
+        st.committedRules += rules.length - (st.committed.get(name)?.length ?? 0);
+        st.committed.set(name, rules);
+      }
+      for (const name of r.stale) {
+        st.committedRules -= st.committed.get(name)?.length ?? 0;
+        st.committed.delete(name);
+      }
+      st.uncommitted.clear();
+      st.missingJumps = [];
+      written += r.write.length;
+      deleted += r.stale.length;
+      const ipFamily = family === 4 ? 'IPv4' : 'IPv6';
+      metrics.iptablesLast.set({ table: 'nat', ip_family: ipFamily }, r.natRules);
+      metrics.iptablesLast.set({ table: 'filter', ip_family: ipFamily }, r.filterRules);
+      // the filter table is written in full; nat: its top-level chains, and every service chain
+      metrics.iptablesTotal.set({ table: 'filter', ip_family: ipFamily }, r.filterRules);
+      metrics.iptablesTotal.set({ table: 'nat', ip_family: ipFamily }, r.natTopRules + st.committedRules);
+    }
+    if (req.check) return { changes: 0 };
+    if (this.mode === 'legacy' && !this.o.dryRun && !this.o.once && this.o.watch !== false) this.legacySizes = this.legacyTableSizes();
+    this.stats.lastChainsWritten = written;
+    this.stats.lastChainsDeleted = deleted;
+    this.stats.lastRestoreBytes = bytes;
+    this.o.log.debug({ full: req.full, ms: Date.now() - t0, chainsWritten: written, chainsDeleted: deleted, bytes }, 'iptables: synced');
+    return { changes: written + deleted };
+  }
+
+  protected override onSyncFailed(full: boolean): void {
+    metrics.iptablesRestoreFailures.inc({ ip_family: '' });
+    if (!full) metrics.iptablesPartialRestoreFailures.inc({ ip_family: '' });
   }
 
   /** Reads the kernel's rules back: what a previous kpng (or a failed sync) left. */
@@ -412,7 +444,7 @@ export class IptablesProxier extends ProxierBase {
    * The restore input of a family. changed: the services whose chains to
    * compare with the committed ones; undefined (a full reconcile) compares all.
    */
-  private render(st: FamilyState, changed: Map<string, string[]> | undefined, full: boolean): { input: string; write: string[]; stale: string[]; natRules: number; natTopRules: number; filterRules: number } {
+  private render(st: FamilyState, changed: Map<string, string[]> | undefined, full: boolean): { filter: string; nat: string; mangle: string; write: string[]; stale: string[]; natRules: number; natTopRules: number; filterRules: number } {
     const desired = st.desired;
     const s = this.staticInputs(st.family);
     const order = (st.order ??= [...st.rules.keys()].sort());
@@ -470,26 +502,21 @@ export class IptablesProxier extends ProxierBase {
     for (const name of write) lines.push(...desired.get(name)!);
     for (const name of stale) lines.push(`-X ${name}`);
     lines.push('COMMIT');
-    if (full) lines.push('*mangle', `:${KUBE_PROXY_CANARY} - [0:0]`, 'COMMIT');
     const natStart = lines.indexOf('*nat');
     const count = (from: number, to: number) => lines.slice(from, to).filter((l) => l.startsWith('-A ')).length;
-    return { input: lines.join('\n') + '\n', write, stale, filterRules: count(0, natStart), natRules: count(natStart, lines.length), natTopRules: count(natStart, serviceChainsStart) };
+    const text = (from: number, to: number) => lines.slice(from, to).join('\n') + '\n';
+    return {
+      filter: text(0, natStart),
+      nat: text(natStart, lines.length),
+      mangle: full ? `*mangle\n:${KUBE_PROXY_CANARY} - [0:0]\nCOMMIT\n` : '',
+      write,
+      stale,
+      filterRules: count(0, natStart),
+      natRules: count(natStart, lines.length),
+      natTopRules: count(natStart, serviceChainsStart),
+    };
   }
 
-}
-
-/** "vip|port|endpoint" for every UDP flow a service port programs */
-function udpFlows(sp: ServicePort, udp: Set<string>, vips: Set<string>): void {
-  const P = sp.port.Port;
-  const add = (vip: string, port: number, targets: readonly { ip: string }[]) => {
-    if (!targets.length) return;
-    for (const t of targets) udp.add(`${vip}|${port}|${t.ip}`);
-    vips.add(`${vip}|${port}|`);
-  };
-  add(sp.clusterIP, P, sp.internal);
-  const external = [...sp.cluster, ...sp.external];
-  for (const vip of new Set([...sp.externalIPs, ...sp.loadBalancerIPs])) add(vip, P, external);
-  if (sp.nodePort) add('', sp.nodePort, external);
 }
 
 function chainsOf(keys: Iterable<string>, st: FamilyState): string[] {

@@ -1,14 +1,148 @@
-// Running nft: one `nft -f -` per transaction (atomic), and reading back a
-// table (`nft -j list table`) only for a full reconcile: at start-up, to
-// adopt what a previous kpng left behind, and after a failure.
+// Driving nft: the Nft interface kpng's nftables code talks to, and its
+// implementation on the system's nft. Small transactions go to a long-lived
+// `nft -i` (NftSession), big ones are written to a file it includes;
+// check-only transactions and table listings (`nft -j list table`, only for a
+// full reconcile) run a process of their own, with a time limit.
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { ToolError, firstLines, runTool } from '../shared/tool.js';
 import type { ElementValue } from './elements.js';
+import type { TableFamily, Transaction } from './transaction.js';
+import type { DriftSource } from '../shared/nft-watch.js';
 
 export class NftError extends ToolError {}
 
-export function runNft(args: string[], input?: string, nftPath = 'nft'): Promise<string> {
-  return runTool(nftPath, args, input, NftError, nftErrors);
+/** What kpng's nftables code needs of nft (nft.ts: the system's; fake.ts: an in-memory one). */
+export interface Nft {
+  /** Applies a transaction atomically; with check, only asks whether nft and the kernel would take it. */
+  run(tx: Transaction | string, opts?: { check?: boolean }): Promise<void>;
+  /** A table as the kernel has it; undefined when it does not exist. */
+  list(family: TableFamily, table: string): Promise<TableListing | undefined>;
+  /** true for the pid of an nft this Nft ran: its changes to the ruleset are kpng's own */
+  ownsPid(pid: number): boolean;
+  /** its own drift detector, when the kernel's change events do not apply (the fake) */
+  drift?(): DriftSource;
+  close(): void;
+}
+
+export function runNft(args: string[], input?: string, nftPath = 'nft', o: { timeoutMs?: number; onSpawn?: (pid: number) => void } = {}): Promise<string> {
+  return runTool(nftPath, args, { input, errorClass: NftError, summary: nftErrors, ...o });
+}
+
+/** transactions up to this size go to a session as one line; bigger ones as a file it includes */
+const SESSION_MAX_BYTES = 128 * 1024;
+
+export interface SystemNftOptions {
+  readonly path?: string;
+  /** long-lived `nft -i` sessions (default true); false: a process per transaction */
+  readonly session?: boolean;
+  /** transactions at once, each in a session of its own (a cold start's chunks); default 1 */
+  readonly parallel?: number;
+  /** per transaction (default 60 s) */
+  readonly timeoutMs?: number;
+  /** told once when sessions do not answer and each transaction runs its own nft */
+  readonly onFallback?: (msg: string) => void;
+}
+
+/** The system's nft. */
+export class SystemNft implements Nft {
+  readonly path: string;
+  private readonly idle: NftSession[] = [];
+  private active = 0;
+  private readonly waiting: (() => void)[] = [];
+  private sessionsWork: boolean;
+  /** pids of nft processes this ran lately (a session's, a process's) */
+  private readonly pids: number[] = [];
+  private dir?: string;
+  private files = 0;
+
+  constructor(private readonly o: SystemNftOptions = {}) {
+    this.path = o.path ?? 'nft';
+    this.sessionsWork = o.session !== false;
+  }
+
+  async run(tx: Transaction | string, opts: { check?: boolean } = {}): Promise<void> {
+    const text = typeof tx === 'string' ? tx : tx.render();
+    if (!text) return;
+    if (opts.check) return void (await runNft(['-c', '-f', '-'], text, this.path, this.procOpts()));
+    await this.acquire();
+    try {
+      if (!this.sessionsWork) return void (await runNft(['-f', '-'], text, this.path, this.procOpts()));
+      const session = this.idle.pop() ?? new NftSession(this.path, { timeoutMs: this.o.timeoutMs, onSpawn: (pid) => this.remember(pid) });
+      try {
+        if (text.length <= SESSION_MAX_BYTES) await session.run(text);
+        else await this.include(session, text);
+      } finally {
+        if (!session.usable && this.sessionsWork) {
+          this.sessionsWork = false;
+          this.o.onFallback?.(`${this.path} -i did not answer as expected: each transaction runs its own nft from now on`);
+        }
+        // one session stays warm; extra ones (a cold start's) end
+        if (this.idle.length === 0 && session.usable) this.idle.push(session);
+        else session.close();
+      }
+    } finally {
+      this.release();
+    }
+  }
+
+  async list(family: TableFamily, table: string): Promise<TableListing | undefined> {
+    let out: string;
+    try {
+      out = await runNft(['-j', 'list', 'table', family, table], undefined, this.path, this.procOpts());
+    } catch (e) {
+      if (e instanceof NftError && e.isNotFound) return undefined;
+      throw e;
+    }
+    return parseListing(JSON.parse(out));
+  }
+
+  ownsPid(pid: number): boolean {
+    return this.pids.includes(pid);
+  }
+
+  close(): void {
+    for (const s of this.idle.splice(0)) s.close();
+    if (this.dir) rmSync(this.dir, { recursive: true, force: true });
+    this.dir = undefined;
+  }
+
+  /**
+   * A big transaction as a file the session includes: nft reads it by itself
+   * (through a pipe it would wait for this process, maybe busy computing the
+   * next chunk of a cold start).
+   */
+  private async include(session: NftSession, text: string): Promise<void> {
+    this.dir ??= mkdtempSync(join(tmpdir(), 'kpng-nft-'));
+    const file = join(this.dir, `${this.files++}.nft`);
+    writeFileSync(file, text);
+    try {
+      await session.run(`include "${file}"`);
+    } finally {
+      rmSync(file, { force: true });
+    }
+  }
+
+  private procOpts() {
+    return { timeoutMs: this.o.timeoutMs, onSpawn: (pid: number) => this.remember(pid) };
+  }
+
+  private remember(pid: number): void {
+    this.pids.push(pid);
+    if (this.pids.length > 64) this.pids.shift();
+  }
+
+  private async acquire(): Promise<void> {
+    while (this.active >= Math.max(1, this.o.parallel ?? 1)) await new Promise<void>((r) => this.waiting.push(r));
+    this.active++;
+  }
+
+  private release(): void {
+    this.active--;
+    this.waiting.shift()?.();
+  }
 }
 
 /** how much of a failing line an error shows on each side of the part nft points at */
@@ -43,6 +177,66 @@ export function nftErrors(stderr: string, max = 3): string {
   return out.join(' | ') + (errors > max ? ` | ... (${errors - max} more errors)` : '');
 }
 
+export interface TableListing {
+  readonly chains: Set<string>;
+  /** set/map name -> its type, as nft lists it (to detect a changed layout) */
+  readonly sets: Map<string, string>;
+  readonly elements: Map<string, Map<string, ElementValue>>;
+}
+
+type J = any;
+
+export function parseListing(doc: J): TableListing {
+  const chains = new Set<string>();
+  const sets = new Map<string, string>();
+  const elements = new Map<string, Map<string, ElementValue>>();
+  for (const o of doc.nftables ?? []) {
+    if (o.chain) chains.add(o.chain.name);
+    const s = o.set ?? o.map;
+    if (!s) continue;
+    sets.set(s.name, JSON.stringify([s.type, s.map ?? null]));
+    const m = new Map<string, ElementValue>();
+    for (const el of s.elem ?? []) {
+      if (o.map) {
+        const [k, v] = el as [J, J];
+        const { val, comment } = unwrap(k);
+        m.set(atom(val), { value: verdictOrData(v), comment: comment ?? '' });
+      } else {
+        const { val, comment } = unwrap(el);
+        m.set(atom(val), { value: '', comment: comment ?? '' });
+      }
+    }
+    elements.set(s.name, m);
+  }
+  return { chains, sets, elements };
+}
+
+function unwrap(x: J): { val: J; comment?: string } {
+  if (x && typeof x === 'object' && 'elem' in x) return { val: x.elem.val, comment: x.elem.comment };
+  return { val: x };
+}
+
+/** JSON element (key or data) in the text form kpng renders */
+function atom(x: J): string {
+  if (typeof x === 'string' || typeof x === 'number') return String(x);
+  if (x.concat) return (x.concat as J[]).map(atom).join(' . ');
+  if (x.prefix) return `${atom(x.prefix.addr)}/${x.prefix.len}`;
+  if (x.range) return `${atom(x.range[0])}-${atom(x.range[1])}`;
+  if (x.elem) return atom(x.elem.val);
+  return JSON.stringify(x);
+}
+
+function verdictOrData(v: J): string {
+  if (v && typeof v === 'object') {
+    if (v.goto) return `goto ${v.goto.target}`;
+    if (v.jump) return `jump ${v.jump.target}`;
+    if ('drop' in v) return 'drop';
+    if ('accept' in v) return 'accept';
+    if ('return' in v) return 'return';
+  }
+  return atom(v);
+}
+
 /**
  * A long-lived `nft -i` for small transactions. A fresh `nft` per
  * transaction costs a process start and, after any delete, an RCU grace
@@ -68,7 +262,7 @@ export class NftSession {
 
   constructor(
     private readonly nftPath = 'nft',
-    private readonly opts: { maxRuns?: number; timeoutMs?: number } = {},
+    private readonly opts: { maxRuns?: number; timeoutMs?: number; onSpawn?: (pid: number) => void } = {},
   ) {}
 
   /** Applies a transaction (newline-separated commands) atomically; one at a time. */
@@ -104,7 +298,7 @@ export class NftSession {
     const marker = `kpng-sync-${++this.seq}`;
     return new Promise<void>((resolve, reject) => {
       const timer = setTimeout(() => {
-        this.fail(new NftError(`${this.nftPath} -i: no answer in ${this.timeoutMs} ms`, this.stderr));
+        this.fail(new NftError(`${this.nftPath} -i: no answer in ${this.timeoutMs} ms`, this.stderr, -1, 'nft', true));
         proc.kill('SIGKILL');
       }, this.timeoutMs);
       this.pending = { marker, resolve, reject, timer };
@@ -114,12 +308,13 @@ export class NftSession {
   }
 
   private get timeoutMs(): number {
-    return this.opts.timeoutMs ?? 30_000;
+    return this.opts.timeoutMs ?? 60_000;
   }
 
   private start(): ChildProcessWithoutNullStreams {
     const p = spawn(this.nftPath, ['-i'], { stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, HOME: '/dev/null' } });
     this.proc = p;
+    if (p.pid !== undefined) this.opts.onSpawn?.(p.pid);
     this.stderr = '';
     this.runs = 0;
     p.stdout.on('data', () => {}); // nothing is expected there; keep the pipe flowing
@@ -153,7 +348,7 @@ export class NftSession {
     if (/Error/.test(own)) {
       // a failed transaction changed nothing; a fresh process for the next one
       this.close();
-      w.reject(new NftError(`${this.nftPath} -i failed: ${nftErrors(own)}`, own));
+      w.reject(new NftError(`${this.nftPath} -i failed: ${nftErrors(own)}`, own, 1, 'nft'));
       return;
     }
     this.answered = true;

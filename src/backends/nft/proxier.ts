@@ -1,114 +1,128 @@
-// The nftables proxier: keeps the node-local state from the diff stream,
-// recomputes only the services that changed, and applies each sync as one
-// atomic nft transaction of the differences against the committed state it
-// keeps in memory. A full reconcile (reading the table back) happens only at
-// start-up, adopting what a previous kpng left (nothing is flushed, so
-// established connections and affinity survive a restart), and after a
-// failure.
+// The nftables proxier: recomputes only the Services that changed and
+// applies each sync as one atomic transaction of the differences against the
+// committed state it keeps in memory. The table is read back only for a full
+// reconcile: at start-up (adopting what a previous kpng left: nothing is
+// flushed, so established connections and affinity survive a restart), after
+// a failure, and when the periodic check finds that someone else changed it.
+// A cold start into an empty node loads in chunks (freshLoad).
 import type { Family } from '../../api/ip.js';
-import { parseCIDR } from '../../api/ip.js';
 import { ipSetOf } from '../../api/model.js';
 import { metrics } from '../shared/metrics.js';
-import { ProxierBase, parseFlow, sameRules, type ProxierBaseOptions, type SyncStats } from '../shared/proxier.js';
+import { ProxierBase, sameRules, type ApplyRequest, type ProxierBaseOptions, type SyncStats } from '../shared/proxier.js';
 import type { KubeProxyConfiguration } from '../shared/config.js';
 import { servicePorts, normalizeCIDRs } from '../shared/service-ports.js';
-import type { StaleFlow } from '../shared/conntrack.js';
-import { ElementTable, type ElementDiff } from './elements.js';
-import { portElements, type Element, type LbRequirement, type Slots, type UdpFlow } from './service-elements.js';
-import {
-  TABLE,
-  FAMILIES,
-  BASE_CHAINS,
-  setDeclarations,
-  staticChains,
-  lbChains,
-  affinitySetBody,
-  AFFINITY_PREFIX,
-  AFFINITY_SET,
-  type FamilyNames,
-  type StaticInputs,
-} from './ruleset.js';
-import { runNft, listTable, NftError, NftSession } from './nft.js';
-import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
-import { tmpdir, availableParallelism } from 'node:os';
-import { join } from 'node:path';
+import { detectLocal, nodePortAddresses, serviceCIDRsOf } from '../shared/node-facts.js';
+import { ElementTable } from './elements.js';
+import { portElements, type Element, type LbRequirement, type Slots } from './service-elements.js';
+import { TABLE, FAMILIES, BASE_CHAINS, setDeclarations, staticChains, lbChains, affinitySetBody, AFFINITY_PREFIX, AFFINITY_SET, type FamilyNames, type StaticInputs } from './ruleset.js';
+import { SystemNft, type Nft } from './nft.js';
+import { Transaction, type TableRef } from './transaction.js';
+import { NftWatch, type DriftSource } from '../shared/nft-watch.js';
+import { availableParallelism } from 'node:os';
 
 export interface NftProxierOptions extends ProxierBaseOptions {
   readonly nodeName: string;
   readonly config: KubeProxyConfiguration;
+  /** the nft binary (when nft is not given) */
   readonly nftPath?: string;
+  /** how to reach nft (default: the system's; tests give a FakeNft) */
+  readonly nft?: Nft;
   /** where --dry-run prints */
   readonly out?: NodeJS.WritableStream;
   readonly families?: readonly Family[];
   /** services per transaction of a cold start's chunked load (default 1500) */
   readonly freshLoadChunk?: number;
-  /** nft processes at once in a cold start's chunked load (default: 2, or 1 on one core) */
+  /** transactions at once in a cold start's chunked load (default: 2, or 1 on one core) */
   readonly freshLoadParallel?: number;
   /** small transactions go to a long-lived nft (default: unless once) */
   readonly session?: boolean;
+  /** the drift check: watch nftables changes (default: unless once or dry run) */
+  readonly watch?: boolean;
+  /** the network namespace nft works in, when not this process's (tests: a name under /run/netns) */
+  readonly netns?: string;
+}
+
+/** What one Service has in one family's table, besides its elements (kept in the element table). */
+interface ServiceState {
+  /** its slot keys (endpoints map | key), to free them when it changes */
+  slots: string[];
+  /** the shared lb chains it needs ("kind|proto|n") */
+  lb: string[];
+  /** ClientIP affinity: its own chains (name -> rules) and per-endpoint sets */
+  affinity?: { chains: Map<string, string[]>; sets: string[] };
 }
 
 interface FamilyState {
   readonly names: FamilyNames;
+  readonly table: TableRef;
   readonly elements: ElementTable;
   slots: Slots;
-  /** slot keys each owner uses, to drop them when it goes away */
-  readonly ownerSlots: Map<string, string[]>;
-  readonly ownerLb: Map<string, string[]>;
-  readonly ownerUdp: Map<string, Set<string>>;
-  readonly ownerUdpVips: Map<string, Set<string>>;
-  /** lb chain -> number of owners needing it */
+  readonly services: Map<string, ServiceState>;
+  /** lb chain -> number of Services needing it */
   readonly lbRefs: Map<string, number>;
-  /** ClientIP affinity chains and sets, by owner (only services with affinity have any) */
-  readonly ownerAffinity: Map<string, { chains: Map<string, string[]>; sets: string[] }>;
   /** chain -> rules, as committed (undefined: content unknown) */
   committedChains: Map<string, string[] | undefined>;
   committedSets: Set<string>;
-  /** set the layout changed: rebuild this family's table */
+  /** the layout changed, or a table whose state is unknown: delete it and build it again */
   rebuild: boolean;
 }
 
 export interface ProxierStats extends SyncStats {
   lastElementChanges: number;
   lastTransactionBytes: number;
-  /** how the last sync went to nft: the long-lived session, a process of its own, or a fresh load in chunks */
-  lastVia: 'session' | 'process' | 'chunks' | '';
+  /** how the last sync went: one transaction, or a fresh load in chunks */
+  lastVia: 'transaction' | 'chunks' | '';
 }
 
-const MAX_ELEMENTS_PER_COMMAND = 2000;
-/** transactions up to this size go to the long-lived nft; bigger ones to a fresh `nft -f` (their cost is nft's parsing anyway) */
-const SESSION_MAX_BYTES = 128 * 1024;
 /** services per transaction when a cold start loads an empty node in chunks */
 const FRESH_LOAD_CHUNK = 1500;
+/** a transaction with more element changes than this pauses the drift watch (the kernel's change events cost as much as the load) */
+const WATCH_PAUSE_ELEMENTS = 5000;
+/** nftables' address families, as change events give them */
+const NFPROTO_IPV4: number = 2;
+const NFPROTO_IPV6: number = 10;
 
 export class NftProxier extends ProxierBase {
   private readonly fam: Map<Family, FamilyState>;
-  private readonly session?: NftSession;
-  private sessionsUsable = true;
-  readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, lastElementChanges: 0, lastTransactionBytes: 0, lastVia: '' };
+  private readonly nft: Nft;
+  private readonly ownNft: boolean;
+  private readonly watch?: DriftSource;
+  /** the table as committed includes the header (table, sets, fixed chains) */
+  private structureKnown = false;
+  readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, repairs: 0, lastElementChanges: 0, lastTransactionBytes: 0, lastVia: '' };
 
   constructor(private readonly o: NftProxierOptions) {
-    super(o, () => ({ minSyncPeriodMs: o.config.nftables.minSyncPeriodMs, syncPeriodMs: o.config.nftables.syncPeriodMs }));
-    if (!o.dryRun && (o.session ?? !o.once)) this.session = new NftSession(o.nftPath);
+    super(o, { minSyncPeriodMs: o.config.nftables.minSyncPeriodMs, syncPeriodMs: o.config.nftables.syncPeriodMs });
+    this.ownNft = !o.nft;
+    this.nft =
+      o.nft ??
+      new SystemNft({
+        path: o.nftPath,
+        session: !o.dryRun && (o.session ?? !o.once),
+        parallel: this.parallel,
+        onFallback: (msg) => this.warnOnce('nft session', msg),
+      });
     this.fam = new Map(
-      (o.families ?? [4, 6]).map((f) => [
-        f,
-        {
-          names: FAMILIES[f],
+      (o.families ?? [4, 6]).map((f) => {
+        const names = FAMILIES[f];
+        const st: FamilyState = {
+          names,
+          table: { family: names.table, name: TABLE },
           elements: new ElementTable(),
           slots: new Map(),
-          ownerSlots: new Map(),
-          ownerLb: new Map(),
-          ownerUdp: new Map(),
-          ownerUdpVips: new Map(),
+          services: new Map(),
           lbRefs: new Map(),
-          ownerAffinity: new Map(),
           committedChains: new Map(),
           committedSets: new Set(),
           rebuild: false,
-        } satisfies FamilyState,
-      ]),
+        };
+        return [f, st];
+      }),
     );
+    if (!o.dryRun && (o.watch ?? !o.once)) {
+      const families = new Set([...this.fam.values()].map((st) => (st.names.table === 'ip' ? NFPROTO_IPV4 : NFPROTO_IPV6)));
+      this.watch = this.nft.drift?.() ?? new NftWatch({ ours: (e) => e.table === TABLE && families.has(e.family), ownsPid: (pid) => this.nft.ownsPid(pid), netns: o.netns, log: o.log });
+    }
   }
 
   private get chunk(): number {
@@ -124,95 +138,66 @@ export class NftProxier extends ProxierBase {
   private staticInputs(f: FamilyNames): StaticInputs {
     const c = this.o.config;
     const mark = `0x${(1 << c.nftables.masqueradeBit).toString(16)}`;
-    const ip = f.ip;
     let podSource: string | undefined;
     let notPodSource: string | undefined;
-    const cidrMatch = (cidrs: readonly string[]) => {
-      const mine = cidrs.filter((x) => parseCIDR(x)?.family === f.family);
-      if (!mine.length) return;
-      const set = mine.length === 1 ? mine[0] : `{ ${mine.join(', ')} }`;
-      podSource = `${ip} saddr ${set}`;
-      notPodSource = `${ip} saddr != ${set}`;
-    };
-    switch (c.detectLocalMode) {
-      case 'ClusterCIDR':
-        cidrMatch(c.clusterCIDRs);
-        break;
-      case 'NodeCIDR':
-        cidrMatch(this.node?.PodCIDRs ?? []);
-        if (!podSource) this.warnOnce('nodecidr', 'detectLocalMode NodeCIDR: the node has no pod CIDR yet; pod traffic cannot be told apart');
-        break;
-      case 'BridgeInterface':
-        podSource = `iifname "${c.detectLocal.bridgeInterface}"`;
-        notPodSource = `iifname != "${c.detectLocal.bridgeInterface}"`;
-        break;
-      case 'InterfaceNamePrefix':
-        podSource = `iifname "${c.detectLocal.interfaceNamePrefix}*"`;
-        notPodSource = `iifname != "${c.detectLocal.interfaceNamePrefix}*"`;
-        break;
+    const local = detectLocal(c, this.node, f.family, (msg) => this.warnOnce(`detect-local-${f.family}`, msg));
+    if (local?.kind === 'cidrs') {
+      const set = local.cidrs.length === 1 ? local.cidrs[0] : `{ ${local.cidrs.join(', ')} }`;
+      podSource = `${f.ip} saddr ${set}`;
+      notPodSource = `${f.ip} saddr != ${set}`;
+    } else if (local?.kind === 'interface') {
+      const name = local.prefix ? `${local.name}*` : local.name;
+      podSource = `iifname "${name}"`;
+      notPodSource = `iifname != "${name}"`;
     }
     return { mark, masqueradeAll: c.nftables.masqueradeAll || c.iptables.masqueradeAll, podSource, notPodSource, nodePortsOnAllAddresses: this.nodePortAddresses(f.family) === 'all' };
   }
 
   /** 'all', or the addresses/CIDRs (interval set elements) NodePorts are served on */
   private nodePortAddresses(family: Family): 'all' | string[] {
-    const list = this.o.config.nodePortAddresses.length ? this.o.config.nodePortAddresses : ['primary'];
-    if (list.includes('all')) return 'all';
-    if (list.includes('localhost')) this.warnOnce('localhost-np', 'nodePortAddresses "localhost": NodePorts on 127.0.0.1 are not served by the nftables backend');
-    const out: string[] = [];
-    for (const a of list) {
-      if (a === 'primary') {
-        const ips = ipSetOf(this.node?.IPs, family);
-        if (!ips.length && this.node === undefined) {
-          this.warnOnce(`primary-${family}`, 'nodePortAddresses "primary": the Node is not known yet; serving NodePorts on every local address until it is');
-          return 'all';
-        }
-        out.push(...ips.map((ip) => `${ip}/${family === 4 ? 32 : 128}`));
-      } else if (a !== 'localhost' && parseCIDR(a)?.family === family) out.push(a);
+    const c = this.o.config;
+    const np = nodePortAddresses(c.nodePortAddresses.length ? c.nodePortAddresses : ['primary'], this.node, family);
+    if (np.localhost) this.warnOnce('localhost-np', 'nodePortAddresses "localhost": NodePorts on 127.0.0.1 are not served by the nftables backend');
+    if (np.all) return 'all';
+    if (np.unknownNode) {
+      this.warnOnce(`primary-${family}`, 'nodePortAddresses "primary": the Node is not known yet; serving NodePorts on every local address until it is');
+      return 'all';
     }
-    return normalizeCIDRs(out).map(singleAddress);
+    return normalizeCIDRs([...np.primary.map((ip) => `${ip}/${family === 4 ? 32 : 128}`), ...np.cidrs]).map(singleAddress);
   }
 
-  /**
-   * The service keys to recompute; brings the node's and the ServiceCIDRs'
-   * elements up to date on the way.
-   */
-  private prepareRecompute(): string[] {
+  /** The node's and the ServiceCIDRs' elements, when they changed; the Services to recompute with them. */
+  private nodeKeys(keys: readonly string[]): string[] {
+    if (!this.nodeDirty && !this.cidrsDirty) return [...keys];
     for (const [family, st] of this.fam) {
       if (this.nodeDirty) {
         const np = this.nodePortAddresses(family);
         st.elements.setOwner('node', np === 'all' ? [] : np.map((key) => ({ set: 'nodeport-addresses', key, value: '', comment: '', owner: '' })));
       }
-      if (this.cidrsDirty) {
-        const list = normalizeCIDRs([...this.cidrs.values()].flatMap((c) => c.CIDRs).filter((c) => parseCIDR(c)?.family === family));
-        st.elements.setOwner('service-cidrs', list.map((c) => ({ set: 'service-cidrs', key: singleAddress(c), value: '', comment: '', owner: '' })));
-      }
+      if (this.cidrsDirty) st.elements.setOwner('service-cidrs', serviceCIDRsOf(this.cidrs.values(), family).map((c) => ({ set: 'service-cidrs', key: singleAddress(c), value: '', comment: '', owner: '' })));
     }
+    if (!this.nodeDirty) return [...keys];
     // a source range covering the node changes with the node's IPs
-    const keys = new Set(this.dirty);
-    if (this.nodeDirty) for (const s of this.services.values()) if (s.IPFilters.length) keys.add(`${s.Namespace}/${s.Name}`);
-    this.dirty = new Set();
-    this.nodeDirty = this.cidrsDirty = false;
-    return [...keys];
+    const out = new Set(keys);
+    for (const [k, s] of this.services) if (s.IPFilters.length) out.add(k);
+    return [...out];
   }
 
-  /** brings the desired state up to date for these services; returns the UDP flows to clean */
-  private recomputeKeys(keys: readonly string[]): StaleFlow[] {
-    const flows: StaleFlow[] = [];
+  /** Brings the desired state up to date for these Services (flows: note the UDP flows to clean). */
+  private recompute(keys: readonly string[], flows: boolean): void {
     this.trackServices(keys);
     for (const [family, st] of this.fam) {
       const node = { nodeIPs: ipSetOf(this.node?.IPs, family) };
       for (const key of keys) {
         const owner = ownerOf(key);
-        const svc = this.services.get(key);
-        const ports = svc ? servicePorts(svc, this.endpoints.get(key)?.values() ?? [], family) : [];
+        const svc = this.serviceOf(key);
+        const ports = svc ? servicePorts(svc, this.endpointsOf(key), family) : [];
+        const before = st.services.get(owner);
         // nothing in this family, now or before (a single-stack service): nothing to do
-        if (!ports.length && !st.elements.hasOwner(owner) && !st.ownerSlots.has(owner) && !st.ownerLb.has(owner) && !st.ownerUdp.has(owner) && !st.ownerUdpVips.has(owner) && !st.ownerAffinity.has(owner)) continue;
+        if (!ports.length && !before && !st.elements.hasOwner(owner)) continue;
         let elements: Element[] = [];
-        const lbNames: string[] = [];
-        let udp: Set<string> | undefined;
-        let udpVips: Set<string> | undefined;
-        let affinity: { chains: Map<string, string[]>; sets: string[] } | undefined;
+        const lb: string[] = [];
+        let affinity: ServiceState['affinity'];
         const nextSlots: Slots = new Map();
         for (const sp of ports) {
           const pe = portElements(sp, node, st.slots, nextSlots);
@@ -220,46 +205,30 @@ export class NftProxier extends ProxierBase {
           else elements.push(...pe.elements);
           for (const r of pe.lbChains) {
             const k = lbKey(r);
-            if (!lbNames.includes(k)) lbNames.push(k);
+            if (!lb.includes(k)) lb.push(k);
           }
           if (pe.affinitySets.length) {
             affinity ??= { chains: new Map(), sets: [] };
             for (const [name, rules] of pe.affinityChains) affinity.chains.set(name, rules);
             affinity.sets.push(...pe.affinitySets);
           }
-          for (const u of pe.udpFlows) (udp ??= new Set()).add(flowKey(u));
-          for (const u of pe.udpWithEndpoints) (udpVips ??= new Set()).add(flowKey(u));
         }
         st.elements.setOwner(owner, elements);
-        // slots
-        const slotsBefore = st.ownerSlots.get(owner);
-        if (slotsBefore) for (const k of slotsBefore) st.slots.delete(k);
+        for (const k of before?.slots ?? []) st.slots.delete(k);
         for (const [k, v] of nextSlots) st.slots.set(k, v);
-        if (nextSlots.size) st.ownerSlots.set(owner, [...nextSlots.keys()]);
-        else if (slotsBefore) st.ownerSlots.delete(owner);
         // shared lb chains, refcounted
-        const lbBefore = st.ownerLb.get(owner);
-        if (!lbBefore || lbBefore.length !== lbNames.length || lbBefore.some((n, i) => n !== lbNames[i])) {
-          if (lbBefore) for (const n of lbBefore) st.lbRefs.set(n, (st.lbRefs.get(n) ?? 1) - 1);
-          for (const n of lbNames) st.lbRefs.set(n, (st.lbRefs.get(n) ?? 0) + 1);
-          if (lbNames.length) st.ownerLb.set(owner, lbNames);
-          else st.ownerLb.delete(owner);
+        const lbBefore = before?.lb ?? [];
+        if (lbBefore.length !== lb.length || lbBefore.some((n, i) => n !== lb[i])) {
+          for (const n of lbBefore) st.lbRefs.set(n, (st.lbRefs.get(n) ?? 1) - 1);
+          for (const n of lb) st.lbRefs.set(n, (st.lbRefs.get(n) ?? 0) + 1);
         }
-        if (affinity) st.ownerAffinity.set(owner, affinity);
-        else st.ownerAffinity.delete(owner);
-        // UDP flows gone (conntrack cleanup), and service IPs getting endpoints
-        const before = st.ownerUdp.get(owner);
-        if (before) for (const k of before) if (!udp?.has(k)) flows.push(parseFlow(family, k));
-        const vipsBefore = st.ownerUdpVips.get(owner);
-        if (udpVips) for (const k of udpVips) if (!vipsBefore?.has(k) && !k.startsWith('|')) flows.push(parseFlow(family, k));
-        if (udp) st.ownerUdp.set(owner, udp);
-        else if (before) st.ownerUdp.delete(owner);
-        if (udpVips) st.ownerUdpVips.set(owner, udpVips);
-        else if (vipsBefore) st.ownerUdpVips.delete(owner);
+        if (ports.length || elements.length) st.services.set(owner, { slots: [...nextSlots.keys()], lb, affinity });
+        else st.services.delete(owner);
+        const stale = this.staleFlows.update(family, owner, ports);
+        if (flows) this.pendingFlows.push(...stale);
       }
       for (const c of st.elements.conflicts) this.warnOnce(`conflict ${family} ${c}`, `two services want the same nftables element (${c}); the first one (by name) wins`);
     }
-    return flows;
   }
 
   /** chain -> rules this family needs now */
@@ -270,77 +239,91 @@ export class NftProxier extends ProxierBase {
       const [kind, proto, n] = k.split('|');
       for (const [name, rules] of lbChains(st.names, kind as LbRequirement['kind'], proto as LbRequirement['proto'], Number(n))) out.set(name, rules);
     }
-    for (const a of st.ownerAffinity.values()) for (const [name, rules] of a.chains) out.set(name, rules);
+    for (const s of st.services.values()) if (s.affinity) for (const [name, rules] of s.affinity.chains) out.set(name, rules);
     return out;
   }
 
   /** the per-endpoint affinity sets this family needs now */
   private desiredAffinitySets(st: FamilyState): Set<string> {
     const out = new Set<string>();
-    for (const a of st.ownerAffinity.values()) for (const name of a.sets) out.add(name);
+    for (const s of st.services.values()) if (s.affinity) for (const name of s.affinity.sets) out.add(name);
     return out;
   }
 
   // --- applying
 
-  protected async syncNow(): Promise<void> {
-    this.cancelRetry();
+  protected async apply(req: ApplyRequest): Promise<{ changes: number }> {
     const t0 = Date.now();
-    const full = this.needReconcile;
-    let keys = this.prepareRecompute();
-    let bytes = 0;
-    let elementChanges = 0;
-    try {
-      if (full) await this.adopt();
-      const fresh = full && !this.o.dryRun && [...this.fam.values()].every((st) => st.committedChains.size === 0);
-      if (fresh && keys.length > this.chunk) {
-        this.stats.lastVia = 'chunks';
-        ({ bytes, elementChanges } = await this.freshLoad(keys));
-        keys = [];
-      } else {
-        this.pendingFlows.push(...this.recomputeKeys(keys));
-        const computed = Date.now();
-        metrics.stageDuration.observe({ stage: 'compute' }, (computed - t0) / 1000);
-        const script = this.render({ header: full, baseChains: full, elements: true });
-        metrics.stageDuration.observe({ stage: 'render' }, (Date.now() - computed) / 1000);
-        const applyStart = Date.now();
-        if (script.text) {
-          if (this.o.dryRun) (this.o.out ?? process.stdout).write(script.text);
-          else if (this.useSession(this.session) && script.text.length <= SESSION_MAX_BYTES) {
-            this.stats.lastVia = 'session';
-            await this.session.run(script.text);
-          } else {
-            this.stats.lastVia = 'process';
-            await runNft(['-f', '-'], script.text, this.o.nftPath);
-          }
-        }
-        metrics.stageDuration.observe({ stage: 'apply' }, (Date.now() - applyStart) / 1000);
-        script.commit();
-        bytes = script.text.length;
-        elementChanges = script.elementChanges;
-      }
-      for (const st of this.fam.values()) st.rebuild = false;
-      this.stats.lastElementChanges = elementChanges;
-      this.stats.lastTransactionBytes = bytes;
-      metrics.elementChanges.inc(elementChanges);
-      this.o.log.debug({ full, ms: Date.now() - t0, elementChanges, bytes }, 'nft: synced');
-      if (full && !this.o.dryRun) await this.deleteUnusedChains();
-    } catch (e) {
-      // keys not recomputed yet (a failed fresh load) are recomputed next time
-      for (const k of keys) this.dirty.add(k);
-      if (this.failuresInRow >= 1) for (const st of this.fam.values()) st.rebuild = true;
-      metrics.nftablesSyncFailures.inc({ ip_family: '' });
-      this.failed(e, 'nft');
-      return;
+    if (req.full && !req.check) await this.adopt();
+    const keys = this.nodeKeys(req.keys);
+    const fresh = req.full && !req.check && !this.o.dryRun && [...this.fam.values()].every((st) => st.committedChains.size === 0);
+    if (fresh && keys.length > this.chunk) {
+      const r = await this.freshLoad(keys);
+      this.stats.lastVia = 'chunks';
+      return this.done(r, true, t0);
     }
-    await this.succeeded({ full, durationMs: Date.now() - t0 });
+    this.recompute(keys, !req.check);
+    const computed = Date.now();
+    // a check must stand on its own: with the table's declarations, in case the table is not there
+    const header = req.check || req.full || !this.structureKnown;
+    const tx = this.render({ header, baseChains: header, elements: true });
+    const text = tx.tx.render();
+    if (!req.check) {
+      metrics.stageDuration.observe({ stage: 'compute' }, (computed - t0) / 1000);
+      metrics.stageDuration.observe({ stage: 'render' }, (Date.now() - computed) / 1000);
+    }
+    if (this.o.dryRun) {
+      if (!req.check && text) (this.o.out ?? process.stdout).write(text);
+    } else if (req.check) {
+      await this.nft.run(tx.tx, { check: true });
+      return { changes: tx.tx.elementCount };
+    } else {
+      const applyStart = Date.now();
+      await this.transact(tx.tx);
+      metrics.stageDuration.observe({ stage: 'apply' }, (Date.now() - applyStart) / 1000);
+    }
+    if (req.check) return { changes: tx.tx.elementCount };
+    tx.commit();
+    if (header) this.structureKnown = true;
+    this.stats.lastVia = 'transaction';
+    if (req.full && !this.o.dryRun) await this.deleteUnusedChains();
+    return this.done({ bytes: text.length, elementChanges: tx.tx.elementCount }, req.full, t0);
+  }
+
+  private done(r: { bytes: number; elementChanges: number }, full: boolean, t0: number): { changes: number } {
+    this.o.log.debug({ full, ms: Date.now() - t0, elementChanges: r.elementChanges, bytes: r.bytes }, 'nft: synced');
+    for (const st of this.fam.values()) st.rebuild = false;
+    this.stats.lastElementChanges = r.elementChanges;
+    this.stats.lastTransactionBytes = r.bytes;
+    metrics.elementChanges.inc(r.elementChanges);
+    return { changes: r.elementChanges };
+  }
+
+  /** one transaction; a big one with the drift watch paused (the kernel's change events would cost as much as the load) */
+  private async transact(tx: Transaction): Promise<void> {
+    if (tx.empty) return;
+    if (tx.elementCount <= WATCH_PAUSE_ELEMENTS || !this.watch) return this.nft.run(tx);
+    this.watch.pause();
+    let ok = 0;
+    try {
+      await this.nft.run(tx);
+      ok = 1;
+    } finally {
+      this.watch.resume(ok);
+    }
+  }
+
+  override async close(): Promise<void> {
+    await super.close();
+    this.watch?.close();
+    if (this.ownNft) this.nft.close();
   }
 
   /**
    * A cold start on a node without kpng's tables: the maps, sets and regular
-   * chains are created and filled in chunks, up to `freshLoadParallel` nft
-   * processes at once (nft's parsing is most of a big load, and it runs on
-   * every core) while the next chunk is computed; none of it touches a
+   * chains are created and filled in chunks, `freshLoadParallel`
+   * transactions at once (nft's parsing is most of a big load, and it runs
+   * on every core) while the next chunk is computed; none of it touches a
    * packet until the last transaction hooks the base chains, so packets see
    * no kpng, then all of it. The table is empty, so a chunk is only adds:
    * no diff, and the committed state is the desired one at the end.
@@ -348,62 +331,45 @@ export class NftProxier extends ProxierBase {
   private async freshLoad(keys: readonly string[]): Promise<{ bytes: number; elementChanges: number }> {
     let bytes = 0;
     let elementChanges = 0;
-    // each chunk goes to nft as a file it reads by itself (through a pipe it
-    // would wait for this process, busy computing the next chunk), included
-    // by an idle long-lived `nft -i`: spawning from a big process blocks it
-    // for ~13 ms each time, and a fresh nft waits for the kernel at exit
-    const dir = mkdtempSync(join(tmpdir(), 'kpng-nft-'));
-    // the running kpng's own session is one of them: it is warm afterwards
-    const own = Array.from({ length: this.parallel - (this.session ? 1 : 0) }, () => new NftSession(this.o.nftPath));
-    const sessions = this.session ? [this.session, ...own] : own;
-    const idle = [...sessions];
-    let files = 0;
-    const apply = async (text: string) => {
-      if (!text) return;
-      bytes += text.length;
-      const file = join(dir, `${files++}.nft`);
-      writeFileSync(file, text);
-      const session = idle.pop() ?? sessions[0];
-      try {
-        if (this.useSession(session)) await session.run(`include "${file}"`);
-        else await runNft(['-f', file], undefined, this.o.nftPath);
-      } finally {
-        if (!session.usable) this.sessionsUsable = false;
-        if (!idle.includes(session)) idle.push(session);
-        rmSync(file, { force: true });
-      }
+    let transactions = 0;
+    const apply = async (tx: Transaction) => {
+      if (tx.empty) return;
+      bytes += tx.render().length;
+      await this.nft.run(tx);
+      transactions++;
     };
     /** the elements that count of these owners, as adds */
     const adds = (owners: (st: FamilyState) => Iterable<string>) => {
-      const lines: string[] = [];
+      const tx = new Transaction();
       for (const st of this.fam.values()) {
         const list: Element[] = [];
         for (const owner of owners(st)) for (const e of st.elements.winnersOf(owner)) list.push(e);
-        elementChanges += list.length;
-        pushElements(lines, 'add', `${st.names.table} ${TABLE}`, list, true);
+        tx.elements('add', st.table, list);
       }
-      return lines.length ? lines.join('\n') + '\n' : '';
+      elementChanges += tx.elementCount;
+      return tx;
     };
     // in name order, the owner that counts for a key (the first by name) is the first to load it
     const sorted = [...keys].sort();
+    this.watch?.pause();
     try {
       const header = this.render({ header: true, baseChains: false, elements: false });
       // with the elements of owners not loaded below (the node's, the ServiceCIDRs')
       const reloaded = new Set(sorted.map(ownerOf));
-      await apply(header.text + adds((st) => [...st.elements.owners()].filter((o) => !reloaded.has(o))));
+      await apply(header.tx.append(adds((st) => [...st.elements.owners()].filter((o) => !reloaded.has(o)))));
       header.commit();
       let failure: unknown;
       const running = new Set<Promise<void>>();
       for (let i = 0; i < sorted.length && !failure; i += this.chunk) {
         const chunk = sorted.slice(i, i + this.chunk);
-        this.pendingFlows.push(...this.recomputeKeys(chunk));
+        this.recompute(chunk, true);
         // chains the elements point to go in first, on their own (a few lines)
         const structure = this.render({ header: false, baseChains: false, elements: false });
-        await apply(structure.text);
+        await apply(structure.tx);
         structure.commit();
         if (failure) break;
         const owners = chunk.map(ownerOf);
-        // nft starts now (spawned synchronously), while the next chunk is computed
+        // nft starts now, while the next chunk is computed
         const p: Promise<void> = apply(adds(() => owners))
           .catch((e) => void (failure ??= e))
           .finally(() => running.delete(p));
@@ -414,27 +380,21 @@ export class NftProxier extends ProxierBase {
       if (failure) throw failure;
       for (const st of this.fam.values()) st.elements.commitDesired();
       const hooks = this.render({ header: false, baseChains: true, elements: true });
-      await apply(hooks.text);
+      await apply(hooks.tx);
       hooks.commit();
-      return { bytes, elementChanges: elementChanges + hooks.elementChanges };
+      this.structureKnown = true;
+      return { bytes, elementChanges: elementChanges + hooks.tx.elementCount };
     } finally {
-      for (const session of own) session.close();
-      rmSync(dir, { recursive: true, force: true });
+      this.watch?.resume(transactions);
     }
-  }
-
-  /** a session is used while sessions answer; once one never did, never again (logged once) */
-  private useSession(session: NftSession | undefined): session is NftSession {
-    if (!session) return false;
-    if (!session.usable) this.sessionsUsable = false;
-    if (!this.sessionsUsable) this.warnOnce('nft session', `${this.o.nftPath ?? 'nft'} -i did not answer as expected: each transaction runs its own nft from now on`);
-    return this.sessionsUsable;
   }
 
   /** Reads the kernel's tables back: what a previous kpng (or a failed sync) left. */
   private async adopt(): Promise<void> {
+    this.watch?.start();
+    this.structureKnown = false;
     for (const st of this.fam.values()) {
-      const listing = this.o.dryRun || st.rebuild ? undefined : await listTable(st.names.table, TABLE, this.o.nftPath);
+      const listing = this.o.dryRun || st.rebuild ? undefined : await this.nft.list(st.table.family, TABLE);
       if (!listing) {
         st.elements.adopt(new Map());
         st.committedChains = new Map();
@@ -450,34 +410,30 @@ export class NftProxier extends ProxierBase {
   }
 
   /**
-   * A transaction for both families: with `header`, the table and every set
+   * A transaction for every family: with `header`, the table and every set
    * and map (re-)declared; chains whose rules changed (base chains only with
-   * `baseChains`), then element differences. `structure` is the part that
-   * declares (sets, chains, rules), `elements` the element changes; commit()
-   * records it all as applied.
+   * `baseChains`), then element differences; commit() records it as applied.
    */
-  private render(what: { header: boolean; baseChains: boolean; elements: boolean }): Rendered {
-    const structure: string[] = [];
-    const elements: string[] = [];
+  private render(what: { header: boolean; baseChains: boolean; elements: boolean }): { tx: Transaction; commit(): void } {
+    const structure = new Transaction();
+    const elements = new Transaction();
     const commits: (() => void)[] = [];
-    let elementChanges = 0;
-    let deletes = 0;
     for (const st of this.fam.values()) {
-      const f = st.names;
-      const t = `${f.table} ${TABLE}`;
+      const table = st.table;
       const desired = this.desiredChains(st);
       const committed = st.committedChains;
       if (what.header) {
-        if (st.rebuild) structure.push(`add table ${t}`, `delete table ${t}`);
-        structure.push(`add table ${t} { comment "rules for kpng" ; }`);
+        if (st.rebuild) structure.add({ kind: 'table', ...table }).delete({ kind: 'table', ...table });
+        structure.add({ kind: 'table', ...table, comment: 'rules for kpng' });
       }
-      if (what.baseChains) for (const [name, decl] of Object.entries(BASE_CHAINS)) if (!committed.has(name) || what.header) structure.push(`add chain ${t} ${name} { ${decl} }`);
+      if (what.baseChains) for (const [name, hook] of Object.entries(BASE_CHAINS)) if (!committed.has(name) || what.header) structure.add({ kind: 'chain', table, name, hook });
       // sets and maps first: chains refer to them
       const newSets: string[] = [];
-      const decls = setDeclarations(f);
-      for (const [name, d] of Object.entries(decls)) if (what.header || !st.committedSets.has(name)) (structure.push(`add ${d.kind} ${t} ${name} { ${d.body} }`), newSets.push(name));
+      for (const [name, d] of Object.entries(setDeclarations(st.names))) {
+        if (what.header || !st.committedSets.has(name)) (structure.add({ kind: d.kind, table, name, body: d.body }), newSets.push(name));
+      }
       const affinitySets = this.desiredAffinitySets(st);
-      for (const name of affinitySets) if (what.header || !st.committedSets.has(name)) (structure.push(`add set ${t} ${name} { ${affinitySetBody(f)} }`), newSets.push(name));
+      for (const name of affinitySets) if (what.header || !st.committedSets.has(name)) (structure.add({ kind: 'set', table, name, body: affinitySetBody(st.names) }), newSets.push(name));
       // chains: declare all new ones before any rule (rules jump between them)
       const changed: string[] = [];
       for (const [name, rules] of desired) {
@@ -485,25 +441,22 @@ export class NftProxier extends ProxierBase {
         if (base && !what.baseChains) continue;
         const have = committed.get(name);
         if (have && sameRules(have, rules)) continue;
-        if (!base && (!committed.has(name) || what.header)) structure.push(`add chain ${t} ${name}`);
+        if (!base && (!committed.has(name) || what.header)) structure.add({ kind: 'chain', table, name });
         changed.push(name);
       }
       for (const name of changed) {
-        if (committed.has(name)) structure.push(`flush chain ${t} ${name}`);
-        for (const r of desired.get(name)!) structure.push(`add rule ${t} ${name} ${r}`);
+        if (committed.has(name)) structure.flush({ kind: 'chain', table, name });
+        for (const rule of desired.get(name)!) structure.add({ kind: 'rule', table, chain: name, rule });
       }
       // elements: deletes, then adds (a changed value is both)
       const diff = what.elements ? st.elements.diff() : { deletes: [], adds: [] };
-      elementChanges += diff.deletes.length + diff.adds.length;
-      deletes += diff.deletes.length;
-      pushElements(elements, 'delete', t, diff.deletes, false);
-      pushElements(elements, 'add', t, diff.adds, true);
-      // affinity chains and sets a service no longer needs: once nothing points to them
+      elements.elements('delete', table, diff.deletes).elements('add', table, diff.adds);
+      // affinity chains and sets no Service needs any more: once nothing points to them
       const goneChains = what.elements ? [...committed.keys()].filter((c) => c.startsWith(AFFINITY_PREFIX) && !desired.has(c)) : [];
       const goneSets = what.elements ? [...st.committedSets].filter((n) => AFFINITY_SET.test(n) && !affinitySets.has(n)) : [];
-      for (const c of goneChains) elements.push(`flush chain ${t} ${c}`);
-      for (const c of goneChains) elements.push(`delete chain ${t} ${c}`);
-      for (const n of goneSets) elements.push(`delete set ${t} ${n}`);
+      for (const name of goneChains) elements.flush({ kind: 'chain', table, name });
+      for (const name of goneChains) elements.delete({ kind: 'chain', table, name });
+      for (const name of goneSets) elements.delete({ kind: 'set', table, name, body: '' });
       commits.push(() => {
         if (what.elements) st.elements.commit(diff);
         for (const name of changed) committed.set(name, desired.get(name)!);
@@ -512,67 +465,48 @@ export class NftProxier extends ProxierBase {
         for (const n of goneSets) st.committedSets.delete(n);
       });
     }
-    const text = (lines: string[]) => (lines.length ? lines.join('\n') + '\n' : '');
-    return {
-      structure: text(structure),
-      elements: text(elements),
-      get text() {
-        return this.structure + this.elements;
-      },
-      elementChanges,
-      deletes,
-      commit: () => commits.forEach((c) => c()),
-    };
+    return { tx: structure.append(elements), commit: () => commits.forEach((c) => c()) };
   }
 
-  /** chains no element or rule points to anymore (after a reconcile) */
+  /** chains no element or rule points to any more (after a reconcile) */
   private async deleteUnusedChains(): Promise<void> {
-    const lines: string[] = [];
     for (const st of this.fam.values()) {
-      const t = `${st.names.table} ${TABLE}`;
+      const table = st.table;
       const desired = this.desiredChains(st);
       const unused = [...st.committedChains.keys()].filter((c) => !desired.has(c) && !(c in BASE_CHAINS));
       // and affinity sets no chain uses (e.g. an earlier kpng's per-slot sets)
       const affinitySets = this.desiredAffinitySets(st);
       const unusedSets = [...st.committedSets].filter((n) => n.startsWith(AFFINITY_PREFIX) && !affinitySets.has(n));
-      for (const c of unused) lines.push(`flush chain ${t} ${c}`);
-      for (const c of unused) lines.push(`delete chain ${t} ${c}`);
-      for (const n of unusedSets) lines.push(`delete set ${t} ${n}`);
-      if (lines.length) {
-        try {
-          await runNft(['-f', '-'], lines.join('\n') + '\n', this.o.nftPath);
-          for (const c of unused) st.committedChains.delete(c);
-          for (const n of unusedSets) st.committedSets.delete(n);
-        } catch (e) {
-          this.o.log.debug({ err: (e as NftError).message }, 'nft: unused chains stay for now');
-        }
-        lines.length = 0;
+      if (!unused.length && !unusedSets.length) continue;
+      const tx = new Transaction();
+      for (const name of unused) tx.flush({ kind: 'chain', table, name });
+      for (const name of unused) tx.delete({ kind: 'chain', table, name });
+      for (const name of unusedSets) tx.delete({ kind: 'set', table, name, body: '' });
+      try {
+        await this.nft.run(tx);
+        for (const c of unused) st.committedChains.delete(c);
+        for (const n of unusedSets) st.committedSets.delete(n);
+      } catch (e) {
+        this.o.log.debug({ err: (e as Error).message }, 'nft: unused chains stay for now');
       }
     }
   }
 
-  override async close(): Promise<void> {
-    await super.close();
-    this.session?.close();
+  /** a full sync failed and no Service was to blame: the next one builds the tables again */
+  protected override onSyncFailed(full: boolean): void {
+    metrics.nftablesSyncFailures.inc({ ip_family: '' });
+    if (full) for (const st of this.fam.values()) st.rebuild = true;
+  }
+
+  /** the drift check: nftables' change events say whether anyone else touched kpng's tables */
+  protected override async checkDrift(): Promise<string | undefined> {
+    return this.watch?.check();
   }
 
   /** what is programmed, for introspection and tests */
   desiredElements(family: Family, set: string) {
     return this.fam.get(family)!.elements.desiredElements(set);
   }
-
-}
-
-interface Rendered {
-  /** sets, maps, chains and rules declared or changed */
-  readonly structure: string;
-  /** element deletes and adds */
-  readonly elements: string;
-  /** the whole transaction */
-  readonly text: string;
-  readonly elementChanges: number;
-  readonly deletes: number;
-  commit(): void;
 }
 
 /** the element owner of a service */
@@ -584,24 +518,8 @@ function lbKey(r: LbRequirement): string {
   return `${r.kind}|${r.proto}|${r.n}`;
 }
 
-function flowKey(u: UdpFlow): string {
-  return `${u.vip}|${u.port}|${u.endpoint}`;
-}
-
 /** interval set elements: nft lists a /32 (/128) as the bare address */
 function singleAddress(cidr: string): string {
   return cidr.endsWith('/32') || cidr.endsWith('/128') ? cidr.slice(0, cidr.lastIndexOf('/')) : cidr;
 }
 
-function pushElements(lines: string[], verb: 'add' | 'delete', t: string, list: readonly Element[], withData: boolean) {
-  const bySet = new Map<string, string[]>();
-  for (const e of list) {
-    let arr = bySet.get(e.set);
-    if (!arr) bySet.set(e.set, (arr = []));
-    const comment = withData && e.comment ? ` comment "${e.comment}"` : '';
-    arr.push(`${e.key}${comment}${withData && e.value ? ` : ${e.value}` : ''}`);
-  }
-  for (const [set, items] of bySet) {
-    for (let i = 0; i < items.length; i += MAX_ELEMENTS_PER_COMMAND) lines.push(`${verb} element ${t} ${set} { ${items.slice(i, i + MAX_ELEMENTS_PER_COMMAND).join(', ')} }`);
-  }
-}

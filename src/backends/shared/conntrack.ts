@@ -6,6 +6,7 @@ import { spawn } from 'node:child_process';
 import type { Logger } from '../../log.js';
 import type { Family } from '../../api/ip.js';
 import { metrics } from './metrics.js';
+import type { ServicePort } from './service-ports.js';
 
 export interface StaleFlow {
   readonly family: Family;
@@ -63,4 +64,53 @@ export class ConntrackCleaner {
       });
     });
   }
+}
+
+/**
+ * The UDP flows each Service programs, kept as they change: what went away
+ * (an endpoint no longer used for a service IP or NodePort) and which service
+ * IPs got endpoints (replies the kernel answered itself before, cached as
+ * "no DNAT") are the conntrack entries to delete after the sync.
+ */
+export class StaleFlowTracker {
+  /** family|owner -> flows ("vip|port|endpoint") and service addresses with endpoints ("vip|port|") */
+  private readonly byOwner = new Map<string, { flows: Set<string>; vips: Set<string> }>();
+
+  /** An owner's flows now (after its recompute); returns the entries to delete. */
+  update(family: Family, owner: string, ports: readonly ServicePort[]): StaleFlow[] {
+    const id = `${family}|${owner}`;
+    const before = this.byOwner.get(id);
+    let now: { flows: Set<string>; vips: Set<string> } | undefined;
+    for (const sp of ports) {
+      if (sp.protocol !== 'udp') continue;
+      now ??= { flows: new Set(), vips: new Set() };
+      udpFlowsOf(sp, now.flows, now.vips);
+    }
+    const out: StaleFlow[] = [];
+    for (const k of before?.flows ?? []) if (!now?.flows.has(k)) out.push(parseFlow(family, k));
+    for (const k of now?.vips ?? []) if (!before?.vips.has(k) && !k.startsWith('|')) out.push(parseFlow(family, k));
+    if (now) this.byOwner.set(id, now);
+    else this.byOwner.delete(id);
+    return out;
+  }
+}
+
+/** "vip|port|endpoint" for every UDP flow a service port programs ('' vip: its NodePort, any node address) */
+function udpFlowsOf(sp: ServicePort, flows: Set<string>, vips: Set<string>): void {
+  const P = sp.port.Port;
+  const add = (vip: string, port: number, targets: readonly { ip: string }[]) => {
+    if (!targets.length) return;
+    for (const t of targets) flows.add(`${vip}|${port}|${t.ip}`);
+    vips.add(`${vip}|${port}|`);
+  };
+  add(sp.clusterIP, P, sp.internal);
+  const external = sp.externalLocal ? [...sp.cluster, ...sp.external] : sp.cluster;
+  for (const vip of new Set([...sp.externalIPs, ...sp.loadBalancerIPs])) add(vip, P, external);
+  if (sp.nodePort) add('', sp.nodePort, external);
+}
+
+/** "vip|port|endpoint" ('' vip: a NodePort; '' endpoint: the service IP gained endpoints) */
+function parseFlow(family: Family, k: string): StaleFlow {
+  const [vip, port, endpoint] = k.split('|');
+  return { family, vip, port: Number(port), endpoint };
 }

@@ -5,10 +5,11 @@
 import { createServer, type Server } from 'node:http';
 import type { Logger } from '../../log.js';
 import { metrics, registry } from './metrics.js';
+import type { SyncResult } from './runner.js';
 
 export class ProxyHealth {
   private oldestPending = 0;
-  lastUpdated = 0;
+  private lastUpdated = 0;
   nodeEligible = true;
 
   constructor(
@@ -23,8 +24,9 @@ export class ProxyHealth {
     metrics.lastQueued.set({ ip_family: '' }, t / 1000);
   }
 
-  /** the backend applied everything queued so far */
-  updated(): void {
+  /** what a sync did: a good one applied everything queued before it */
+  observe(r: SyncResult): void {
+    if (!r.ok) return;
     this.lastUpdated = this.now();
     this.oldestPending = 0;
     metrics.lastSync.set({ ip_family: '' }, this.lastUpdated / 1000);

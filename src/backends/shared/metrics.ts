@@ -74,6 +74,8 @@ export const metrics = {
     labelNames: ['stage'] as const,
     registers: [registry],
   }),
+  skippedServices: new Gauge({ name: 'kpng_sync_skipped_services', help: 'Services left out of the dataplane because it refuses them (each logged once; retried when they change)', registers: [registry] }),
+  repairs: new Counter({ name: 'kpng_dataplane_repairs_total', help: 'Times the periodic check found the dataplane changed by someone else and repaired it', registers: [registry] }),
   elementChanges: new Counter({ name: 'kpng_nftables_element_changes_total', help: 'nftables map/set elements added or deleted', registers: [registry] }),
 };
 

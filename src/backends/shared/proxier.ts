@@ -1,16 +1,24 @@
-// What every dataplane proxier shares: the node-local state kept from the
-// diff stream (decoder callbacks), one sync at a time, minSyncPeriod measured
-// from completion, retries with backoff after a failure (the last good rules
-// stay), conntrack cleanup, and healthCheckNodePort servers. A backend says
-// only how to sync its dataplane (syncNow).
+// What every dataplane proxier shares, whatever its dataplane: the node-local
+// state kept from the diff stream (decoder callbacks), the sync runner (one
+// sync at a time, minSyncPeriod, retries, the periodic drift check), the
+// isolation of a Service the dataplane refuses, conntrack cleanup, and
+// healthCheckNodePort servers. A backend says how to apply (apply) and,
+// optionally, how to notice that someone else changed its dataplane
+// (checkDrift).
+//
+// No single Service may stop the others: when applying fails, the same
+// change is retried with a fresh read of the dataplane (it may have drifted);
+// when that fails too, check-only transactions (nothing changes on the node)
+// find the Services the dataplane refuses, by halves. Those are left out, at
+// the version last applied, with one log line each, until they change again;
+// everything else is applied.
 import type { Logger } from '../../log.js';
-import type { Family } from '../../api/ip.js';
 import type { Endpoint, LocalNode, Service, ServiceCIDR } from '../../api/model.js';
 import type { DecoderHandler } from '../../diff/decoder.js';
-import type { SyncReporter } from '../registry.js';
-import { ConntrackCleaner, type StaleFlow } from './conntrack.js';
+import { ConntrackCleaner, StaleFlowTracker, type StaleFlow } from './conntrack.js';
 import { HealthCheckServers, type HealthCheckService } from './healthcheck.js';
 import { metrics } from './metrics.js';
+import { SyncRunner, type Clock, type SyncReason, type SyncResult } from './runner.js';
 
 export interface ProxierBaseOptions {
   readonly log: Logger;
@@ -22,13 +30,15 @@ export interface ProxierBaseOptions {
   /** serve healthCheckNodePorts (default true) */
   readonly healthChecks?: boolean;
   /** told about every sync (health, metrics) */
-  readonly report?: SyncReporter;
+  readonly report?: (r: SyncResult) => void;
+  /** for tests */
+  readonly clock?: Clock;
 }
 
 export interface SyncPeriods {
   /** minimum time between the end of a sync and the start of the next */
   readonly minSyncPeriodMs: number;
-  /** the longest retry delay after failures */
+  /** the periodic drift check, and the longest retry delay */
   readonly syncPeriodMs: number;
 }
 
@@ -41,29 +51,51 @@ export interface SyncStats {
   lastSyncMs: number;
   /** when it ended (ms since the epoch) */
   lastSuccess: number;
+  /** drift found by the periodic check and repaired */
+  repairs: number;
+}
+
+/** What a backend is asked to do. */
+export interface ApplyRequest {
+  /** the Services to compute again (serviceOf/endpointsOf give the version to program) */
+  readonly keys: readonly string[];
+  /** read the dataplane back first and compare everything (start-up, after a failure, drift) */
+  readonly full: boolean;
+  /** only check that the dataplane would take it: change nothing on the node, commit nothing */
+  readonly check: boolean;
+}
+
+/** A Service's version the last time it was applied (undefined: not programmed). */
+interface Applied {
+  readonly svc: Service | undefined;
+  readonly eps: Map<string, Endpoint> | undefined;
 }
 
 export abstract class ProxierBase implements DecoderHandler {
   abstract readonly stats: SyncStats;
+  /** the node-local state, as the stream says it is now */
   protected readonly services = new Map<string, Service>();
   protected readonly endpoints = new Map<string, Map<string, Endpoint>>();
   protected node?: LocalNode;
   protected readonly cidrs = new Map<string, ServiceCIDR>();
-  /** services changed since the last sync */
-  protected dirty = new Set<string>();
   protected nodeDirty = true;
   protected cidrsDirty = true;
-  /** the next sync reads the kernel back first (start-up, after a failure) */
-  protected needReconcile = true;
-  protected failuresInRow = 0;
   protected closed = false;
   protected readonly conntrack: ConntrackCleaner;
+  protected readonly staleFlows = new StaleFlowTracker();
   protected readonly health?: HealthCheckServers;
   /** UDP flows to clean once a sync succeeds (a failed sync must not lose them) */
   protected pendingFlows: StaleFlow[] = [];
-  private lock: Promise<void> = Promise.resolve();
+  /** Services changed since they were last applied, with the version last applied */
+  private readonly pending = new Map<string, Applied>();
+  /** Services shown to the backend at their applied version */
+  private readonly held = new Set<string>();
+  /** Services the dataplane refused: held until they change again */
+  private readonly refused = new Map<string, string>();
+  /** the next sync reads the dataplane back first */
+  private needFull = true;
   private synced = false;
-  private retryTimer?: NodeJS.Timeout;
+  private readonly runner: SyncRunner;
   private readonly warned = new Set<string>();
   // kept as services change, never recomputed over the whole cluster
   private readonly healthChecked = new Map<string, HealthCheckService>();
@@ -73,48 +105,72 @@ export abstract class ProxierBase implements DecoderHandler {
 
   constructor(
     protected readonly base: ProxierBaseOptions,
-    private readonly periods: () => SyncPeriods,
+    periods: SyncPeriods,
   ) {
     this.conntrack = new ConntrackCleaner(base.log, base.conntrackPath);
-    if (base.healthChecks !== false && !base.dryRun) this.health = new HealthCheckServers(base.log, () => this.failuresInRow === 0);
+    if (base.healthChecks !== false && !base.dryRun) this.health = new HealthCheckServers(base.log, () => this.runner.failures === 0);
+    const once = !!base.once;
+    this.runner = new SyncRunner({
+      minIntervalMs: once ? 0 : periods.minSyncPeriodMs,
+      periodMs: once || base.dryRun ? 0 : periods.syncPeriodMs,
+      retries: !once,
+      retryMaxMs: periods.syncPeriodMs || 30_000,
+      clock: base.clock,
+      sync: (reason) => this.runSync(reason),
+      reconcile: () => this.reconcile(),
+      onResult: (r) => this.base.report?.(r),
+    });
   }
 
-  /** Applies what changed since the last sync to the dataplane. */
-  protected abstract syncNow(): Promise<void>;
+  /**
+   * Applies the changes to the dataplane: the backend computes these
+   * Services again, renders the differences and applies them atomically.
+   * Throws when the dataplane refuses; nothing is committed then.
+   */
+  protected abstract apply(req: ApplyRequest): Promise<{ changes: number }>;
+
+  /**
+   * The periodic check: cheap when nothing changed; says why the dataplane
+   * must be read back and repaired (someone else changed it), or undefined.
+   */
+  protected checkDrift?(): Promise<string | undefined>;
+
+  /** told when a sync failed for good (after the read-back and the search for a Service to blame) */
+  protected onSyncFailed?(full: boolean): void;
 
   // --- the diff stream
 
   reset(): void {
-    for (const k of this.services.keys()) this.dirty.add(k);
+    for (const k of this.services.keys()) this.changing(k);
     this.services.clear();
     this.endpoints.clear();
   }
 
   setService(svc: Service): void {
     const key = `${svc.Namespace}/${svc.Name}`;
+    this.changing(key);
     this.services.set(key, svc);
-    this.dirty.add(key);
   }
 
   deleteService(namespace: string, name: string): void {
     const key = `${namespace}/${name}`;
+    this.changing(key);
     this.services.delete(key);
     this.endpoints.delete(key);
-    this.dirty.add(key);
   }
 
   setEndpoint(namespace: string, service: string, key: string, ep: Endpoint): void {
     const svcKey = `${namespace}/${service}`;
+    this.changing(svcKey);
     let m = this.endpoints.get(svcKey);
     if (!m) this.endpoints.set(svcKey, (m = new Map()));
     m.set(key, ep);
-    this.dirty.add(svcKey);
   }
 
   deleteEndpoint(namespace: string, service: string, key: string): void {
     const svcKey = `${namespace}/${service}`;
+    this.changing(svcKey);
     this.endpoints.get(svcKey)?.delete(key);
-    this.dirty.add(svcKey);
   }
 
   setNode(node: LocalNode): void {
@@ -137,24 +193,22 @@ export abstract class ProxierBase implements DecoderHandler {
     this.cidrsDirty = true;
   }
 
-  async sync(): Promise<void> {
-    await this.exclusive(() => this.syncNow());
-    if (this.base.once || this.closed) return;
-    // minSyncPeriod, from completion: changes meanwhile coalesce into the next sync
-    const wait = this.periods().minSyncPeriodMs;
-    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+  /** Applies everything received so far; resolves with what the sync did (with --once, throws if it failed). */
+  async sync(): Promise<SyncResult> {
+    const r = await this.runner.request();
+    if (this.base.once && !r.ok) throw new Error(r.error);
+    return r;
   }
 
   async close(): Promise<void> {
     this.closed = true;
-    clearTimeout(this.retryTimer);
-    await this.lock;
+    await this.runner.close();
     await this.health?.close();
   }
 
   /** true while the last sync succeeded (for health checks) */
   get healthy(): boolean {
-    return this.failuresInRow === 0;
+    return this.runner.failures === 0;
   }
 
   get conntrackDeleted(): number {
@@ -165,13 +219,27 @@ export abstract class ProxierBase implements DecoderHandler {
     return this.health?.ports() ?? [];
   }
 
+  /** the Services left out because the dataplane refused them, with why */
+  get skipped(): ReadonlyMap<string, string> {
+    return this.refused;
+  }
+
   // --- for backends
 
-  /** runs fn after any sync in progress, never two at once */
-  protected exclusive(fn: () => Promise<void>): Promise<void> {
-    const run = this.lock.then(fn);
-    this.lock = run.catch(() => {});
-    return run;
+  /** A Service as it is to be programmed now (its applied version while held back). */
+  protected serviceOf(key: string): Service | undefined {
+    return this.held.has(key) ? this.pending.get(key)?.svc : this.services.get(key);
+  }
+
+  /** Its endpoints, likewise. */
+  protected endpointsOf(key: string): Iterable<Endpoint> {
+    const m = this.held.has(key) ? this.pending.get(key)?.eps : this.endpoints.get(key);
+    return m?.values() ?? [];
+  }
+
+  /** the next sync reads the dataplane back (a backend that lost track of it) */
+  protected forceFull(): void {
+    this.needFull = true;
   }
 
   protected warnOnce(id: string, msg: string): void {
@@ -180,11 +248,113 @@ export abstract class ProxierBase implements DecoderHandler {
     this.base.log.warn(msg);
   }
 
+  // --- syncing
+
+  /** first change to a Service since it was applied: remember the applied version */
+  private changing(key: string): void {
+    if (this.refused.delete(key)) this.held.delete(key); // refused before: try again
+    if (this.pending.has(key)) return;
+    const eps = this.endpoints.get(key);
+    this.pending.set(key, { svc: this.services.get(key), eps });
+    // the applied version keeps its own map; the new one is a copy to change
+    if (eps) this.endpoints.set(key, new Map(eps));
+  }
+
+  private async runSync(reason: 'change' | 'retry', full = this.needFull): Promise<SyncResult> {
+    const t0 = Date.now();
+    const keys = [...this.pending.keys()].filter((k) => !this.refused.has(k));
+    const flowsBefore = this.pendingFlows.length;
+    try {
+      const r = await this.apply({ keys, full, check: false });
+      return await this.succeeded(reason, full, t0, r.changes);
+    } catch (e) {
+      this.pendingFlows.length = flowsBefore;
+      if (this.closed) return this.failed(reason, full, t0, e);
+      if (!full) {
+        // the dataplane may have changed under us: read it back and try again
+        this.base.log.warn({ err: errorText(e) }, 'sync failed; reading the dataplane back and trying again');
+        return this.runSync(reason, true);
+      }
+      return this.isolate(reason, t0, keys, e);
+    }
+  }
+
+  /**
+   * A full sync failed. Finds the Services the dataplane refuses with
+   * check-only transactions, leaves them out and applies the rest.
+   */
+  private async isolate(reason: SyncReason, t0: number, keys: readonly string[], error: unknown): Promise<SyncResult> {
+    // Services whose held state changed since the backend last computed them
+    const recompute = new Set<string>();
+    const hold = (list: readonly string[]) => list.forEach((k) => (this.held.add(k), recompute.add(k)));
+    const release = (list: readonly string[]) => list.forEach((k) => (this.held.delete(k), recompute.add(k)));
+    const check = async () => {
+      const toggled = [...recompute];
+      recompute.clear();
+      return this.apply({ keys: toggled, full: false, check: true }).then(
+        () => true,
+        () => false,
+      );
+    };
+    // with every change held back, is the dataplane still refused? then it is not a Service's fault
+    hold(keys);
+    if (!keys.length || !(await check())) {
+      release(keys);
+      return this.failed(reason, true, t0, error);
+    }
+    const bad: string[] = [];
+    const search = async (list: readonly string[]): Promise<void> => {
+      release(list);
+      if (await check()) return;
+      hold(list);
+      if (list.length === 1) return void bad.push(list[0]);
+      const half = list.length >> 1;
+      await search(list.slice(0, half));
+      await search(list.slice(half));
+    };
+    await search(keys);
+    // none to blame (refused only together, or it passed this time): everything, once more
+    if (!bad.length) release(keys);
+    const why = errorText(error);
+    for (const k of bad) {
+      this.refused.set(k, why);
+      this.base.log.error({ service: k, err: why }, `skipping Service ${k}: the dataplane refuses it; its last applied version stays (none if it was never applied) until it changes`);
+    }
+    const flowsBefore = this.pendingFlows.length;
+    try {
+      const r = await this.apply({ keys: [...recompute], full: false, check: false });
+      return await this.succeeded(reason, true, t0, r.changes);
+    } catch (e) {
+      this.pendingFlows.length = flowsBefore;
+      for (const k of bad) this.refused.delete(k);
+      release(keys);
+      return this.failed(reason, true, t0, e);
+    }
+  }
+
+  /** the periodic check: repairs drift; nothing when the dataplane is as kpng left it */
+  private async reconcile(): Promise<SyncResult | undefined> {
+    if (this.closed || !this.checkDrift) return undefined;
+    let why: string | undefined;
+    try {
+      why = await this.checkDrift();
+    } catch (e) {
+      why = `the check failed: ${errorText(e)}`;
+    }
+    if (!why) return undefined;
+    this.base.log.warn({ why }, 'the dataplane was changed by someone else; repairing it');
+    const r = await this.runSync('retry', true);
+    if (!r.ok) return { ...r, reason: 'reconcile' };
+    this.stats.repairs++;
+    metrics.repairs.inc();
+    return { ...r, reason: 'reconcile', repaired: true };
+  }
+
   /** Keeps health-check servers and the no-local-endpoints metric up to date for these services. */
   protected trackServices(keys: Iterable<string>): void {
     for (const key of keys) {
-      const svc = this.services.get(key);
-      const eps = [...(this.endpoints.get(key)?.values() ?? [])];
+      const svc = this.serviceOf(key);
+      const eps = [...this.endpointsOf(key)];
       const mark = (on: boolean, s: Set<string>) => (on ? s.add(key) : s.delete(key));
       mark(!!svc?.InternalTrafficToLocal && !eps.some((e) => e.Local && e.Scopes?.Internal), this.noLocalInternal);
       mark(!!svc?.ExternalTrafficToLocal && !eps.some((e) => e.Local && e.Scopes?.External), this.noLocalExternal);
@@ -203,18 +373,22 @@ export abstract class ProxierBase implements DecoderHandler {
     }
   }
 
-  /** A sync succeeded: health, metrics, then conntrack cleanup and health-check servers. */
-  protected async succeeded(r: { full: boolean; durationMs: number }): Promise<void> {
+  /** A sync succeeded: state, health, metrics, then conntrack cleanup and health-check servers. */
+  private async succeeded(reason: SyncReason, full: boolean, t0: number, changes: number): Promise<SyncResult> {
+    for (const k of [...this.pending.keys()]) if (!this.held.has(k)) this.pending.delete(k);
+    this.needFull = false;
+    this.nodeDirty = this.cidrsDirty = false;
+    const durationMs = Date.now() - t0;
     this.stats.syncs++;
-    if (r.full) this.stats.fullSyncs++;
-    this.stats.lastSyncMs = r.durationMs;
+    if (full) this.stats.fullSyncs++;
+    this.stats.lastSyncMs = durationMs;
     this.stats.lastSuccess = Date.now();
-    this.needReconcile = false;
-    this.failuresInRow = 0;
-    this.base.report?.synced(r);
+    metrics.skippedServices.set(this.refused.size);
     metrics.noLocalEndpoints.set({ traffic_policy: 'internal', ip_family: '' }, this.noLocalInternal.size);
     metrics.noLocalEndpoints.set({ traffic_policy: 'external', ip_family: '' }, this.noLocalExternal.size);
-    if (this.base.dryRun) return;
+    const skipped = [...this.refused.keys()];
+    const result: SyncResult = { ok: true, full, partial: skipped.length > 0, reason, durationMs, changes, skipped, repaired: false, endedAt: Date.now() };
+    if (this.base.dryRun) return result;
     // the first sync: no flow went away, and "service IPs getting endpoints"
     // would be every UDP service (one conntrack run each) for nothing
     const flows = this.synced ? this.pendingFlows : this.pendingFlows.filter((f) => f.endpoint !== '');
@@ -225,34 +399,22 @@ export abstract class ProxierBase implements DecoderHandler {
       this.healthCheckedChanged = false;
       this.health?.update([...this.healthChecked.values()]);
     }
+    return result;
   }
 
-  /** A sync failed: the last good rules stay; retry later with a full reconcile (or throw with --once). */
-  protected failed(e: unknown, what: string): void {
+  /** A sync failed: the last good rules stay; the runner retries with a full read-back. */
+  private failed(reason: SyncReason, full: boolean, t0: number, e: unknown): SyncResult {
     this.stats.failures++;
-    this.failuresInRow++;
-    this.needReconcile = true;
-    const msg = e instanceof Error ? e.message : String(e);
-    this.base.report?.failed(msg);
-    this.base.log.error({ err: msg, failuresInRow: this.failuresInRow }, `${what}: sync failed; the last good rules stay in place, retrying with a full reconcile`);
-    if (this.base.once) throw e;
-    if (this.closed) return;
-    const delay = Math.min(1000 * 2 ** (this.failuresInRow - 1), this.periods().syncPeriodMs || 30_000);
-    clearTimeout(this.retryTimer);
-    this.retryTimer = setTimeout(() => void this.exclusive(() => this.syncNow()).catch(() => {}), delay);
-    this.retryTimer.unref?.();
-  }
-
-  /** no retry pending: a sync is starting */
-  protected cancelRetry(): void {
-    clearTimeout(this.retryTimer);
+    this.needFull = true;
+    this.onSyncFailed?.(full);
+    const msg = errorText(e);
+    this.base.log.error({ err: msg, failuresInRow: this.runner.failures + 1 }, 'sync failed; the last good rules stay in place, retrying with a full reconcile');
+    return { ok: false, full, partial: false, reason, durationMs: Date.now() - t0, changes: 0, skipped: [...this.refused.keys()], repaired: false, error: msg, endedAt: Date.now() };
   }
 }
 
-/** "vip|port|endpoint" ('' vip: a NodePort; '' endpoint: the service IP gained endpoints) */
-export function parseFlow(family: Family, k: string): StaleFlow {
-  const [vip, port, endpoint] = k.split('|');
-  return { family, vip, port: Number(port), endpoint };
+function errorText(e: unknown): string {
+  return e instanceof Error ? e.message : String(e);
 }
 
 export function sameRules(a: readonly string[], b: readonly string[]): boolean {

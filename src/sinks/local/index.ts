@@ -30,10 +30,10 @@ registerSink({
       send: async (op: LocalOp) => {
         if (op.kind !== 'sync') return b.sink.send(op);
         const covered = [...pending.entries()];
-        const before = b.health.lastUpdated;
-        const t0 = Date.now();
+        const before = b.lastResult;
         await b.sink.send(op);
-        if (b.health.lastUpdated >= t0 && b.health.lastUpdated !== before) {
+        const r = b.lastResult;
+        if (r && r !== before && r.ok) {
           const now = Date.now();
           for (const [k, t] of covered) {
             if (pending.get(k) === t) pending.delete(k);

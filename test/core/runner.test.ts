@@ -1,0 +1,153 @@
+// The sync runner with an injected clock: minSyncPeriod from the end of one
+// sync to the start of the next, coalescing, retries with backoff, the
+// periodic reconcile.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { SyncRunner, type Clock, type SyncResult } from '../../src/backends/shared/runner.js';
+import { ManualClock } from '../helpers/clock.js';
+
+function result(clock: Clock, ok: boolean, reason: SyncResult['reason'] = 'change'): SyncResult {
+  return { ok, full: false, partial: false, reason, durationMs: 0, changes: 1, skipped: [], repaired: false, endedAt: clock.now(), ...(ok ? {} : { error: 'boom' }) };
+}
+
+function runner(o: { minIntervalMs?: number; periodMs?: number; fail?: () => boolean; reconcile?: () => SyncResult | undefined; syncMs?: number }) {
+  const clock = new ManualClock();
+  const starts: { at: number; reason: string }[] = [];
+  const results: SyncResult[] = [];
+  const r = new SyncRunner({
+    minIntervalMs: o.minIntervalMs ?? 0,
+    periodMs: o.periodMs ?? 0,
+    clock,
+    random: () => 0.5, // no jitter: delays are exact
+    sync: async (reason) => {
+      starts.push({ at: clock.now(), reason });
+      if (o.syncMs) await clock.advance(o.syncMs);
+      return result(clock, !(o.fail?.() ?? false), reason);
+    },
+    reconcile: o.reconcile
+      ? async () => {
+          starts.push({ at: clock.now(), reason: 'reconcile' });
+          return o.reconcile!();
+        }
+      : undefined,
+    onResult: (x) => results.push(x),
+  });
+  return { clock, r, starts, results };
+}
+
+test('the first request syncs at once; the next waits minInterval from the end of the last sync', async () => {
+  const { clock, r, starts } = runner({ minIntervalMs: 1000, syncMs: 300 });
+  const t0 = clock.now();
+  const first = r.request();
+  await clock.advance(0);
+  assert.equal((await first).ok, true);
+  assert.deepEqual(starts.map((s) => s.at - t0), [0]);
+  // 300 ms of sync, then at least 1000 ms before the next starts
+  const second = r.request();
+  await clock.advance(999);
+  assert.equal(starts.length, 1);
+  await clock.advance(1);
+  await second;
+  assert.deepEqual(starts.map((s) => s.at - t0), [0, 1300]);
+  await r.close();
+});
+
+test('requests while a sync runs coalesce into one next sync', async () => {
+  const { clock, r, starts } = runner({ minIntervalMs: 100, syncMs: 50 });
+  const a = r.request();
+  await clock.advance(10); // the first sync runs
+  const b = r.request();
+  const c = r.request();
+  const d = r.request();
+  await clock.advance(1000);
+  await Promise.all([a, b, c, d]);
+  assert.equal(starts.length, 2);
+  await r.close();
+});
+
+test('a failure retries with exponential backoff until it works; a change meanwhile waits for the retry', async () => {
+  let failing = 3;
+  const { clock, r, starts, results } = runner({ periodMs: 60_000, fail: () => failing-- > 0 });
+  const t0 = clock.now();
+  const first = r.request();
+  await clock.advance(0);
+  assert.equal((await first).ok, false);
+  // retries at +1 s, then +2 s, then +4 s (no jitter); the last works
+  const change = r.request(); // does not jump the backoff
+  await clock.advance(10_000);
+  assert.deepEqual(
+    starts.map((s) => [s.at - t0, s.reason]),
+    [
+      [0, 'change'],
+      [1000, 'retry'],
+      [3000, 'retry'],
+      [7000, 'retry'],
+    ],
+  );
+  assert.equal((await change).ok, false); // it rode on the retry at +1 s, which failed
+  assert.deepEqual(results.map((x) => x.ok), [false, false, false, true]);
+  assert.equal(r.failures, 0);
+  await r.close();
+});
+
+test('the backoff is capped (at the sync period) and jittered', async () => {
+  const clock = new ManualClock();
+  const starts: number[] = [];
+  const r = new SyncRunner({
+    minIntervalMs: 0,
+    periodMs: 5000,
+    clock,
+    random: () => 0.99,
+    sync: async () => {
+      starts.push(clock.now());
+      return result(clock, false);
+    },
+  });
+  void r.request().catch(() => {});
+  await clock.advance(120_000);
+  const gaps = starts.slice(1).map((t, i) => t - starts[i]);
+  assert.ok(gaps.length >= 10, gaps.join(' '));
+  assert.equal(Math.max(...gaps), Math.round(5000 * 1.49)); // at most the period, times the jitter
+  assert.equal(gaps[0], Math.round(1000 * 1.49));
+  await r.close();
+});
+
+test('every period after the last sync, a reconcile; one that finds nothing reports nothing', async () => {
+  let drift = false;
+  const { clock, r, starts, results } = runner({
+    periodMs: 5000,
+    reconcile: () => (drift ? ((drift = false), { ...result(clock, true, 'reconcile'), repaired: true }) : undefined),
+  });
+  const t0 = clock.now();
+  await Promise.all([r.request(), clock.advance(0)]);
+  await clock.advance(12_000);
+  assert.deepEqual(starts.map((s) => [s.at - t0, s.reason]), [
+    [0, 'change'],
+    [5000, 'reconcile'],
+    [10_000, 'reconcile'],
+  ]);
+  assert.equal(results.length, 1);
+  drift = true;
+  await clock.advance(3000);
+  assert.equal(results.length, 2);
+  assert.equal(results[1].repaired, true);
+  // a change resets the period
+  const c = r.request();
+  await clock.advance(0);
+  await c;
+  const changedAt = starts.at(-1)!.at;
+  await clock.advance(4999);
+  assert.equal(starts.at(-1)!.at, changedAt);
+  await clock.advance(1);
+  assert.equal(starts.at(-1)!.reason, 'reconcile');
+  await r.close();
+});
+
+test('close stops the timers and refuses new requests', async () => {
+  const { clock, r } = runner({ periodMs: 1000, reconcile: () => undefined });
+  await Promise.all([r.request(), clock.advance(0)]);
+  await r.close();
+  await clock.advance(10_000);
+  assert.equal(clock.pending, 0);
+  await assert.rejects(r.request(), /closed/);
+});
