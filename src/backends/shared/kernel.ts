@@ -17,6 +17,7 @@ interface Libc {
   recv(fd: number, buf: Buffer, len: number, flags: number): number | bigint;
   setsockopt(fd: number, level: number, name: number, val: Buffer, len: number): number;
   getsockopt(fd: number, level: number, name: number, val: Buffer, len: Buffer): number;
+  getsockname(fd: number, addr: Buffer, len: Buffer): number;
   setns(fd: number, nstype: number): number;
   close(fd: number): number;
   errno(): number;
@@ -39,6 +40,7 @@ function lib(): Libc {
       recv: c.func('long recv(int, _Out_ void *, size_t, int)'),
       setsockopt: c.func('int setsockopt(int, int, int, void *, uint32_t)'),
       getsockopt: c.func('int getsockopt(int, int, int, _Inout_ void *, _Inout_ void *)'),
+      getsockname: c.func('int getsockname(int, _Inout_ void *, _Inout_ void *)'),
       setns: c.func('int setns(int, int)'),
       close: c.func('int close(int)'),
       errno: () => koffi.errno() as number,
@@ -119,9 +121,14 @@ export interface NftGeneration {
 export class NftNetlink {
   private readonly c: Libc;
   private fd: number;
+  /** this socket's netlink port id: answers to its requests carry it */
+  private readonly port: number;
   private seq = 0;
   private readonly buf = Buffer.alloc(1 << 20);
   private subscribed = false;
+  /** events read while waiting for an answer, for the next read() */
+  private queued: ({ e: NftEvent } | { g: NftGeneration })[] = [];
+  private lost = false;
 
   constructor(netns?: string) {
     this.c = lib();
@@ -130,11 +137,14 @@ export class NftNetlink {
     if (this.fd < 0) throw new KernelError(`netlink socket: errno ${c.errno()}`);
     const sa = Buffer.alloc(12);
     sa.writeUInt16LE(AF_NETLINK, 0);
-    if (c.bind(this.fd, sa, 12) !== 0) {
+    const len = Buffer.alloc(4);
+    len.writeUInt32LE(12);
+    if (c.bind(this.fd, sa, 12) !== 0 || c.getsockname(this.fd, sa, len) !== 0) {
       const e = c.errno();
       this.close();
       throw new KernelError(`netlink bind: errno ${e}`);
     }
+    this.port = sa.readUInt32LE(4);
     // room for a burst of events between two checks (root may exceed rmem_max)
     const size = Buffer.alloc(4);
     size.writeInt32LE(32 << 20);
@@ -159,12 +169,16 @@ export class NftNetlink {
     msg.writeUInt16LE(1 /* NLM_F_REQUEST */, 6);
     msg.writeUInt32LE(seq, 8);
     if (Number(this.c.send(this.fd, msg, 20, 0)) !== 20) throw new KernelError(`netlink send: errno ${this.c.errno()}`);
-    // the answer comes at once; events may be queued before it
+    // the answer (a NEWGEN to this port) comes at once; events may be queued before it
     let id: number | undefined;
     for (let tries = 0; id === undefined && tries < 1000; tries++) {
       const r = this.drain((m) => {
-        if (m.seq === seq && m.type === NFT_MSG_GETGEN) id = m.attrU32(1);
-        if (m.seq === seq && m.type === NLMSG_ERROR) throw new KernelError('GETGEN refused');
+        if (m.pid === this.port && m.seq === seq) {
+          if (m.type === NLMSG_ERROR) throw new KernelError('GETGEN refused');
+          if (m.type === NFT_MSG_NEWGEN) id = m.attrU32(1);
+          return;
+        }
+        this.queue(m);
       });
       if (r === 'empty' && id === undefined) Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 1);
     }
@@ -177,12 +191,12 @@ export class NftNetlink {
    * 'lost' when the kernel dropped events (the buffer was full).
    */
   read(onEvent: (e: NftEvent) => void, onGeneration: (g: NftGeneration) => void): 'ok' | 'lost' {
-    let lost = false;
-    this.drain((m) => {
-      if (m.seq !== 0) return; // an answer to a request, not an event
-      if (m.type === NFT_MSG_NEWGEN) onGeneration({ id: m.attrU32(1) ?? 0, pid: m.attrU32(2) ?? 0, process: m.attrString(3) ?? '' });
-      else onEvent({ family: m.family, table: m.attrString(1) ?? '', chain: m.type >= 3 && m.type <= 8 ? (m.attrString(m.type <= 5 ? 3 : 2) ?? '') : '' });
-    }, () => (lost = true));
+    this.drain((m) => (m.pid === this.port ? undefined : this.queue(m)));
+    const list = this.queued;
+    this.queued = [];
+    for (const x of list) ('e' in x ? onEvent(x.e) : onGeneration(x.g));
+    const lost = this.lost;
+    this.lost = false;
     return lost ? 'lost' : 'ok';
   }
 
@@ -191,15 +205,21 @@ export class NftNetlink {
     this.fd = -1;
   }
 
+  private queue(m: Message): void {
+    if (m.type === NLMSG_ERROR) return;
+    if (m.type === NFT_MSG_NEWGEN) this.queued.push({ g: { id: m.attrU32(1) ?? 0, pid: m.attrU32(2) ?? 0, process: m.attrString(3) ?? '' } });
+    else this.queued.push({ e: { family: m.family, table: m.attrString(1) ?? '', chain: m.type >= 3 && m.type <= 8 ? (m.attrString(m.type <= 5 ? 3 : 2) ?? '') : '' } });
+  }
+
   /** every queued message to fn; 'empty' when nothing was queued */
-  private drain(fn: (m: Message) => void, onLost?: () => void): 'read' | 'empty' {
+  private drain(fn: (m: Message) => void): 'read' | 'empty' {
     let any = false;
     for (;;) {
       const n = Number(this.c.recv(this.fd, this.buf, this.buf.length, MSG_DONTWAIT));
       if (n < 0) {
         const e = this.c.errno();
         if (e === ENOBUFS) {
-          onLost?.();
+          this.lost = true;
           continue;
         }
         if (e === EAGAIN) return any ? 'read' : 'empty';
@@ -220,6 +240,8 @@ export class NftNetlink {
 /** One nfnetlink message: header, nfgenmsg, attributes. */
 class Message {
   readonly seq: number;
+  /** the sender's port (an answer: this socket's) */
+  readonly pid: number;
   readonly family: number;
 
   constructor(
@@ -229,6 +251,7 @@ class Message {
     readonly type: number,
   ) {
     this.seq = buf.readUInt32LE(off + 8);
+    this.pid = buf.readUInt32LE(off + 12);
     this.family = buf.readUInt8(off + 16);
   }
 

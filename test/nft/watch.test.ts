@@ -1,0 +1,76 @@
+// The drift check's kernel side, in a throwaway namespace: nftables' change
+// events tell kpng's own transactions (by pid) from anyone else's, a pause
+// for a big load still notices a foreign transaction (by the generation
+// count), and iptables-legacy's table sizes move with any change.
+import { test, describe, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { pino } from 'pino';
+import { NftWatch } from '../../src/backends/shared/nft-watch.js';
+import { NftNetlink, xtablesInfo } from '../../src/backends/shared/kernel.js';
+import { SystemNft } from '../../src/backends/nft/nft.js';
+import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
+
+describe('nftables change events', { skip: canUseNetns() }, () => {
+  let ns: TestNetns;
+  before(() => (ns = createNetns()));
+  after(() => ns?.remove());
+
+  test('the generation moves by one per committed transaction', () => {
+    const nl = new NftNetlink(ns.name);
+    try {
+      const g0 = nl.generation();
+      ns.exec('nft', ['add table ip counting']);
+      ns.exec('nft', ['add chain ip counting c; add chain ip counting d']);
+      assert.equal(nl.generation(), g0 + 2);
+    } finally {
+      nl.close();
+    }
+  });
+
+  test("kpng's own changes are not drift; anyone else's to its table are; others' tables are not", async () => {
+    const nft = new SystemNft({ path: ns.wrapper('nft') });
+    const watch = new NftWatch({ ours: (e) => e.table === 'kpng' && e.family === 2, ownsPid: (pid) => nft.ownsPid(pid), netns: ns.name, log: pino({ level: 'silent' }) });
+    try {
+      watch.start();
+      await nft.run('add table ip kpng\nadd chain ip kpng c\nadd rule ip kpng c drop\n');
+      assert.equal(watch.check(), undefined);
+      ns.exec('nft', ['add table ip other; add chain ip other x']);
+      assert.equal(watch.check(), undefined);
+      ns.exec('nft', ['flush chain ip kpng c']);
+      assert.match(watch.check() ?? '', /changed by process \d+ \(nft\)/);
+      assert.equal(watch.check(), undefined, 'reported once');
+      // a big load of kpng's own, paused: a foreign transaction meanwhile is noticed by the count
+      watch.pause();
+      await nft.run('add rule ip kpng c drop\n');
+      ns.exec('nft', ['add chain ip other y']);
+      watch.resume(1);
+      assert.match(watch.check() ?? '', /1 transaction\(s\) by another process/);
+      watch.start(); // what the read-back does
+      watch.pause();
+      await nft.run('add rule ip kpng c drop\n');
+      watch.resume(1);
+      assert.equal(watch.check(), undefined);
+    } finally {
+      watch.close();
+      nft.close();
+    }
+  });
+});
+
+describe('iptables-legacy table sizes', { skip: canUseNetns() ?? (spawnSync('which', ['iptables-legacy']).status === 0 ? undefined : 'needs iptables-legacy') }, () => {
+  let ns: TestNetns;
+  before(() => (ns = createNetns()));
+  after(() => ns?.remove());
+
+  test('move with a rule added or deleted', () => {
+    ns.exec('iptables-legacy', ['-t', 'nat', '-N', 'KUBE-TEST']);
+    const a = xtablesInfo(4, 'nat', ns.name);
+    ns.exec('iptables-legacy', ['-t', 'nat', '-A', 'KUBE-TEST', '-j', 'RETURN']);
+    const b = xtablesInfo(4, 'nat', ns.name);
+    assert.ok(a && b);
+    assert.equal(b.entries, a.entries + 1);
+    ns.exec('iptables-legacy', ['-t', 'nat', '-D', 'KUBE-TEST', '-j', 'RETURN']);
+    assert.deepEqual(xtablesInfo(4, 'nat', ns.name), a);
+  });
+});
