@@ -15,6 +15,7 @@ import { parseSave, toolName, type IptablesMode, type SavedTable } from '../../s
 import { defaultConfig, type KubeProxyConfiguration } from '../../src/backends/shared/config.js';
 import type { Store } from '../../src/store/store.js';
 import type { TestNetns } from './netns.js';
+import { skipOrFailInCI } from './ci.js';
 import { node, service, slice } from './k8s.js';
 
 export const MODES: readonly IptablesMode[] = ['nft', 'legacy'];
@@ -28,9 +29,9 @@ export function iptablesConfig(over: (c: KubeProxyConfiguration) => void = () =>
 
 /** Why iptables (this mode) cannot be used in a namespace here, or undefined. */
 export function iptablesUnsupported(mode?: IptablesMode): string | undefined {
-  if (process.getuid?.() !== 0) return 'needs root (network namespaces)';
+  if (process.getuid?.() !== 0) return skipOrFailInCI('needs root (network namespaces)');
   for (const tool of ['ip', 'sysctl', ...(mode ? [toolName(4, mode, 'restore'), toolName(6, mode, 'save')] : ['iptables-nft-restore', 'iptables-legacy-restore'])]) {
-    if (spawnSync('which', [tool]).status !== 0) return `needs ${tool} (apt-get install iptables)`;
+    if (spawnSync('which', [tool]).status !== 0) return skipOrFailInCI(`needs ${tool} (apt-get install ${tool === 'sysctl' ? 'procps' : 'iptables'})`);
   }
   return undefined;
 }

@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { Lab, describeOutcome, labUnsupported, poll, type LabSpec, type KpngProcess, type Outcome } from '../../src/lab/index.js';
 import type { IptablesMode } from '../../src/backends/iptables/iptables.js';
 import { iptablesUnsupported } from './iptables.js';
+import { skipOrFailInCI } from './ci.js';
 
 type Obj = Record<string, any>;
 
@@ -50,11 +51,11 @@ export const proxyMode = (b: LabBackend): 'nftables' | 'iptables' => (b.name ===
 
 /** Why lab tests of this backend cannot run here, or undefined. */
 export async function backendLabUnsupported(b: LabBackend): Promise<string | undefined> {
-  const why = labUnsupported() ?? (b.name === 'iptables' ? iptablesUnsupported(b.mode) : undefined);
+  const why = skipOrFailInCI(labUnsupported()) ?? (b.name === 'iptables' ? iptablesUnsupported(b.mode) : undefined);
   if (why) return why;
   const c = await kpngCapabilities();
-  if (c.error) return `kpng's command line does not load: ${c.error}`;
-  if (!c.backends.includes(b.name)) return `the to-${b.name} backend is not available in this checkout (kpng file to-local has no to-${b.name})`;
+  if (c.error) return skipOrFailInCI(`kpng's command line does not load: ${c.error}`);
+  if (!c.backends.includes(b.name)) return skipOrFailInCI(`the to-${b.name} backend is not available in this checkout (kpng file to-local has no to-${b.name})`);
   return undefined;
 }
 

@@ -5,8 +5,13 @@ import { mkdtempSync, writeFileSync, chmodSync, rmSync, existsSync } from 'node:
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
+import { skipOrFailInCI } from './ci.js';
 
 export function canUseNetns(): string | undefined {
+  return skipOrFailInCI(netnsUnsupported());
+}
+
+function netnsUnsupported(): string | undefined {
   if (process.getuid?.() !== 0) return 'needs root';
   for (const tool of ['ip', 'nft']) {
     if (spawnSync('which', [tool]).status !== 0) return `needs ${tool}`;

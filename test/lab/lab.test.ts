@@ -7,8 +7,9 @@ import { readFileSync } from 'node:fs';
 import { spawn, spawnSync } from 'node:child_process';
 import { Lab, POD_GATEWAY, labUnsupported, listNamespaces, removeLeftovers, verdict, masqueraded, seenSource, spread, describeOutcome } from '../../src/lab/index.js';
 import { checkFlow, labSpecFor, loadScenario, serveScenario } from '../helpers/lab-flows.js';
+import { skipOrFailInCI } from '../helpers/ci.js';
 
-const skip = labUnsupported();
+const skip = skipOrFailInCI(labUnsupported());
 const RULES = new URL('../data/lab/', import.meta.url);
 
 const SYSCTLS = ['net/ipv4/ip_forward', 'net/ipv6/conf/all/forwarding', 'net/ipv4/conf/all/rp_filter', 'net/ipv4/conf/default/rp_filter', 'net/ipv4/conf/all/send_redirects', 'net/ipv6/conf/default/accept_dad', 'net/ipv6/ip_nonlocal_bind'];
