@@ -1,6 +1,6 @@
 // kpng version and kpng demo.
 import { registerCommand } from './commands.js';
-import { version } from './main.js';
+import { version } from '../version.js';
 import { runDemo } from './demo.js';
 import { registeredBackends } from '../backends/registry.js';
 

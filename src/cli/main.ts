@@ -1,7 +1,6 @@
 // kpng's command line: `kpng <source> [flags] <sink> [flags] [to-<backend> [flags]]`,
 // built from the source, sink and backend registries.
 import { Command, Option } from 'commander';
-import { readFileSync } from 'node:fs';
 import { createLogger, setLogger, type Logger } from '../log.js';
 import { Store } from '../store/store.js';
 import { ServiceViews } from '../localstate/views.js';
@@ -17,10 +16,7 @@ import '../sinks/index.js';
 import '../backends/index.js';
 import './builtin.js';
 
-export function version(): string {
-  const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8'));
-  return pkg.version;
-}
+export { version } from '../version.js';
 
 /** Runs a source into a sink until the sink finishes or a signal arrives. */
 export async function runPipeline(p: {
