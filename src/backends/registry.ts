@@ -45,9 +45,19 @@ export interface BackendDefinition {
   create(opts: Record<string, any>, ctx: BackendContext): BackendInstance | Promise<BackendInstance>;
   /**
    * `kpng cleanup`: removes everything this backend installed on the node
-   * (its tables, chains, sets) and nothing else. Returns what it removed.
+   * (its tables, chains, sets) and nothing else; goes on past a part it
+   * cannot remove, and reports it.
    */
-  cleanup?(log: Logger): Promise<string[]>;
+  cleanup?(log: Logger): Promise<CleanupReport>;
+}
+
+/** What `kpng cleanup` did in one backend, one entry per table (or chain set), as printed. */
+export interface CleanupReport {
+  readonly removed: string[];
+  /** found, and left on purpose: what and why */
+  readonly kept: string[];
+  /** could not be removed: what and why (the command then exits 1) */
+  readonly failed: string[];
 }
 
 const backends = new Map<string, BackendDefinition>();

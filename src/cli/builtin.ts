@@ -1,8 +1,8 @@
-// kpng version and kpng demo.
+// kpng version, kpng demo and kpng cleanup.
 import { registerCommand } from './commands.js';
 import { version } from '../version.js';
 import { runDemo } from './demo.js';
-import { registeredBackends } from '../backends/registry.js';
+import { registeredBackends, type CleanupReport } from '../backends/registry.js';
 
 registerCommand((program) => {
   program
@@ -22,19 +22,65 @@ registerCommand((program, run) => {
     });
 });
 
+const CLEANUP_HELP = `
+What it removes:
+  to-nft       the tables "ip kpng" and "ip6 kpng".
+  to-iptables  in iptables-nft and iptables-legacy, IPv4 and IPv6: kpng's chains (filter
+               and nat KUBE-SERVICES, KUBE-NODEPORTS, KUBE-EXTERNAL-SERVICES, KUBE-FORWARD,
+               KUBE-PROXY-FIREWALL, KUBE-POSTROUTING, KUBE-MARK-MASQ, KUBE-PROXY-CANARY,
+               and the per-service KUBE-SVC-/SVL-/EXT-/FW-/SEP- chains), and every rule of
+               any other chain, built-in or not, that jumps (-j) or goes (-g) to one of
+               them: such a rule points into what kpng installed. The rest of that chain
+               stays.
+
+What stays:
+  filter KUBE-FIREWALL and its INPUT/OUTPUT jumps (IPv4, written for localhost NodePorts):
+  the DROP of non-local traffic to 127.0.0.0/8 that kubelet writes too (kpng cannot tell
+  its copy from kubelet's). It guards net.ipv4.conf.all.route_localnet=1, which stays too.
+  kube-proxy --cleanup leaves both alike. kubelet's own chains stay as well.
+
+Each table goes in one step (one iptables-restore per table, one nft command per nftables
+table): a table that cannot be cleaned stays as it was, and every other table and family
+is still cleaned; each such table is reported on a "could not clean" line, and the exit
+status is then 1.
+`;
+
+/** An expected outcome (reported line by line above), not a crash: logged without a stack. */
+class CleanupIncomplete extends Error {
+  constructor(message: string) {
+    super(message);
+    this.stack = message;
+  }
+}
+
 registerCommand((program, run) => {
   program
     .command('cleanup')
-    .description('remove everything kpng installed on this node (its nftables tables, iptables chains) and nothing else')
+    .description('remove what kpng installed on this node (its nftables tables, its iptables chains and the rules jumping to them) and nothing else; KUBE-FIREWALL stays (see kpng cleanup --help)')
     .option('--backend <name...>', 'only these backends (default: all)')
+    .addHelpText('after', CLEANUP_HELP)
     .action(function (this: import('commander').Command) {
       const opts = this.opts();
       return run(async (log) => {
-        for (const b of registeredBackends()) {
-          if (!b.cleanup || (opts.backend && !opts.backend.includes(b.name))) continue;
-          const removed = await b.cleanup(log);
-          for (const r of removed) console.log(`removed ${r}`);
+        const backends = registeredBackends().filter((b) => b.cleanup);
+        const unknown = ((opts.backend ?? []) as string[]).filter((n) => !backends.some((b) => b.name === n));
+        if (unknown.length) throw new Error(`unknown backend ${unknown.join(', ')} (backends: ${backends.map((b) => b.name).join(', ')})`);
+        let failed = 0;
+        for (const b of backends) {
+          if (opts.backend && !opts.backend.includes(b.name)) continue;
+          let report: CleanupReport;
+          try {
+            report = await b.cleanup!(log);
+          } catch (e) {
+            // a bug in one backend's cleanup does not keep the others from theirs
+            report = { removed: [], kept: [], failed: [`the ${b.name} backend: ${(e as Error).message}`] };
+          }
+          for (const r of report.removed) console.log(`removed ${r}`);
+          for (const k of report.kept) console.log(`kept ${k}`);
+          for (const f of report.failed) log.error(`cleanup: could not clean ${f}`);
+          failed += report.failed.length;
         }
+        if (failed) throw new CleanupIncomplete(`cleanup incomplete: ${failed} part${failed > 1 ? 's' : ''} left in place (see above)`);
       });
     });
 });

@@ -64,11 +64,12 @@ export async function restore(family: Family, mode: IptablesMode, tool: ToolPath
   try {
     await run(tool(toolName(family, mode, 'restore')), ['--noflush', '-w', '5', ...(o.test ? ['--test'] : [])], input, o.onSpawn);
   } catch (e) {
-    // name the line iptables-restore stopped at (as upstream logs it)
-    const m = e instanceof IptablesError ? /Error occurred at line: (\d+)/.exec(e.stderr) : null;
+    // name the line iptables-restore stopped at (as upstream logs it); legacy says "line N failed"
+    const m = e instanceof IptablesError ? /Error occurred at line: (\d+)|^\S*restore: line (\d+) failed/m.exec(e.stderr) : null;
     if (!m) throw e;
-    const line = input.split('\n', Number(m[1]))[Number(m[1]) - 1];
-    throw new IptablesError(`${(e as Error).message} | line ${m[1]}: ${line}`, (e as IptablesError).stderr, (e as IptablesError).code);
+    const n = Number(m[1] ?? m[2]);
+    const line = input.split('\n', n)[n - 1];
+    throw new IptablesError(`${(e as Error).message} | line ${n}: ${line}`, (e as IptablesError).stderr, (e as IptablesError).code);
   }
 }
 

@@ -3,7 +3,7 @@ import { DecoderSink } from '../../diff/decoder.js';
 import { LocalSet } from '../../api/model.js';
 import { registerBackend } from '../registry.js';
 import { NftProxier } from './proxier.js';
-import { runNft } from './nft.js';
+import { runNft, type NftError } from './nft.js';
 import { TABLE } from './ruleset.js';
 
 registerBackend({
@@ -37,17 +37,19 @@ registerBackend({
     };
   },
   async cleanup(log) {
-    const removed: string[] = [];
+    const report = { removed: [] as string[], kept: [] as string[], failed: [] as string[] };
     for (const family of ['ip', 'ip6']) {
       try {
         await runNft(['delete', 'table', family, TABLE]);
-        removed.push(`nftables table ${family} ${TABLE}`);
+        report.removed.push(`nftables table ${family} ${TABLE}`);
       } catch (e) {
-        // no table: nothing of ours there
-        if (!/No such file or directory/.test((e as { stderr?: string }).stderr ?? '')) log.warn({ err: (e as Error).message }, 'cleanup: nft failed');
+        // no table, no nft, no nf_tables: nothing of ours there; anything else is reported (and the other family still cleaned)
+        const err = e as NftError;
+        if (err.code === -1 || /No such file or directory|Protocol not supported|Operation not supported/.test(err.stderr ?? '')) log.debug({ err: err.message }, `cleanup: no nftables table ${family} ${TABLE}`);
+        else report.failed.push(`nftables table ${family} ${TABLE}: ${err.message}`);
       }
     }
-    return removed;
+    return report;
   },
 });
 
