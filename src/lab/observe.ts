@@ -2,6 +2,9 @@
 // answered (DNAT), REJECT, DROP, or "" (not translated), and whether the
 // endpoint saw the client or the node (masquerade).
 import { canonicalIP } from '../api/ip.js';
+import { sleep } from '../backoff.js';
+
+export { sleep };
 import type { Outcome } from './agent.js';
 
 export function hostPort(ip: string, port: number): string {
@@ -68,28 +71,12 @@ export function spread(outcomes: Outcome[]): Map<string, number> {
   return m;
 }
 
-/** Sleeps, or rejects at once when signal aborts. */
-export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal?.aborted) return reject(signal.reason ?? new Error('aborted'));
-    const t = setTimeout(() => {
-      signal?.removeEventListener('abort', onAbort);
-      resolve();
-    }, ms);
-    const onAbort = () => {
-      clearTimeout(t);
-      reject(signal!.reason ?? new Error('aborted'));
-    };
-    signal?.addEventListener('abort', onAbort, { once: true });
-  });
-}
-
 /** Calls fn until ok(result) or timeoutMs; returns the last result and whether it was ok. */
 export async function poll<T>(fn: () => Promise<T>, ok: (t: T) => boolean, opts: { timeoutMs?: number; everyMs?: number; signal?: AbortSignal } = {}): Promise<{ value: T; ok: boolean; ms: number }> {
   const t0 = Date.now();
   let value = await fn();
   while (!ok(value) && Date.now() - t0 < (opts.timeoutMs ?? 15_000)) {
-    await sleep(opts.everyMs ?? 100, opts.signal);
+    if (!(await sleep(opts.everyMs ?? 100, opts.signal))) break;
     value = await fn();
   }
   return { value, ok: ok(value), ms: Date.now() - t0 };
