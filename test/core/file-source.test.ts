@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import { stringify } from 'yaml';
 import { Store } from '../../src/store/store.js';
 import { FileSource } from '../../src/sources/file/index.js';
+import { flattenObjects, InvalidObject } from '../../src/sources/objects.js';
 import { service, slice, node } from '../helpers/k8s.js';
 import { recordingLogger } from '../helpers/logs.js';
 
@@ -116,4 +117,33 @@ test('re-writing a file with the same objects changes nothing', async () => {
     src.stop();
     t.done();
   }
+});
+
+test('a List nested 5,000 deep is refused with one log line naming the file; the other files load', async () => {
+  const t = tmp();
+  try {
+    // built as text: JSON.stringify itself recurses
+    const deep = '{"kind":"List","items":['.repeat(5000) + JSON.stringify(service('ns', 'deep', { clusterIP: '10.96.0.9' })) + ']}'.repeat(5000);
+    const bad = join(t.dir, 'deep.json');
+    writeFileSync(bad, deep);
+    writeFileSync(join(t.dir, 'ok.yaml'), stringify(service('ns', 'a', { clusterIP: '10.96.0.1' })));
+    const rec = recordingLogger();
+    const store = new Store();
+    const src = new FileSource(store, rec.log, { input: t.dir, watch: false });
+    await src.start();
+    assert.deepEqual([...store.serviceKeys()], ['ns/a']);
+    const lines = rec.records.filter((r) => r.file === bad);
+    assert.equal(lines.length, 1, rec.text());
+    assert.match(JSON.stringify(lines[0]), /nested more than 16 deep/);
+  } finally {
+    t.done();
+  }
+});
+
+test('Lists inside Lists flatten (no recursion), deeper than 16 is refused', () => {
+  let l: unknown = { kind: 'Node', metadata: { name: 'n' } };
+  for (let i = 0; i < 16; i++) l = { kind: 'List', items: [l, { kind: 'Node', metadata: { name: `n${i}` } }] };
+  assert.equal(flattenObjects(l).length, 17);
+  assert.throws(() => flattenObjects({ kind: 'List', items: [l] }), (e: unknown) => e instanceof InvalidObject && /nested/.test(e.message));
+  assert.deepEqual(flattenObjects({ kind: 'ServiceList', items: [{ metadata: { name: 'a' } }, 7] }), [{ kind: 'Service', metadata: { name: 'a' } }, 7]);
 });

@@ -148,10 +148,12 @@ export class FileSource {
   }
 
   private readFile(file: string, previous: Map<string, ModelObject> | undefined): Map<string, ModelObject> {
-    let docs: unknown[];
+    let raws: unknown[];
     try {
       const text = readFileSync(file, 'utf8');
-      docs = extname(file) === '.json' ? [JSON.parse(text)] : parseYAMLDocs(text);
+      const docs = extname(file) === '.json' ? [JSON.parse(text)] : parseYAMLDocs(text);
+      // a List nested absurdly deep refuses the file
+      raws = docs.flatMap(flattenObjects);
     } catch (e) {
       if (previous) {
         this.log.error({ file, err: (e as Error).message }, 'file source: cannot parse file; keeping its last good objects');
@@ -161,7 +163,7 @@ export class FileSource {
       return new Map();
     }
     const out = new Map<string, ModelObject>();
-    for (const raw of docs.flatMap(flattenObjects)) {
+    for (const raw of raws) {
       if (raw === null || raw === undefined) continue;
       let c;
       try {
