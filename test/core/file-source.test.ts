@@ -147,3 +147,22 @@ test('Lists inside Lists flatten (no recursion), deeper than 16 is refused', () 
   assert.throws(() => flattenObjects({ kind: 'List', items: [l] }), (e: unknown) => e instanceof InvalidObject && /nested/.test(e.message));
   assert.deepEqual(flattenObjects({ kind: 'ServiceList', items: [{ metadata: { name: 'a' } }, 7] }), [{ kind: 'Service', metadata: { name: 'a' } }, 7]);
 });
+
+test('an object defined twice in one file warns naming the file and the object (as across files)', async () => {
+  const t = tmp();
+  try {
+    const file = join(t.dir, 'dup.yaml');
+    writeFileSync(file, [service('ns', 'a', { clusterIP: '10.96.0.1' }), service('ns', 'a', { clusterIP: '10.96.0.2' })].map((o) => stringify(o)).join('---\n'));
+    writeFileSync(join(t.dir, 'z.yaml'), stringify(service('ns', 'b', { clusterIP: '10.96.0.3' })));
+    writeFileSync(join(t.dir, 'zz.yaml'), stringify(service('ns', 'b', { clusterIP: '10.96.0.4' })));
+    const rec = recordingLogger();
+    const store = new Store();
+    await new FileSource(store, rec.log, { input: t.dir, watch: false }).start();
+    const warns = rec.records.filter((r) => r.level === 40);
+    assert.deepEqual(warns.map((w) => [w.file, w.object]), [[file, 'Service/ns/a'], [join(t.dir, 'zz.yaml'), 'Service/ns/b']], rec.text());
+    assert.deepEqual(store.getService('ns/a')!.service.IPs!.ClusterIPs!.V4, ['10.96.0.2'], 'the later one wins');
+    assert.deepEqual(store.getService('ns/b')!.service.IPs!.ClusterIPs!.V4, ['10.96.0.4']);
+  } finally {
+    t.done();
+  }
+});

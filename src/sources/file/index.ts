@@ -182,6 +182,7 @@ export class FileSource {
         continue;
       }
       const k = modelKey(c);
+      if (out.has(k)) this.log.warn({ file, object: k }, 'file source: object defined twice in this file; the later one wins');
       // keep the identical object from the last load so unchanged objects are not re-applied
       const old = previous?.get(k);
       out.set(k, old && sameObject(old, c) ? old : c);
