@@ -25,7 +25,7 @@ async function until(cond: () => boolean, what: string, ms = 5000) {
   }
 }
 
-test('a directory of YAML (multi-document, Lists) and JSON files', () => {
+test('a directory of YAML (multi-document, Lists) and JSON files', async () => {
   const t = tmp();
   try {
     writeFileSync(join(t.dir, 'a.yaml'), [service('ns', 'a', { clusterIP: '10.96.0.1' }), slice('ns', 'a-1', 'a', [{ ip: '10.0.0.1' }])].map((o) => stringify(o)).join('---\n'));
@@ -33,7 +33,7 @@ test('a directory of YAML (multi-document, Lists) and JSON files', () => {
     writeFileSync(join(t.dir, 'notes.txt'), 'not read');
     const store = new Store();
     const src = new FileSource(store, recordingLogger().log, { input: t.dir, watch: false });
-    src.start();
+    await src.start();
     assert.deepEqual([...store.serviceKeys()].sort(), ['ns/a', 'ns/b']);
     assert.equal(store.slicesOfService('ns/a').length, 1);
     assert.ok(store.getNode('n1'));
@@ -43,14 +43,14 @@ test('a directory of YAML (multi-document, Lists) and JSON files', () => {
   }
 });
 
-test('an invalid object is skipped with one log line naming file, object and field; the rest applies', () => {
+test('an invalid object is skipped with one log line naming file, object and field; the rest applies', async () => {
   const t = tmp();
   try {
     const file = join(t.dir, 'c.yaml');
     writeFileSync(file, [service('ns', 'good', { clusterIP: '10.96.0.1' }), service('ns', 'bad', { ports: [{ name: 'x', port: 99999 }] })].map((o) => stringify(o)).join('---\n'));
     const rec = recordingLogger();
     const store = new Store();
-    new FileSource(store, rec.log, { input: file, watch: false }).start();
+    await new FileSource(store, rec.log, { input: file, watch: false }).start();
     assert.deepEqual([...store.serviceKeys()], ['ns/good']);
     const errors = rec.records.filter((r) => r.level >= 50);
     assert.equal(errors.length, 1);
@@ -71,7 +71,7 @@ test('changes are followed through file events; a broken file keeps its last goo
   writeFileSync(file, stringify(service('ns', 'a', { clusterIP: '10.96.0.1' })));
   const src = new FileSource(store, rec.log, { input: t.dir, debounceMs: 30 });
   try {
-    src.start();
+    await src.start();
     assert.deepEqual([...store.serviceKeys()], ['ns/a']);
 
     // an editor's atomic save: write elsewhere, rename over
@@ -94,7 +94,7 @@ test('changes are followed through file events; a broken file keeps its last goo
     writeFileSync(file, stringify(service('ns', 'a', { clusterIP: '10.96.0.1' })));
     await until(() => store.getService('ns/b') === undefined, 'ns/b to go away');
   } finally {
-    src.stop();
+    await src.stop();
     t.done();
   }
 });
@@ -107,14 +107,14 @@ test('re-writing a file with the same objects changes nothing', async () => {
   writeFileSync(file, text);
   const src = new FileSource(store, recordingLogger().log, { input: file, debounceMs: 20 });
   try {
-    src.start();
+    await src.start();
     const rev = store.rev;
     const reloads = src.reloads;
     writeFileSync(file, text);
     await until(() => src.reloads > reloads, 'a reload');
     assert.equal(store.rev, rev);
   } finally {
-    src.stop();
+    await src.stop();
     t.done();
   }
 });
