@@ -69,7 +69,7 @@ test('changes are followed through file events; a broken file keeps its last goo
   const store = new Store();
   const file = join(t.dir, 'cluster.yaml');
   writeFileSync(file, stringify(service('ns', 'a', { clusterIP: '10.96.0.1' })));
-  const src = new FileSource(store, rec.log, { input: t.dir, debounceMs: 30 });
+  const src = new FileSource(store, rec.log, { input: t.dir, debounceMs: 30, writeGraceMs: 300 });
   try {
     await src.start();
     assert.deepEqual([...store.serviceKeys()], ['ns/a']);

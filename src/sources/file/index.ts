@@ -4,7 +4,9 @@
 // diff when the files change (file-system events, debounced; no polling).
 // A file that does not parse keeps its last good objects; an invalid object
 // keeps its last good version. Only regular files are read, never blocking
-// the event loop: large ones are parsed in a worker thread (parser-thread.ts).
+// the event loop: large ones are parsed in a worker thread (parser-thread.ts),
+// and a file rewritten in place is not taken for its half-written states.
+// See docs/file-source.md.
 import { constants, watch, type BigIntStats, type Dirent, type FSWatcher } from 'node:fs';
 import { open, readdir, stat } from 'node:fs/promises';
 import { dirname, extname, join, resolve, sep } from 'node:path';
@@ -39,6 +41,11 @@ export interface FileSourceOptions {
   debounceMs?: number;
   /** watch for changes (default true) */
   watch?: boolean;
+  /**
+   * how long a file rewritten in place may look unfinished (emptied, lost
+   * objects, cut mid-line, does not parse) before that counts
+   */
+  writeGraceMs?: number;
 }
 
 interface Entry {
@@ -52,6 +59,12 @@ interface FileState {
   objects: Map<string, Entry>;
   /** the stat of the content last read, good or not; unset: read it again */
   seen?: string;
+  /** dev:ino of the last good read: a change under the same inode is an in-place write */
+  inode?: string;
+  /** the last good read ended with a line break (kubectl and editors end files so) */
+  newline: boolean;
+  /** a read held back as an unfinished in-place write: its stat, and since when it looks so */
+  held?: { seen: string; since: number };
 }
 
 const errCode = (e: unknown) => (e as NodeJS.ErrnoException)?.code ?? '';
@@ -64,6 +77,7 @@ const fingerprint = (st: BigIntStats) => `${st.dev}:${st.ino}:${st.size}:${st.mt
 export class FileSource {
   private readonly input: string;
   private readonly debounceMs: number;
+  private readonly graceMs: number;
   private readonly watching: boolean;
   private files = new Map<string, FileState>();
   /** what is in the store from us */
@@ -78,6 +92,7 @@ export class FileSource {
   private stopped = false;
   private debounceTimer?: NodeJS.Timeout;
   private firstEventAt?: number;
+  private heldTimer?: NodeJS.Timeout;
   private retryTimer?: NodeJS.Timeout;
   private retryMs = RETRY_MIN_MS;
   /** resource errors met in the reload under way */
@@ -93,6 +108,7 @@ export class FileSource {
   ) {
     this.input = resolve(opts.input);
     this.debounceMs = opts.debounceMs ?? 100;
+    this.graceMs = opts.writeGraceMs ?? 3000;
     this.watching = opts.watch !== false;
   }
 
@@ -107,6 +123,7 @@ export class FileSource {
     for (const { w } of this.watchers.values()) w.close();
     this.watchers.clear();
     clearTimeout(this.debounceTimer);
+    clearTimeout(this.heldTimer);
     clearTimeout(this.retryTimer);
     await this.parser.close();
     await this.running;
@@ -168,6 +185,7 @@ export class FileSource {
     } else {
       this.retryMs = RETRY_MIN_MS;
     }
+    this.recheckHeld();
   }
 
   /** A turn of the event loop now and then, so health and metrics keep answering. */
@@ -306,7 +324,7 @@ export class FileSource {
       return gone(e) ? undefined : this.unreadable(file, prev, e);
     }
     if (!st.isFile()) return this.notRegular(file);
-    if (prev && prev.seen === fingerprint(st)) return prev;
+    if (prev && !prev.held && prev.seen === fingerprint(st)) return prev;
 
     const readAt = Date.now();
     let data: Buffer;
@@ -316,7 +334,7 @@ export class FileSource {
       if (r === 'changing') {
         // written while it was read: again once the writer is quiet
         this.changed();
-        return prev ?? { objects: new Map() };
+        return prev ?? { objects: new Map(), newline: false };
       }
       ({ data, st } = r);
     } catch (e) {
@@ -325,6 +343,7 @@ export class FileSource {
     this.noted.delete(file);
     const seen = fingerprint(st);
     const json = extname(file) === '.json';
+    const newline = data.length > 0 && data[data.length - 1] === 0x0a;
 
     let items: ParsedItem[] | undefined;
     let error: string | undefined;
@@ -335,13 +354,23 @@ export class FileSource {
       error = message(e);
     }
 
+    // `kubectl get -o yaml > file` truncates, then writes: until it is done
+    // the file looks emptied, cut short, or broken. Rewritten in place and
+    // looking so, it keeps its objects until it has stayed so for the grace.
+    if (prev && prev.objects.size && prev.inode === inodeOf(st) && (error !== undefined || (prev.newline && !newline) || lostObjects(prev.objects, items!))) {
+      const since = prev.held?.seen === seen ? prev.held.since : Date.now();
+      if (Date.now() - since < this.graceMs) {
+        if (!prev.held) this.log.debug({ file, graceMs: this.graceMs }, 'file source: file rewritten in place looks unfinished; keeping its objects until it is done or the grace is over');
+        return { ...prev, held: { seen, since } };
+      }
+    }
     // a stat taken so soon after the change may not tell the next change
     const settled = readAt - Number(st.mtimeMs) > SETTLED_MS && readAt - Number(st.ctimeMs) > SETTLED_MS ? seen : undefined;
     if (error !== undefined) {
       this.log.error({ file, err: error }, prev ? 'file source: cannot parse file; keeping its last good objects' : 'file source: cannot parse file; skipping it');
-      return { objects: prev?.objects ?? new Map(), seen: settled };
+      return { objects: prev?.objects ?? new Map(), seen: settled, inode: prev?.inode, newline: prev?.newline ?? false };
     }
-    return { objects: this.merge(file, items!, prev), seen: settled };
+    return { objects: this.merge(file, items!, prev), seen: settled, inode: inodeOf(st), newline };
   }
 
   private parse(data: Buffer, json: boolean): Promise<ParsedItem[]> | ParsedItem[] {
@@ -381,7 +410,7 @@ export class FileSource {
   private unreadable(file: string, prev: FileState | undefined, e: unknown): FileState {
     if (isResource(e)) this.shortOf.push(e);
     else this.note(file, message(e), () => this.log.error({ file, err: message(e) }, 'file source: cannot read file; keeping its last good objects'));
-    return prev ? { ...prev, seen: undefined } : { objects: new Map() };
+    return prev ? { ...prev, seen: undefined } : { objects: new Map(), newline: false };
   }
 
   private notRegular(file: string): undefined {
@@ -403,7 +432,8 @@ export class FileSource {
     for (const [file, st] of this.files) {
       for (const [k, entry] of st.objects) {
         const other = desired.get(k);
-        if (other) this.log.warn({ file, object: k }, 'file source: object defined twice; the later file wins');
+        // a file held back may still have what another file has taken over
+        if (other && !st.held && !this.files.get(other.file)!.held) this.log.warn({ file, object: k }, 'file source: object defined twice; the later file wins');
         desired.set(k, { entry, file });
       }
       await this.breathe();
@@ -431,6 +461,14 @@ export class FileSource {
       });
     }
   }
+
+  /** a reload when the first held-back file's grace is over */
+  private recheckHeld() {
+    clearTimeout(this.heldTimer);
+    let at = Infinity;
+    for (const s of this.files.values()) if (s.held) at = Math.min(at, s.held.since + this.graceMs);
+    if (at !== Infinity) this.heldTimer = setTimeout(() => void this.reload(), Math.max(0, at - Date.now()) + 10);
+  }
 }
 
 /** A regular file's content, read without ever blocking (a FIFO must not wait for a writer). */
@@ -448,6 +486,13 @@ async function readRegular(file: string): Promise<{ data: Buffer; st: BigIntStat
   }
 }
 
+function lostObjects(prev: Map<string, Entry>, items: ParsedItem[]): boolean {
+  const now = new Set<string>();
+  for (const it of items) if ('key' in it) now.add(it.key);
+  for (const k of prev.keys()) if (!now.has(k)) return true;
+  return false;
+}
+
 registerSource({
   name: 'file',
   description: 'read Kubernetes objects (kubectl get -o yaml|json) from a file or a directory, and follow their changes',
@@ -455,10 +500,11 @@ registerSource({
     cmd
       .requiredOption('-i, --input <path>', 'file or directory of Service, EndpointSlice, Node and ServiceCIDR objects (regular files named *.yaml, *.yml, *.json)')
       .option('--debounce <ms>', 'reload once file events have been quiet this long (at the latest 10 times this after the first event)', (v) => Number(v), 100)
+      .option('--write-grace <ms>', 'a file rewritten in place that looks unfinished (emptied, lost objects, cut mid-line, does not parse) keeps its objects this long before it counts', (v) => Number(v), 3000)
       .option('--no-watch', 'read the input once; do not follow changes');
   },
   async start(opts, ctx) {
-    const src = new FileSource(ctx.store, ctx.log, { input: opts.input, debounceMs: opts.debounce, watch: opts.watch });
+    const src = new FileSource(ctx.store, ctx.log, { input: opts.input, debounceMs: opts.debounce, watch: opts.watch, writeGraceMs: opts.writeGrace });
     const stop = () => src.stop();
     ctx.signal.addEventListener('abort', stop, { once: true });
     // sinks wait for the store to be synced, which start() does once the input is loaded
