@@ -39,7 +39,7 @@ test('out of file descriptors (EMFILE): the process lives, keeps its state, and 
   const t = tmp();
   writeFileSync(join(t.dir, 'a.yaml'), stringify(service('ns', 'a', { clusterIP: '10.96.0.1' })));
   // a process running a file source that can be told to use up its descriptors
-  const child = spawn(KPNG[0], [KPNG[1], KPNG[2], join(ROOT, 'test/file/emfile-child.ts'), t.dir], { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] });
+  const child = spawn(KPNG[0], [KPNG[1], KPNG[2], join(ROOT, 'test/file/source-child.ts'), t.dir], { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] });
   let out = '';
   let err = '';
   child.stdout.on('data', (d) => (out += d));

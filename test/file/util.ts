@@ -54,3 +54,42 @@ export function shell(script: string, cwd?: string) {
     },
   };
 }
+
+/** n Services with a 3-endpoint EndpointSlice each, in 50 namespaces, with the metadata kubectl prints */
+export function objects(n: number): unknown[] {
+  const items: unknown[] = [];
+  for (let i = 0; i < n; i++) {
+    const ip = `10.${96 + (i >> 16)}.${(i >> 8) & 255}.${i & 255}`;
+    items.push(service(`ns${i % 50}`, `svc-${i}`, { clusterIP: ip, ports: [{ name: 'http', port: 80, targetPort: 8080 }, { name: 'https', port: 443, targetPort: 8443 }] }, { metadata: { labels: { app: `app-${i}`, tier: 'web' }, annotations: { note: `service number ${i}` }, uid: `uid-${i}`, resourceVersion: String(1000 + i) } }));
+    items.push(slice(`ns${i % 50}`, `svc-${i}-abcde`, `svc-${i}`, [0, 1, 2].map((k) => ({ ip: `10.${(i >> 8) & 255}.${i & 255}.${k + 1}`, node: `node-${k}`, zone: `z${k}`, pod: `pod-${i}-${k}` })), [{ name: 'http', port: 8080 }, { name: 'https', port: 8443 }]));
+  }
+  return items;
+}
+
+/** YAML as kubectl prints a List, built as text (the yaml library takes long to print this much) */
+export function yamlList(items: unknown[]): string {
+  const out = ['apiVersion: v1', 'kind: List', 'metadata:', '  resourceVersion: ""', 'items:'];
+  const emit = (v: unknown, indent: string, lines: string[], first: string) => {
+    // first: what goes before the first line (a "- " for a list item)
+    if (Array.isArray(v)) {
+      if (!v.length) return void lines.push(`${first}[]`);
+      v.forEach((x, i) => emit(x, indent + '  ', lines, i === 0 && first ? first + '- ' : indent + '- '));
+      return;
+    }
+    if (v && typeof v === 'object') {
+      const entries = Object.entries(v).filter(([, x]) => x !== undefined);
+      if (!entries.length) return void lines.push(`${first}{}`);
+      entries.forEach(([k, x], i) => {
+        const lead = i === 0 ? first : indent;
+        if (x && typeof x === 'object' && (Array.isArray(x) ? x.length : Object.keys(x).length)) {
+          lines.push(`${lead}${k}:`);
+          emit(x, indent + '  ', lines, indent + '  ');
+        } else emit(x, indent + '  ', lines, `${lead}${k}: `);
+      });
+      return;
+    }
+    lines.push(`${first}${JSON.stringify(v)}`);
+  };
+  for (const it of items) emit(it, '    ', out, '  - ');
+  return out.join('\n') + '\n';
+}

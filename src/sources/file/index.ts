@@ -16,7 +16,7 @@ import type { Store } from '../../store/store.js';
 import { KINDS } from '../../store/store.js';
 import { applyObject, deleteObject, type ModelObject } from '../apply.js';
 import { registerSource } from '../registry.js';
-import { parseObjects, type ParsedItem } from './parse.js';
+import { ParseFailed, parseObjects, type ParsedItem } from './parse.js';
 import { ParserThread } from './parser-thread.js';
 
 const EXTENSIONS = new Set(['.yaml', '.yml', '.json']);
@@ -95,7 +95,7 @@ export class FileSource {
   private heldTimer?: NodeJS.Timeout;
   private retryTimer?: NodeJS.Timeout;
   private retryMs = RETRY_MIN_MS;
-  /** resource errors met in the reload under way */
+  /** errors met in the reload under way that are not the input's fault (EMFILE, ...): retry */
   private shortOf: unknown[] = [];
   private sliceStart = 0;
   /** reloads completed */
@@ -171,14 +171,13 @@ export class FileSource {
       }
     } catch (e) {
       if (this.stopped) return;
-      if (isResource(e)) this.shortOf.push(e);
-      else this.log.error({ err: message(e) }, 'file source: reload failed; keeping the last good state');
+      this.shortOf.push(e);
     }
     if (this.stopped) return;
     this.reloads++;
     if (this.shortOf.length) {
-      // out of file descriptors or memory: the state stays as it was, try again later
-      this.log.error({ err: message(this.shortOf[0]), count: this.shortOf.length, retryInMs: this.retryMs }, `file source: cannot read the input (${message(this.shortOf[0])}); keeping the last good state, retrying`);
+      // out of file descriptors or memory, say: what could not be read stays as it was; try again later
+      this.log.error({ err: message(this.shortOf[0]), count: this.shortOf.length, retryInMs: this.retryMs }, `file source: reload incomplete (${message(this.shortOf[0])}); keeping the last good state, retrying`);
       clearTimeout(this.retryTimer);
       this.retryTimer = setTimeout(() => void this.reload(), this.retryMs);
       this.retryMs = Math.min(this.retryMs * 2, RETRY_MAX_MS);
@@ -248,6 +247,11 @@ export class FileSource {
     await walk(this.input);
     // a directory that could not be listed keeps its files as they were
     for (const [f, s] of this.files) if (!out.has(f) && unlisted.some((d) => f.startsWith(d))) out.set(f, s);
+    // what is no longer there needs no note
+    for (const p of this.noted.keys()) {
+      const path = p.startsWith('watch ') ? p.slice('watch '.length) : p;
+      if (path !== this.input && !out.has(path) && !dirs.has(path)) this.noted.delete(p);
+    }
     if (this.watching) {
       for (const [d, { w }] of this.watchers) {
         if (dirs.has(d) || unlisted.some((u) => d.startsWith(u))) continue;
@@ -305,7 +309,15 @@ export class FileSource {
     const reader = async () => {
       while (next < list.length && !this.stopped) {
         const i = next++;
-        results[i] = await this.loadFile(list[i][0], list[i][1]);
+        const [file, prev] = list[i];
+        try {
+          results[i] = await this.loadFile(file, prev);
+        } catch (e) {
+          if (this.stopped) return;
+          // not the file's fault (the parser thread could not start, died): as it was, and retry
+          this.shortOf.push(e);
+          results[i] = prev && { ...prev, seen: undefined };
+        }
         await this.breathe();
       }
     };
@@ -350,7 +362,9 @@ export class FileSource {
     try {
       items = await this.parse(data, json);
     } catch (e) {
-      if (this.stopped) throw e;
+      // the content, or a file too big for the worker's memory: that file is refused;
+      // the worker failing otherwise: the reload keeps the file as it was and is retried
+      if (this.stopped || !(e instanceof ParseFailed || errCode(e) === 'ERR_WORKER_OUT_OF_MEMORY')) throw e;
       error = message(e);
     }
 

@@ -13,6 +13,7 @@ export interface ParseRequest {
   taken: Int32Array;
 }
 
+/** error: the file's content cannot be taken (ParseFailed) */
 export type ParseReply = { id: number; items: import('./parse.js').ParsedItem[] } | { id: number; done: true } | { id: number; error: string };
 
 const CHUNK = 250;

@@ -6,6 +6,9 @@ import { Composer, LineCounter, Parser } from 'yaml';
 import { convertObject, flattenObjects, InvalidObject, objectRef } from '../objects.js';
 import { modelKey, type ModelObject } from '../apply.js';
 
+/** the file's content cannot be taken: a syntax error, Lists nested too deep */
+export class ParseFailed extends Error {}
+
 export type ParsedItem =
   /** hash: of the converted object, to tell an unchanged object without comparing it */
   | { key: string; object: ModelObject; hash: string }
@@ -16,8 +19,8 @@ export type ParsedItem =
 
 /**
  * Parses a file's text (JSON, or YAML with any number of documents) and
- * converts every object in it, handing them out in chunks. Throws when the
- * file as a whole cannot be read: a syntax error, Lists nested too deep.
+ * converts every object in it, handing them out in chunks. Throws
+ * ParseFailed when the file as a whole cannot be taken.
  */
 export function parseObjects(text: string, json: boolean, onChunk: (items: ParsedItem[]) => void, chunkSize = 1000): void {
   let chunk: ParsedItem[] = [];
@@ -25,12 +28,17 @@ export function parseObjects(text: string, json: boolean, onChunk: (items: Parse
     if (chunk.length) onChunk(chunk);
     chunk = [];
   };
-  for (const doc of documents(text, json)) {
-    for (const raw of flattenObjects(doc)) {
-      if (raw === null || raw === undefined) continue;
-      chunk.push(convert(raw));
-      if (chunk.length >= chunkSize) flush();
+  try {
+    for (const doc of documents(text, json)) {
+      for (const raw of flattenObjects(doc)) {
+        if (raw === null || raw === undefined) continue;
+        chunk.push(convert(raw));
+        if (chunk.length >= chunkSize) flush();
+      }
     }
+  } catch (e) {
+    // a syntax error, Lists nested too deep, input that overflows the parser's stack
+    throw e instanceof ParseFailed ? e : new ParseFailed(e instanceof Error ? e.message : String(e));
   }
   flush();
 }

@@ -2,7 +2,7 @@
 // 50 MB YAML file never stalls the event loop. Started on first use, ended
 // once idle: the memory a big parse took goes with it.
 import { Worker } from 'node:worker_threads';
-import type { ParsedItem } from './parse.js';
+import { ParseFailed, type ParsedItem } from './parse.js';
 import type { ParseReply, ParseRequest } from './parse-worker.js';
 
 interface Job {
@@ -24,7 +24,10 @@ export class ParserThread {
 
   /**
    * Parses data (its buffer is transferred: the caller must not use it
-   * again), handing out converted objects as they come.
+   * again), handing out converted objects as they come. Fails with
+   * ParseFailed for content that cannot be taken; with other errors when
+   * the worker cannot start or dies (ERR_WORKER_OUT_OF_MEMORY: the file was
+   * too much for it).
    */
   parse(data: Uint8Array, json: boolean, onChunk: (items: ParsedItem[]) => void): Promise<void> {
     clearTimeout(this.idleTimer);
@@ -75,7 +78,7 @@ export class ParserThread {
         return;
       }
       this.jobs.delete(m.id);
-      if ('error' in m) job.reject(new Error(m.error));
+      if ('error' in m) job.reject(new ParseFailed(m.error));
       else job.resolve();
     });
     // out of memory, or a bug: the parses under way fail, the next one starts a new worker

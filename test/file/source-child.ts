@@ -1,4 +1,5 @@
-// A process running a file source over argv[2] (for fs-errors.test.ts):
+// A process running a file source over argv[2] (for the tests in test/file),
+// logging JSON lines to stdout:
 // stdin "exhaust" opens descriptors until EMFILE, "release" closes them,
 // "keys" prints the store's services, "keys-when K" prints them once K is there.
 import { openSync, closeSync } from 'node:fs';
