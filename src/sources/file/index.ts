@@ -16,6 +16,7 @@ import type { Store } from '../../store/store.js';
 import { KINDS } from '../../store/store.js';
 import { applyObject, deleteObject, type ModelObject } from '../apply.js';
 import { registerSource } from '../registry.js';
+import { ConfigError } from '../../backends/shared/config.js';
 import { ParseFailed, parseObjects, type ParsedItem } from './parse.js';
 import { ParserThread } from './parser-thread.js';
 
@@ -513,12 +514,19 @@ registerSource({
   options(cmd) {
     cmd
       .requiredOption('-i, --input <path>', 'file or directory of Service, EndpointSlice, Node and ServiceCIDR objects (regular files named *.yaml, *.yml, *.json)')
-      .option('--debounce <ms>', 'reload once file events have been quiet this long (at the latest 10 times this after the first event)', (v) => Number(v), 100)
-      .option('--write-grace <ms>', 'a file rewritten in place that looks unfinished (emptied, lost objects, cut mid-line, does not parse) keeps its objects this long before it counts', (v) => Number(v), 3000)
+      .option('--debounce <ms>', 'reload once file events have been quiet this long (at the latest 10 times this, and 1 s, after the first event)', '100')
+      .option('--write-grace <ms>', 'a file rewritten in place that looks unfinished (emptied, lost objects, cut mid-line, does not parse) keeps its objects this long before it counts', '3000')
       .option('--no-watch', 'read the input once; do not follow changes');
   },
   async start(opts, ctx) {
-    const src = new FileSource(ctx.store, ctx.log, { input: opts.input, debounceMs: opts.debounce, watch: opts.watch, writeGraceMs: opts.writeGrace });
+    const ms = (flag: string, v: string) => {
+      const n = Number(v);
+      if (!Number.isInteger(n) || n < 0 || n > 3_600_000) throw new ConfigError(flag, `${v} is not a whole number of milliseconds from 0 to 3600000`);
+      return n;
+    };
+    const debounceMs = ms('--debounce', opts.debounce);
+    const writeGraceMs = ms('--write-grace', opts.writeGrace);
+    const src = new FileSource(ctx.store, ctx.log, { input: opts.input, debounceMs, watch: opts.watch, writeGraceMs });
     const stop = () => src.stop();
     ctx.signal.addEventListener('abort', stop, { once: true });
     // sinks wait for the store to be synced, which start() does once the input is loaded
