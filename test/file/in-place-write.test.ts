@@ -125,3 +125,31 @@ test('a write cut inside its last object, mid-line, does not change that object 
     t.done();
   }
 });
+
+test('a file rewritten in place that stays broken: one error line after the grace, its objects kept, not held again', async () => {
+  const t = tmp();
+  const store = new Store();
+  const rec = recordingLogger();
+  const list = kubectlList('ns', 3);
+  const file = join(t.dir, 'watched.yaml');
+  writeFileSync(file, list.text);
+  const source = new FileSource(store, rec.log, { input: t.dir, debounceMs: 30, writeGraceMs: 300 });
+  try {
+    await source.start();
+    const g = guard(store, list.keys);
+    const t0 = Date.now();
+    writeFileSync(file, list.text + 'kind: [unclosed\n');
+    const parseErrors = () => rec.records.filter((r) => /cannot parse/.test(r.msg));
+    await until(() => parseErrors().length > 0, 'the parse error', 5000);
+    assert.ok(Date.now() - t0 >= 280, 'logged after the grace');
+    // later reloads read it again (it changed less than 2 s ago), neither holding nor logging again
+    for (let i = 0; i < 3; i++) await source.reload();
+    await sleep(500);
+    assert.equal(parseErrors().length, 1, rec.text());
+    g.unsubscribe();
+    assert.deepEqual(g.flaps, []);
+  } finally {
+    await source.stop();
+    t.done();
+  }
+});

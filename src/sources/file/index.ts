@@ -66,6 +66,8 @@ interface FileState {
   newline: boolean;
   /** a read held back as an unfinished in-place write: its stat, and since when it looks so */
   held?: { seen: string; since: number };
+  /** the stat of content that did not parse and was logged: not held back nor logged again */
+  refused?: string;
 }
 
 const errCode = (e: unknown) => (e as NodeJS.ErrnoException)?.code ?? '';
@@ -372,7 +374,7 @@ export class FileSource {
     // `kubectl get -o yaml > file` truncates, then writes: until it is done
     // the file looks emptied, cut short, or broken. Rewritten in place and
     // looking so, it keeps its objects until it has stayed so for the grace.
-    if (prev && prev.objects.size && prev.inode === inodeOf(st) && (error !== undefined || (prev.newline && !newline) || lostObjects(prev.objects, items!))) {
+    if (prev && prev.objects.size && prev.inode === inodeOf(st) && prev.refused !== seen && (error !== undefined || (prev.newline && !newline) || lostObjects(prev.objects, items!))) {
       const since = prev.held?.seen === seen ? prev.held.since : Date.now();
       if (Date.now() - since < this.graceMs) {
         if (!prev.held) this.log.debug({ file, graceMs: this.graceMs }, 'file source: file rewritten in place looks unfinished; keeping its objects until it is done or the grace is over');
@@ -382,8 +384,8 @@ export class FileSource {
     // a stat taken so soon after the change may not tell the next change
     const settled = readAt - Number(st.mtimeMs) > SETTLED_MS && readAt - Number(st.ctimeMs) > SETTLED_MS ? seen : undefined;
     if (error !== undefined) {
-      this.log.error({ file, err: error }, prev ? 'file source: cannot parse file; keeping its last good objects' : 'file source: cannot parse file; skipping it');
-      return { objects: prev?.objects ?? new Map(), seen: settled, inode: prev?.inode, newline: prev?.newline ?? false };
+      if (prev?.refused !== seen) this.log.error({ file, err: error }, prev ? 'file source: cannot parse file; keeping its last good objects' : 'file source: cannot parse file; skipping it');
+      return { objects: prev?.objects ?? new Map(), seen: settled, refused: seen, inode: prev?.inode, newline: prev?.newline ?? false };
     }
     return { objects: this.merge(file, items!, prev), seen: settled, inode: inodeOf(st), newline };
   }
