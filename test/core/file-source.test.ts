@@ -166,3 +166,23 @@ test('an object defined twice in one file warns naming the file and the object (
     t.done();
   }
 });
+
+test('reloads run one at a time; asked for while one runs, one more runs after it', async () => {
+  const t = tmp();
+  try {
+    writeFileSync(join(t.dir, 'a.yaml'), stringify(service('ns', 'a', { clusterIP: '10.96.0.1' })));
+    const store = new Store();
+    const src = new FileSource(store, recordingLogger().log, { input: t.dir, watch: false });
+    await src.start();
+    assert.equal(src.reloads, 1);
+    const first = src.reload();
+    const asked = [src.reload(), src.reload(), src.reload()];
+    await first;
+    assert.equal(src.reloads, 2, 'the others wait');
+    await Promise.all(asked);
+    assert.equal(src.reloads, 3, 'one more for all three');
+    assert.deepEqual([...store.serviceKeys()], ['ns/a']);
+  } finally {
+    t.done();
+  }
+});
