@@ -352,14 +352,34 @@ export function convertServiceCIDR(o: Obj): Converted {
   return { kind: 'ServiceCIDR', name, cidr: create(L.ServiceCIDRSchema, { Name: name, CIDRs: cidrs }) };
 }
 
+/** How deep Lists may nest in Lists (kubectl prints one level). */
+export const MAX_LIST_DEPTH = 16;
+
 /**
  * Flattens Lists ("List", "ServiceList", ...) into their items; typed lists
- * from the API server leave the items' kind out, so it is filled in.
+ * from the API server leave the items' kind out, so it is filled in. Lists
+ * nested more than MAX_LIST_DEPTH deep are refused (InvalidObject); the walk
+ * keeps its own stack, so no input can exhaust the call stack.
  */
 export function flattenObjects(o: unknown): unknown[] {
-  if (!isObj(o)) return [o];
-  const kind = typeof o.kind === 'string' ? o.kind : '';
-  if (!kind.endsWith('List') || !Array.isArray(o.items)) return [o];
-  const itemKind = kind === 'List' ? undefined : kind.slice(0, -'List'.length);
-  return o.items.flatMap((it) => flattenObjects(itemKind && isObj(it) && it.kind === undefined ? { kind: itemKind, ...it } : it));
+  const out: unknown[] = [];
+  const stack: { items: unknown[]; next: number; itemKind?: string }[] = [];
+  let cur = o;
+  for (;;) {
+    const kind = isObj(cur) && typeof cur.kind === 'string' ? cur.kind : '';
+    if (kind.endsWith('List') && Array.isArray((cur as Obj).items)) {
+      if (stack.length === MAX_LIST_DEPTH) throw new InvalidObject('items', `Lists nested more than ${MAX_LIST_DEPTH} deep`);
+      stack.push({ items: (cur as Obj).items as unknown[], next: 0, itemKind: kind === 'List' ? undefined : kind.slice(0, -'List'.length) });
+    } else {
+      out.push(cur);
+    }
+    let top = stack.at(-1);
+    while (top && top.next === top.items.length) {
+      stack.pop();
+      top = stack.at(-1);
+    }
+    if (!top) return out;
+    const it = top.items[top.next++];
+    cur = top.itemKind && isObj(it) && it.kind === undefined ? { kind: top.itemKind, ...it } : it;
+  }
 }

@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import { stringify } from 'yaml';
 import { Store } from '../../src/store/store.js';
 import { FileSource } from '../../src/sources/file/index.js';
+import { flattenObjects, InvalidObject } from '../../src/sources/objects.js';
 import { service, slice, node } from '../helpers/k8s.js';
 import { recordingLogger } from '../helpers/logs.js';
 
@@ -24,7 +25,7 @@ async function until(cond: () => boolean, what: string, ms = 5000) {
   }
 }
 
-test('a directory of YAML (multi-document, Lists) and JSON files', () => {
+test('a directory of YAML (multi-document, Lists) and JSON files', async () => {
   const t = tmp();
   try {
     writeFileSync(join(t.dir, 'a.yaml'), [service('ns', 'a', { clusterIP: '10.96.0.1' }), slice('ns', 'a-1', 'a', [{ ip: '10.0.0.1' }])].map((o) => stringify(o)).join('---\n'));
@@ -32,7 +33,7 @@ test('a directory of YAML (multi-document, Lists) and JSON files', () => {
     writeFileSync(join(t.dir, 'notes.txt'), 'not read');
     const store = new Store();
     const src = new FileSource(store, recordingLogger().log, { input: t.dir, watch: false });
-    src.start();
+    await src.start();
     assert.deepEqual([...store.serviceKeys()].sort(), ['ns/a', 'ns/b']);
     assert.equal(store.slicesOfService('ns/a').length, 1);
     assert.ok(store.getNode('n1'));
@@ -42,14 +43,14 @@ test('a directory of YAML (multi-document, Lists) and JSON files', () => {
   }
 });
 
-test('an invalid object is skipped with one log line naming file, object and field; the rest applies', () => {
+test('an invalid object is skipped with one log line naming file, object and field; the rest applies', async () => {
   const t = tmp();
   try {
     const file = join(t.dir, 'c.yaml');
     writeFileSync(file, [service('ns', 'good', { clusterIP: '10.96.0.1' }), service('ns', 'bad', { ports: [{ name: 'x', port: 99999 }] })].map((o) => stringify(o)).join('---\n'));
     const rec = recordingLogger();
     const store = new Store();
-    new FileSource(store, rec.log, { input: file, watch: false }).start();
+    await new FileSource(store, rec.log, { input: file, watch: false }).start();
     assert.deepEqual([...store.serviceKeys()], ['ns/good']);
     const errors = rec.records.filter((r) => r.level >= 50);
     assert.equal(errors.length, 1);
@@ -68,9 +69,9 @@ test('changes are followed through file events; a broken file keeps its last goo
   const store = new Store();
   const file = join(t.dir, 'cluster.yaml');
   writeFileSync(file, stringify(service('ns', 'a', { clusterIP: '10.96.0.1' })));
-  const src = new FileSource(store, rec.log, { input: t.dir, debounceMs: 30 });
+  const src = new FileSource(store, rec.log, { input: t.dir, debounceMs: 30, writeGraceMs: 300 });
   try {
-    src.start();
+    await src.start();
     assert.deepEqual([...store.serviceKeys()], ['ns/a']);
 
     // an editor's atomic save: write elsewhere, rename over
@@ -93,7 +94,7 @@ test('changes are followed through file events; a broken file keeps its last goo
     writeFileSync(file, stringify(service('ns', 'a', { clusterIP: '10.96.0.1' })));
     await until(() => store.getService('ns/b') === undefined, 'ns/b to go away');
   } finally {
-    src.stop();
+    await src.stop();
     t.done();
   }
 });
@@ -106,14 +107,82 @@ test('re-writing a file with the same objects changes nothing', async () => {
   writeFileSync(file, text);
   const src = new FileSource(store, recordingLogger().log, { input: file, debounceMs: 20 });
   try {
-    src.start();
+    await src.start();
     const rev = store.rev;
     const reloads = src.reloads;
     writeFileSync(file, text);
     await until(() => src.reloads > reloads, 'a reload');
     assert.equal(store.rev, rev);
   } finally {
-    src.stop();
+    await src.stop();
+    t.done();
+  }
+});
+
+test('a List nested 5,000 deep is refused with one log line naming the file; the other files load', async () => {
+  const t = tmp();
+  try {
+    // built as text: JSON.stringify itself recurses
+    const deep = '{"kind":"List","items":['.repeat(5000) + JSON.stringify(service('ns', 'deep', { clusterIP: '10.96.0.9' })) + ']}'.repeat(5000);
+    const bad = join(t.dir, 'deep.json');
+    writeFileSync(bad, deep);
+    writeFileSync(join(t.dir, 'ok.yaml'), stringify(service('ns', 'a', { clusterIP: '10.96.0.1' })));
+    const rec = recordingLogger();
+    const store = new Store();
+    const src = new FileSource(store, rec.log, { input: t.dir, watch: false });
+    await src.start();
+    assert.deepEqual([...store.serviceKeys()], ['ns/a']);
+    const lines = rec.records.filter((r) => r.file === bad);
+    assert.equal(lines.length, 1, rec.text());
+    assert.match(JSON.stringify(lines[0]), /nested more than 16 deep/);
+  } finally {
+    t.done();
+  }
+});
+
+test('Lists inside Lists flatten (no recursion), deeper than 16 is refused', () => {
+  let l: unknown = { kind: 'Node', metadata: { name: 'n' } };
+  for (let i = 0; i < 16; i++) l = { kind: 'List', items: [l, { kind: 'Node', metadata: { name: `n${i}` } }] };
+  assert.equal(flattenObjects(l).length, 17);
+  assert.throws(() => flattenObjects({ kind: 'List', items: [l] }), (e: unknown) => e instanceof InvalidObject && /nested/.test(e.message));
+  assert.deepEqual(flattenObjects({ kind: 'ServiceList', items: [{ metadata: { name: 'a' } }, 7] }), [{ kind: 'Service', metadata: { name: 'a' } }, 7]);
+});
+
+test('an object defined twice in one file warns naming the file and the object (as across files)', async () => {
+  const t = tmp();
+  try {
+    const file = join(t.dir, 'dup.yaml');
+    writeFileSync(file, [service('ns', 'a', { clusterIP: '10.96.0.1' }), service('ns', 'a', { clusterIP: '10.96.0.2' })].map((o) => stringify(o)).join('---\n'));
+    writeFileSync(join(t.dir, 'z.yaml'), stringify(service('ns', 'b', { clusterIP: '10.96.0.3' })));
+    writeFileSync(join(t.dir, 'zz.yaml'), stringify(service('ns', 'b', { clusterIP: '10.96.0.4' })));
+    const rec = recordingLogger();
+    const store = new Store();
+    await new FileSource(store, rec.log, { input: t.dir, watch: false }).start();
+    const warns = rec.records.filter((r) => r.level === 40);
+    assert.deepEqual(warns.map((w) => [w.file, w.object]), [[file, 'Service/ns/a'], [join(t.dir, 'zz.yaml'), 'Service/ns/b']], rec.text());
+    assert.deepEqual(store.getService('ns/a')!.service.IPs!.ClusterIPs!.V4, ['10.96.0.2'], 'the later one wins');
+    assert.deepEqual(store.getService('ns/b')!.service.IPs!.ClusterIPs!.V4, ['10.96.0.4']);
+  } finally {
+    t.done();
+  }
+});
+
+test('reloads run one at a time; asked for while one runs, one more runs after it', async () => {
+  const t = tmp();
+  try {
+    writeFileSync(join(t.dir, 'a.yaml'), stringify(service('ns', 'a', { clusterIP: '10.96.0.1' })));
+    const store = new Store();
+    const src = new FileSource(store, recordingLogger().log, { input: t.dir, watch: false });
+    await src.start();
+    assert.equal(src.reloads, 1);
+    const first = src.reload();
+    const asked = [src.reload(), src.reload(), src.reload()];
+    await first;
+    assert.equal(src.reloads, 2, 'the others wait');
+    await Promise.all(asked);
+    assert.equal(src.reloads, 3, 'one more for all three');
+    assert.deepEqual([...store.serviceKeys()], ['ns/a']);
+  } finally {
     t.done();
   }
 });

@@ -3,18 +3,38 @@
 // document YAML), from a file or a directory. Changes are re-applied as a
 // diff when the files change (file-system events, debounced; no polling).
 // A file that does not parse keeps its last good objects; an invalid object
-// keeps its last good version.
-import { readFileSync, readdirSync, statSync, watch, type FSWatcher } from 'node:fs';
-import { basename, dirname, extname, join, resolve } from 'node:path';
-import { parseAllDocuments } from 'yaml';
+// keeps its last good version. Only regular files are read, never blocking
+// the event loop: large ones are parsed in a worker thread (parser-thread.ts),
+// and a file rewritten in place is not taken for its half-written states.
+// See docs/file-source.md.
+import { constants, watch, type BigIntStats, type Dirent, type FSWatcher } from 'node:fs';
+import { open, readdir, stat } from 'node:fs/promises';
+import { dirname, extname, join, resolve, sep } from 'node:path';
+import { setImmediate as nextTurn } from 'node:timers/promises';
 import type { Logger } from '../../log.js';
 import type { Store } from '../../store/store.js';
 import { KINDS } from '../../store/store.js';
-import { convertObject, flattenObjects, InvalidObject, objectRef } from '../objects.js';
-import { applyObject, deleteObject, modelKey, type ModelObject } from '../apply.js';
+import { applyObject, deleteObject, type ModelObject } from '../apply.js';
 import { registerSource } from '../registry.js';
+import { ConfigError } from '../../backends/shared/config.js';
+import { ParseFailed, parseObjects, type ParsedItem } from './parse.js';
+import { ParserThread } from './parser-thread.js';
 
 const EXTENSIONS = new Set(['.yaml', '.yml', '.json']);
+/** larger files are parsed in the worker thread (the yaml library reads about 2 MB/s) */
+const INLINE_MAX = { yaml: 64 * 1024, json: 1024 * 1024 };
+/** files read at once */
+const READ_CONCURRENCY = 8;
+/** store writes between two looks at the clock: a reload is one store update unless it takes longer than SLICE_MS */
+const BATCH_MIN = 100;
+/** main-thread work between two turns of the event loop */
+const SLICE_MS = 20;
+/** file times are coarse: a file changed this recently is read again even if its stat looks the same */
+const SETTLED_MS = 2000;
+const RETRY_MIN_MS = 1000;
+const RETRY_MAX_MS = 30_000;
+/** errors that say the process is short of something, not that the input is wrong: retry later */
+const RESOURCE_ERRORS = new Set(['EMFILE', 'ENFILE', 'ENOMEM']);
 
 export interface FileSourceOptions {
   input: string;
@@ -22,197 +42,472 @@ export interface FileSourceOptions {
   debounceMs?: number;
   /** watch for changes (default true) */
   watch?: boolean;
+  /**
+   * how long a file rewritten in place may look unfinished (emptied, lost
+   * objects, cut mid-line, does not parse) before that counts
+   */
+  writeGraceMs?: number;
 }
+
+interface Entry {
+  object: ModelObject;
+  /** of the converted object: an unchanged object keeps its entry and is not written again */
+  hash: string;
+}
+
+interface FileState {
+  /** what the file contributes: its last good objects by model key */
+  objects: Map<string, Entry>;
+  /** the stat of the content last read, good or not; unset: read it again */
+  seen?: string;
+  /** dev:ino of the last good read: a change under the same inode is an in-place write */
+  inode?: string;
+  /** the last good read ended with a line break (kubectl and editors end files so) */
+  newline: boolean;
+  /** a read held back as an unfinished in-place write: its stat, and since when it looks so */
+  held?: { seen: string; since: number };
+  /** the stat of content that did not parse and was logged: not held back nor logged again */
+  refused?: string;
+}
+
+const errCode = (e: unknown) => (e as NodeJS.ErrnoException)?.code ?? '';
+const gone = (e: unknown) => errCode(e) === 'ENOENT' || errCode(e) === 'ENOTDIR';
+const isResource = (e: unknown) => RESOURCE_ERRORS.has(errCode(e));
+const message = (e: unknown) => (e instanceof Error ? e.message : String(e));
+const inodeOf = (st: BigIntStats) => `${st.dev}:${st.ino}`;
+const fingerprint = (st: BigIntStats) => `${st.dev}:${st.ino}:${st.size}:${st.mtimeNs}:${st.ctimeNs}`;
 
 export class FileSource {
   private readonly input: string;
-  /** per file: its last good objects by model key */
-  private files = new Map<string, Map<string, ModelObject>>();
+  private readonly debounceMs: number;
+  private readonly graceMs: number;
+  private readonly watching: boolean;
+  private files = new Map<string, FileState>();
   /** what is in the store from us */
-  private applied = new Map<string, ModelObject>();
-  private readonly watchers = new Map<string, FSWatcher>();
-  private only?: string;
-  private timer?: NodeJS.Timeout;
+  private readonly applied = new Map<string, Entry>();
+  /** per directory: its watcher and the directory's dev:ino when it was set up */
+  private readonly watchers = new Map<string, { w: FSWatcher; id?: string }>();
+  /** per path: the last problem logged about it, so it is logged once */
+  private readonly noted = new Map<string, string>();
+  private readonly parser = new ParserThread();
+  private running?: Promise<void>;
+  private queued?: Promise<void>;
+  private stopped = false;
+  private debounceTimer?: NodeJS.Timeout;
+  private firstEventAt?: number;
+  private heldTimer?: NodeJS.Timeout;
+  private retryTimer?: NodeJS.Timeout;
+  private retryMs = RETRY_MIN_MS;
+  /** errors met in the reload under way that are not the input's fault (EMFILE, ...): retry */
+  private shortOf: unknown[] = [];
+  private sliceStart = 0;
+  /** reloads completed */
   reloads = 0;
 
   constructor(
     private readonly store: Store,
     private readonly log: Logger,
-    private readonly opts: FileSourceOptions,
+    opts: FileSourceOptions,
   ) {
     this.input = resolve(opts.input);
+    this.debounceMs = opts.debounceMs ?? 100;
+    this.graceMs = opts.writeGraceMs ?? 3000;
+    this.watching = opts.watch !== false;
   }
 
-  start(): void {
-    this.reload();
-    this.store.update((tx) => KINDS.forEach((k) => tx.setSynced(k)));
-    if (this.opts.watch !== false) this.watch();
+  /** Loads the input (and, watching, sets up the watchers), then marks the store synced. */
+  async start(): Promise<void> {
+    await this.reload();
+    if (!this.stopped) this.store.update((tx) => KINDS.forEach((k) => tx.setSynced(k)));
   }
 
-  stop(): void {
-    for (const w of this.watchers.values()) w.close();
+  async stop(): Promise<void> {
+    this.stopped = true;
+    for (const { w } of this.watchers.values()) w.close();
     this.watchers.clear();
-    clearTimeout(this.timer);
+    clearTimeout(this.debounceTimer);
+    clearTimeout(this.heldTimer);
+    clearTimeout(this.retryTimer);
+    await this.parser.close();
+    await this.running;
   }
 
-  // One plain (non-recursive) watch per directory: Node 20's recursive watch
-  // on Linux loses a file once it is replaced by rename, which is how editors
-  // and config tools save.
-  private watch() {
-    let isDir = false;
-    try {
-      isDir = statSync(this.input).isDirectory();
-    } catch {
-      // a missing input may appear later: its directory is watched
+  /**
+   * Re-reads what changed and applies the difference. One reload runs at a
+   * time; asked for while one runs, one more runs after it (however many
+   * asked). Resolves when a reload that started after the call is done.
+   */
+  reload(): Promise<void> {
+    if (this.stopped) return Promise.resolve();
+    if (!this.running) {
+      this.running = this.runReload().finally(() => (this.running = undefined));
+      return this.running;
     }
-    this.only = isDir ? undefined : basename(this.input);
-    this.syncWatchers(isDir ? this.directories() : [dirname(this.input)]);
+    this.queued ??= this.running.then(() => {
+      this.queued = undefined;
+      return this.reload();
+    });
+    return this.queued;
   }
 
-  private directories(): string[] {
-    const out: string[] = [];
-    const walk = (d: string) => {
-      out.push(d);
-      try {
-        for (const e of readdirSync(d, { withFileTypes: true })) if (e.isDirectory() && !e.name.startsWith('.')) walk(join(d, e.name));
-      } catch {
-        // vanished meanwhile
-      }
-    };
-    walk(this.input);
-    return out;
+  /** a file event: reload once events have been quiet for the debounce, or at the latest 10 debounces after the first */
+  private changed() {
+    if (this.stopped) return;
+    const now = Date.now();
+    this.firstEventAt ??= now;
+    const latest = this.firstEventAt + Math.max(10 * this.debounceMs, 1000);
+    clearTimeout(this.debounceTimer);
+    this.debounceTimer = setTimeout(() => {
+      this.firstEventAt = undefined;
+      void this.reload();
+    }, Math.max(0, Math.min(this.debounceMs, latest - now)));
   }
 
-  private syncWatchers(dirs: string[]) {
-    const want = new Set(dirs);
-    for (const [d, w] of this.watchers) if (!want.has(d)) (w.close(), this.watchers.delete(d));
-    for (const d of want) {
-      if (this.watchers.has(d)) continue;
-      try {
-        const w = watch(d, (_event, name) => {
-          if (this.only && name && name.toString() !== this.only) return;
-          clearTimeout(this.timer);
-          this.timer = setTimeout(() => this.reload(), this.opts.debounceMs ?? 100);
-        });
-        w.on('error', () => this.watchers.delete(d));
-        this.watchers.set(d, w);
-      } catch (e) {
-        this.log.error({ err: (e as Error).message, path: d }, 'file source: cannot watch; changes there are not seen');
-      }
-    }
-  }
-
-  private listFiles(): string[] {
-    let st;
+  private async runReload(): Promise<void> {
+    this.shortOf = [];
+    this.sliceStart = performance.now();
     try {
-      st = statSync(this.input);
+      const files = await this.list();
+      if (files && !this.stopped) {
+        this.files = await this.loadFiles(files);
+        if (!this.stopped) await this.apply();
+      }
     } catch (e) {
-      this.log.error({ path: this.input, err: (e as Error).message }, 'file source: input not readable; keeping the last good state');
-      return [...this.files.keys()];
+      if (this.stopped) return;
+      this.shortOf.push(e);
     }
-    if (!st.isDirectory()) return [this.input];
-    const out: string[] = [];
-    const walk = (d: string) => {
-      for (const ent of readdirSync(d, { withFileTypes: true }).sort((a, b) => (a.name < b.name ? -1 : 1))) {
+    if (this.stopped) return;
+    this.reloads++;
+    if (this.shortOf.length) {
+      // out of file descriptors or memory, say: what could not be read stays as it was; try again later
+      this.log.error({ err: message(this.shortOf[0]), count: this.shortOf.length, retryInMs: this.retryMs }, `file source: reload incomplete (${message(this.shortOf[0])}); keeping the last good state, retrying`);
+      clearTimeout(this.retryTimer);
+      this.retryTimer = setTimeout(() => void this.reload(), this.retryMs);
+      this.retryMs = Math.min(this.retryMs * 2, RETRY_MAX_MS);
+    } else {
+      this.retryMs = RETRY_MIN_MS;
+    }
+    this.recheckHeld();
+  }
+
+  /** A turn of the event loop now and then, so health and metrics keep answering. */
+  private async breathe() {
+    if (performance.now() - this.sliceStart < SLICE_MS) return;
+    await nextTurn();
+    this.sliceStart = performance.now();
+  }
+
+  // --- listing and watching
+
+  /**
+   * The input files, in order. Watching, each directory's watcher is set up
+   * before it is listed, so nothing written after the listing goes unseen.
+   * undefined: the input itself cannot be read (the last good state stays).
+   */
+  private async list(): Promise<Map<string, FileState | undefined> | undefined> {
+    let st: BigIntStats;
+    try {
+      st = await stat(this.input, { bigint: true });
+      this.noted.delete(this.input);
+    } catch (e) {
+      if (isResource(e)) throw e;
+      this.note(this.input, `input not readable: ${message(e)}`, () => this.log.error({ path: this.input, err: message(e) }, 'file source: input not readable; keeping the last good state'));
+      // it may appear: its directory is watched
+      if (this.watching) await this.watchOnly([dirname(this.input)]);
+      return undefined;
+    }
+    const out = new Map<string, FileState | undefined>();
+    if (!st.isDirectory()) {
+      if (this.watching) await this.watchOnly([dirname(this.input)]);
+      out.set(this.input, this.files.get(this.input));
+      return out;
+    }
+    const dirs = new Set<string>();
+    const unlisted: string[] = [];
+    const walk = async (d: string) => {
+      dirs.add(d);
+      if (this.watching) await this.watchDir(d);
+      let ents: Dirent[];
+      try {
+        ents = await readdir(d, { withFileTypes: true });
+        this.noted.delete(d);
+      } catch (e) {
+        if (gone(e)) return; // removed meanwhile: so are its files
+        if (isResource(e)) throw e;
+        this.note(d, message(e), () => this.log.error({ path: d, err: message(e) }, 'file source: cannot list directory; its files keep their last good objects'));
+        unlisted.push(d + sep);
+        return;
+      }
+      ents.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+      for (const ent of ents) {
         if (ent.name.startsWith('.')) continue;
         const p = join(d, ent.name);
-        if (ent.isDirectory()) walk(p);
-        else if (EXTENSIONS.has(extname(ent.name))) out.push(p);
+        if (ent.isDirectory()) await walk(p);
+        else if (EXTENSIONS.has(extname(ent.name))) out.set(p, this.files.get(p));
+      }
+      await this.breathe();
+    };
+    await walk(this.input);
+    // a directory that could not be listed keeps its files as they were
+    for (const [f, s] of this.files) if (!out.has(f) && unlisted.some((d) => f.startsWith(d))) out.set(f, s);
+    // what is no longer there needs no note
+    for (const p of this.noted.keys()) {
+      const path = p.startsWith('watch ') ? p.slice('watch '.length) : p;
+      if (path !== this.input && !out.has(path) && !dirs.has(path)) this.noted.delete(p);
+    }
+    if (this.watching) {
+      for (const [d, { w }] of this.watchers) {
+        if (dirs.has(d) || unlisted.some((u) => d.startsWith(u))) continue;
+        w.close();
+        this.watchers.delete(d);
+      }
+    }
+    return out;
+  }
+
+  private async watchOnly(dirs: string[]) {
+    for (const [d, { w }] of this.watchers) if (!dirs.includes(d)) (w.close(), this.watchers.delete(d));
+    for (const d of dirs) await this.watchDir(d);
+  }
+
+  /**
+   * One plain (non-recursive) watch per directory: Node 20's recursive watch
+   * on Linux loses a file once it is replaced by rename, which is how editors
+   * and config tools save. A directory replaced by another of the same name
+   * gets a new watch.
+   */
+  private async watchDir(d: string) {
+    let id: string | undefined;
+    try {
+      id = inodeOf(await stat(d, { bigint: true }));
+    } catch (e) {
+      if (isResource(e)) throw e;
+      return; // gone: the listing finds out
+    }
+    const have = this.watchers.get(d);
+    if (have && have.id === id) return;
+    have?.w.close();
+    this.watchers.delete(d);
+    try {
+      const w = watch(d, () => this.changed());
+      w.on('error', () => {
+        w.close();
+        if (this.watchers.get(d)?.w === w) this.watchers.delete(d);
+        this.changed();
+      });
+      this.watchers.set(d, { w, id });
+      this.noted.delete(`watch ${d}`);
+    } catch (e) {
+      if (isResource(e)) throw e;
+      this.note(`watch ${d}`, message(e), () => this.log.error({ err: message(e), path: d }, 'file source: cannot watch; changes there are not seen'));
+    }
+  }
+
+  // --- reading
+
+  private async loadFiles(files: Map<string, FileState | undefined>): Promise<Map<string, FileState>> {
+    const list = [...files];
+    const results: (FileState | undefined)[] = new Array(list.length);
+    let next = 0;
+    const reader = async () => {
+      while (next < list.length && !this.stopped) {
+        const i = next++;
+        const [file, prev] = list[i];
+        try {
+          results[i] = await this.loadFile(file, prev);
+        } catch (e) {
+          if (this.stopped) return;
+          // not the file's fault (the parser thread could not start, died): as it was, and retry
+          this.shortOf.push(e);
+          results[i] = prev && { ...prev, seen: undefined };
+        }
+        await this.breathe();
       }
     };
-    walk(this.input);
+    await Promise.all(Array.from({ length: Math.min(READ_CONCURRENCY, list.length) }, reader));
+    const out = new Map<string, FileState>();
+    list.forEach(([f], i) => results[i] && out.set(f, results[i]!));
     return out;
   }
 
-  /** Re-reads every file and applies what changed as one store update. */
-  reload(): void {
-    this.reloads++;
-    const next = new Map<string, Map<string, ModelObject>>();
-    for (const file of this.listFiles()) next.set(file, this.readFile(file, this.files.get(file)));
-    this.files = next;
-
-    const desired = new Map<string, ModelObject>();
-    for (const [file, objs] of next) {
-      for (const [k, o] of objs) {
-        if (desired.has(k)) this.log.warn({ file, object: k }, 'file source: object defined twice; the later file wins');
-        desired.set(k, o);
-      }
-    }
-    this.store.update((tx) => {
-      for (const [k, o] of this.applied) if (!desired.has(k)) deleteObject(tx, o);
-      for (const [k, o] of desired) if (this.applied.get(k) !== o) applyObject(tx, o);
-    });
-    this.applied = desired;
-    // directories may have come or gone
-    if (this.watchers.size && this.only === undefined) this.syncWatchers(this.directories());
-  }
-
-  private readFile(file: string, previous: Map<string, ModelObject> | undefined): Map<string, ModelObject> {
-    let docs: unknown[];
+  /** A file's new state; undefined once it is no longer a file. */
+  private async loadFile(file: string, prev: FileState | undefined): Promise<FileState | undefined> {
+    let st: BigIntStats;
     try {
-      const text = readFileSync(file, 'utf8');
-      docs = extname(file) === '.json' ? [JSON.parse(text)] : parseYAMLDocs(text);
+      st = await stat(file, { bigint: true });
     } catch (e) {
-      if (previous) {
-        this.log.error({ file, err: (e as Error).message }, 'file source: cannot parse file; keeping its last good objects');
-        return previous;
-      }
-      this.log.error({ file, err: (e as Error).message }, 'file source: cannot parse file; skipping it');
-      return new Map();
+      return gone(e) ? undefined : this.unreadable(file, prev, e);
     }
-    const out = new Map<string, ModelObject>();
-    for (const raw of docs.flatMap(flattenObjects)) {
-      if (raw === null || raw === undefined) continue;
-      let c;
-      try {
-        c = convertObject(raw);
-      } catch (e) {
-        if (!(e instanceof InvalidObject)) throw e;
-        const ref = objectRef(raw);
-        const k = keyOfRaw(raw);
-        const prev = previous?.get(k);
-        this.log.error({ file, object: ref, field: e.field, reason: e.reason }, `file source: skipping invalid ${ref}: ${e.message}${prev ? ' (keeping its last good version)' : ''}`);
-        if (prev) out.set(k, prev);
+    if (!st.isFile()) return this.notRegular(file);
+    if (prev && !prev.held && prev.seen === fingerprint(st)) return prev;
+
+    const readAt = Date.now();
+    let data: Buffer;
+    try {
+      const r = await readRegular(file);
+      if (r === 'not regular') return this.notRegular(file);
+      if (r === 'changing') {
+        // written while it was read: again once the writer is quiet
+        this.changed();
+        return prev ?? { objects: new Map(), newline: false };
+      }
+      ({ data, st } = r);
+    } catch (e) {
+      return gone(e) ? undefined : this.unreadable(file, prev, e);
+    }
+    this.noted.delete(file);
+    const seen = fingerprint(st);
+    const json = extname(file) === '.json';
+    const newline = data.length > 0 && data[data.length - 1] === 0x0a;
+
+    let items: ParsedItem[] | undefined;
+    let error: string | undefined;
+    try {
+      items = await this.parse(data, json);
+    } catch (e) {
+      // the content, or a file too big for the worker's memory: that file is refused;
+      // the worker failing otherwise: the reload keeps the file as it was and is retried
+      if (this.stopped || !(e instanceof ParseFailed || errCode(e) === 'ERR_WORKER_OUT_OF_MEMORY')) throw e;
+      error = message(e);
+    }
+
+    // `kubectl get -o yaml > file` truncates, then writes: until it is done
+    // the file looks emptied, cut short, or broken. Rewritten in place and
+    // looking so, it keeps its objects until it has stayed so for the grace.
+    if (prev && prev.objects.size && prev.inode === inodeOf(st) && prev.refused !== seen && (error !== undefined || (prev.newline && !newline) || lostObjects(prev.objects, items!))) {
+      const since = prev.held?.seen === seen ? prev.held.since : Date.now();
+      if (Date.now() - since < this.graceMs) {
+        if (!prev.held) this.log.debug({ file, graceMs: this.graceMs }, 'file source: file rewritten in place looks unfinished; keeping its objects until it is done or the grace is over');
+        return { ...prev, held: { seen, since } };
+      }
+    }
+    // a stat taken so soon after the change may not tell the next change
+    const settled = readAt - Number(st.mtimeMs) > SETTLED_MS && readAt - Number(st.ctimeMs) > SETTLED_MS ? seen : undefined;
+    if (error !== undefined) {
+      if (prev?.refused !== seen) this.log.error({ file, err: error }, prev ? 'file source: cannot parse file; keeping its last good objects' : 'file source: cannot parse file; skipping it');
+      return { objects: prev?.objects ?? new Map(), seen: settled, refused: seen, inode: prev?.inode, newline: prev?.newline ?? false };
+    }
+    return { objects: this.merge(file, items!, prev), seen: settled, inode: inodeOf(st), newline };
+  }
+
+  private parse(data: Buffer, json: boolean): Promise<ParsedItem[]> | ParsedItem[] {
+    const items: ParsedItem[] = [];
+    const take = (chunk: ParsedItem[]) => {
+      for (const it of chunk) items.push(it);
+    };
+    if (data.length <= (json ? INLINE_MAX.json : INLINE_MAX.yaml)) {
+      parseObjects(data.toString('utf8'), json, take);
+      return items;
+    }
+    // the buffer goes to the worker; it must be ours alone
+    const own = data.byteOffset === 0 && data.byteLength === data.buffer.byteLength ? data : new Uint8Array(data);
+    return this.parser.parse(own, json, take).then(() => items);
+  }
+
+  /** the file's objects from a good read; invalid ones keep their last good version */
+  private merge(file: string, items: ParsedItem[], prev: FileState | undefined): Map<string, Entry> {
+    const out = new Map<string, Entry>();
+    for (const it of items) {
+      if ('ignored' in it) {
+        this.log.debug({ file, object: it.ref, reason: it.ignored }, 'file source: ignoring object');
         continue;
       }
-      if (c.kind === 'Ignored') {
-        this.log.debug({ file, object: objectRef(raw), reason: c.reason }, 'file source: ignoring object');
+      const last = prev?.objects.get(it.key);
+      if ('field' in it) {
+        this.log.error({ file, object: it.ref, field: it.field, reason: it.reason }, `file source: skipping invalid ${it.ref}: ${it.message}${last ? ' (keeping its last good version)' : ''}`);
+        if (last) out.set(it.key, last);
         continue;
       }
-      const k = modelKey(c);
-      // keep the identical object from the last load so unchanged objects are not re-applied
-      const old = previous?.get(k);
-      out.set(k, old && sameObject(old, c) ? old : c);
+      if (out.has(it.key)) this.log.warn({ file, object: it.key }, 'file source: object defined twice in this file; the later one wins');
+      out.set(it.key, last && last.hash === it.hash ? last : { object: it.object, hash: it.hash });
     }
     return out;
   }
-}
 
-function parseYAMLDocs(text: string): unknown[] {
-  const docs = parseAllDocuments(text);
-  const out: unknown[] = [];
-  for (const d of Array.isArray(docs) ? docs : [docs]) {
-    if (d.errors.length) throw new Error(d.errors[0].message);
-    out.push(d.toJS());
+  private unreadable(file: string, prev: FileState | undefined, e: unknown): FileState {
+    if (isResource(e)) this.shortOf.push(e);
+    else this.note(file, message(e), () => this.log.error({ file, err: message(e) }, 'file source: cannot read file; keeping its last good objects'));
+    return prev ? { ...prev, seen: undefined } : { objects: new Map(), newline: false };
   }
-  return out;
+
+  private notRegular(file: string): undefined {
+    this.note(file, 'not a regular file', () => this.log.warn({ file }, 'file source: not a regular file; skipping it'));
+    return undefined;
+  }
+
+  private note(path: string, what: string, log: () => void) {
+    if (this.noted.get(path) === what) return;
+    this.noted.set(path, what);
+    log();
+  }
+
+  // --- applying
+
+  /** Writes what changed to the store: one update, or several with turns of the event loop between when it takes long. */
+  private async apply(): Promise<void> {
+    const desired = new Map<string, { entry: Entry; file: string }>();
+    for (const [file, st] of this.files) {
+      for (const [k, entry] of st.objects) {
+        const other = desired.get(k);
+        // a file held back may still have what another file has taken over
+        if (other && !st.held && !this.files.get(other.file)!.held) this.log.warn({ file, object: k }, 'file source: object defined twice; the later file wins');
+        desired.set(k, { entry, file });
+      }
+      await this.breathe();
+    }
+    const writes: [string, Entry | undefined][] = [];
+    for (const k of this.applied.keys()) if (!desired.has(k)) writes.push([k, undefined]);
+    for (const [k, { entry }] of desired) if (this.applied.get(k) !== entry) writes.push([k, entry]);
+    let i = 0;
+    while (i < writes.length) {
+      if (i) await nextTurn();
+      if (this.stopped) return;
+      const t0 = performance.now();
+      this.store.update((tx) => {
+        for (; i < writes.length; i++) {
+          if (i % BATCH_MIN === 0 && i && performance.now() - t0 > SLICE_MS) break;
+          const [k, entry] = writes[i];
+          if (entry) {
+            applyObject(tx, entry.object);
+            this.applied.set(k, entry);
+          } else {
+            deleteObject(tx, this.applied.get(k)!.object);
+            this.applied.delete(k);
+          }
+        }
+      });
+    }
+  }
+
+  /** a reload when the first held-back file's grace is over */
+  private recheckHeld() {
+    clearTimeout(this.heldTimer);
+    let at = Infinity;
+    for (const s of this.files.values()) if (s.held) at = Math.min(at, s.held.since + this.graceMs);
+    if (at !== Infinity) this.heldTimer = setTimeout(() => void this.reload(), Math.max(0, at - Date.now()) + 10);
+  }
 }
 
-/** the model key an object would have, to find its last good version */
-function keyOfRaw(raw: unknown): string {
-  const o = raw as { kind?: unknown; metadata?: { name?: unknown; namespace?: unknown } };
-  const kind = String(o?.kind ?? '');
-  const name = String(o?.metadata?.name ?? '');
-  if (kind === 'Service' || kind === 'EndpointSlice') return `${kind}/${String(o?.metadata?.namespace || 'default')}/${name}`;
-  return `${kind}/${name}`;
+/** A regular file's content, read without ever blocking (a FIFO must not wait for a writer). */
+async function readRegular(file: string): Promise<{ data: Buffer; st: BigIntStats } | 'not regular' | 'changing'> {
+  const fh = await open(file, constants.O_RDONLY | constants.O_NONBLOCK);
+  try {
+    const before = await fh.stat({ bigint: true });
+    if (!before.isFile()) return 'not regular';
+    const data = await fh.readFile();
+    const st = await fh.stat({ bigint: true });
+    if (st.size !== BigInt(data.length) || st.mtimeNs !== before.mtimeNs) return 'changing';
+    return { data, st };
+  } finally {
+    await fh.close().catch(() => {});
+  }
 }
 
-function sameObject(a: ModelObject, b: ModelObject): boolean {
-  return JSON.stringify(a, bigintSafe) === JSON.stringify(b, bigintSafe);
-}
-
-function bigintSafe(_k: string, v: unknown) {
-  return typeof v === 'bigint' ? v.toString() : v;
+function lostObjects(prev: Map<string, Entry>, items: ParsedItem[]): boolean {
+  const now = new Set<string>();
+  for (const it of items) if ('key' in it) now.add(it.key);
+  for (const k of prev.keys()) if (!now.has(k)) return true;
+  return false;
 }
 
 registerSource({
@@ -220,13 +515,29 @@ registerSource({
   description: 'read Kubernetes objects (kubectl get -o yaml|json) from a file or a directory, and follow their changes',
   options(cmd) {
     cmd
-      .requiredOption('-i, --input <path>', 'file or directory of Service, EndpointSlice, Node and ServiceCIDR objects')
-      .option('--debounce <ms>', 'wait this long after the last file change before reloading', (v) => Number(v), 100)
+      .requiredOption('-i, --input <path>', 'file or directory of Service, EndpointSlice, Node and ServiceCIDR objects (regular files named *.yaml, *.yml, *.json)')
+      .option('--debounce <ms>', 'reload once file events have been quiet this long (at the latest 10 times this, and 1 s, after the first event)', '100')
+      .option('--write-grace <ms>', 'a file rewritten in place that looks unfinished (emptied, lost objects, cut mid-line, does not parse) keeps its objects this long before it counts', '3000')
       .option('--no-watch', 'read the input once; do not follow changes');
   },
   async start(opts, ctx) {
-    const src = new FileSource(ctx.store, ctx.log, { input: opts.input, debounceMs: opts.debounce, watch: opts.watch });
-    src.start();
-    return { stop: async () => src.stop() };
+    const ms = (flag: string, v: string) => {
+      const n = Number(v);
+      if (!Number.isInteger(n) || n < 0 || n > 3_600_000) throw new ConfigError(flag, `${v} is not a whole number of milliseconds from 0 to 3600000`);
+      return n;
+    };
+    const debounceMs = ms('--debounce', opts.debounce);
+    const writeGraceMs = ms('--write-grace', opts.writeGrace);
+    const src = new FileSource(ctx.store, ctx.log, { input: opts.input, debounceMs, watch: opts.watch, writeGraceMs });
+    const stop = () => src.stop();
+    ctx.signal.addEventListener('abort', stop, { once: true });
+    // sinks wait for the store to be synced, which start() does once the input is loaded
+    src.start().catch((e) => ctx.log.error({ err: message(e) }, 'file source: failed to start'));
+    return {
+      stop: async () => {
+        ctx.signal.removeEventListener('abort', stop);
+        await src.stop();
+      },
+    };
   },
 });
