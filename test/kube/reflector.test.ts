@@ -346,6 +346,56 @@ describe('kube source: faults', () => {
   });
 });
 
+describe('kube source: answers without bounds', () => {
+  const MiB = 2 ** 20;
+
+  it('drops a watch whose event line never ends at 16 MiB and relists; the other kinds keep working', async () => {
+    await setup();
+    seed();
+    // an endless line (the safety valve stops the server at 64 MiB, so that the test process survives the old code)
+    server.failNext({ resource: 'services', watch: true }, { endless: true, maxBytes: 64 * MiB });
+    const r = start();
+    await until(() => r.store.allSynced && watchesOf('services').length >= 1, 'synced, services watched');
+    server.put(nodeObject('node-2', 2));
+    await until(() => r.store.getNode('node-2') !== undefined, 'a Node event while the services watch streams its endless line');
+    await until(() => listsOf('services').length === 2, 'services relisted after the endless line', 20_000);
+    // what the server could send before the client dropped it: the limit plus what socket buffers hold
+    const sent = watchesOf('services')[0].bytes!;
+    assert.ok(sent > 16 * MiB && sent < 24 * MiB, `sent ${(sent / MiB).toFixed(1)} MiB`);
+    const w = warnings(r, /services: a watch event is larger than 16 MiB/);
+    assert.equal(w.length, 1, 'one line naming the resource');
+    assert.match(w[0].msg, /dropping the connection and relisting/);
+    server.put(serviceObject('default', 'after', '10.96.9.1'));
+    await until(() => !!r.store.getService('default/after'), 'services events again');
+    await assertMatchesServer(r);
+  });
+
+  it('a list page larger than the list bound is a failure (retried), not a memory hog', async () => {
+    await setup();
+    seed();
+    server.failNext({ resource: 'endpointslices', watch: false }, { endless: true, maxBytes: 64 * MiB });
+    const r = start({}, { maxListBytes: 2 * MiB });
+    await until(() => r.store.allSynced, 'synced');
+    assert.equal(warnings(r, /endpointslices list failed: the answer is larger than 2 MiB/).length, 1);
+    const sent = listsOf('endpointslices')[0].bytes!;
+    assert.ok(sent < 10 * MiB, `sent ${(sent / MiB).toFixed(1)} MiB`);
+    await assertMatchesServer(r);
+  });
+
+  it('a legal event of several MiB, split over many chunks and with multi-byte characters, arrives whole', async () => {
+    await setup();
+    seed();
+    const r = start();
+    await until(() => server.watchCount === 4, 'watching');
+    const big = serviceObject('default', 'big', '10.96.9.2');
+    big.metadata.annotations = { note: 'é€'.repeat(600_000) }; // 3 MiB of UTF-8
+    server.put(big);
+    await until(() => !!r.store.getService('default/big'), 'the big event');
+    assert.equal(warnings(r, /services/).length, 0);
+    assert.equal(listsOf('services').length, 1);
+  });
+});
+
 describe('kube source: resources not served', () => {
   it('skips ServiceCIDRs when discovery does not list them: synced, logged once, never asked again', async () => {
     await setup({ serveServiceCIDRs: false });

@@ -7,7 +7,7 @@ import type { Logger } from '../../log.js';
 import type { Kind, StoreTx } from '../../store/store.js';
 import { convertObject, InvalidObject, objectRef } from '../objects.js';
 import { applyObject, type ModelObject } from '../apply.js';
-import { IdleTimeout, readBody, statusError, StatusError, type KubeClient } from './client.js';
+import { formatBytes, IdleTimeout, readBody, statusError, StatusError, TooLarge, watchLines, type KubeClient } from './client.js';
 
 export type KubeKind = 'Service' | 'EndpointSlice' | 'Node' | 'ServiceCIDR';
 
@@ -37,6 +37,10 @@ export interface ReflectorOptions {
   requestTimeoutMs: number;
   backoffMinMs: number;
   backoffMaxMs: number;
+  /** a watch event (one line) longer than this drops the connection and relists */
+  maxEventBytes: number;
+  /** a list page (or any other answer) longer than this is a failure */
+  maxListBytes: number;
 }
 
 export const DEFAULT_REFLECTOR_OPTIONS: ReflectorOptions = {
@@ -48,6 +52,11 @@ export const DEFAULT_REFLECTOR_OPTIONS: ReflectorOptions = {
   requestTimeoutMs: 60_000,
   backoffMinMs: 100,
   backoffMaxMs: 30_000,
+  // an object is at most etcd's request limit (1.5 MiB by default) and the
+  // API server's 3 MB request body; its JSON in an event, well below this
+  maxEventBytes: 16 * 2 ** 20,
+  // 500 objects of 512 KiB each; V8 cannot make a string of more than 512 MiB anyway
+  maxListBytes: 256 * 2 ** 20,
 };
 
 /** A watch that ends this fast without one event counts as an error (no tight loop). */
@@ -115,7 +124,7 @@ export class Reflector {
   synced = false;
   /** false once the server said it does not serve this resource */
   served = true;
-  readonly stats = { lists: 0, watches: 0, events: 0, bookmarks: 0, gone: 0, errors: 0 };
+  readonly stats = { lists: 0, watches: 0, events: 0, bookmarks: 0, gone: 0, oversized: 0, errors: 0 };
   private readonly backoff: Backoff;
   private readonly ac = new AbortController();
   private running?: Promise<void>;
@@ -180,14 +189,20 @@ export class Reflector {
         if (this.progressed) this.backoff.reset();
         this.progressed = false;
         const err = e as Error;
-        if (err instanceof StatusError && err.code === 410) {
-          this.stats.gone++;
+        const gone = err instanceof StatusError && err.code === 410;
+        if (gone || (err instanceof TooLarge && err.what === 'event')) {
+          // the version is compacted, or an event we cannot take (resuming would get it again): relist
+          if (gone) this.stats.gone++;
+          else this.stats.oversized++;
           mustList = true;
           // relist at once, but not in a loop if the server keeps saying 410
           delay = this.goneInARow++ > 0 ? this.backoff.next() : 0;
+          const then = `relisting${delay ? ` in ${delay} ms` : ''}`;
           this.log.warn(
             { resource: r.plural, resourceVersion: this.resourceVersion, retryInMs: delay },
-            `kube source: ${r.plural}: resourceVersion ${this.resourceVersion} expired (410 Gone); relisting${delay ? ` in ${delay} ms` : ''}`,
+            gone
+              ? `kube source: ${r.plural}: resourceVersion ${this.resourceVersion} expired (410 Gone); ${then}`
+              : `kube source: ${r.plural}: a watch event is larger than ${formatBytes(this.opts.maxEventBytes)}; dropping the connection and ${then}`,
           );
         } else if (mustList && err instanceof StatusError && (err.code === 404 || (err.code === 403 && r.optional))) {
           return this.skip(
@@ -228,7 +243,12 @@ export class Reflector {
   private async discover(): Promise<boolean> {
     const r = this.resource;
     try {
-      const doc = await this.client.getJSON(`/apis/${r.groupVersion}`, {}, { signal: this.signal, timeoutMs: this.opts.requestTimeoutMs, idleMs: this.opts.idleTimeoutMs });
+      const doc = await this.client.getJSON(`/apis/${r.groupVersion}`, {}, {
+        signal: this.signal,
+        timeoutMs: this.opts.requestTimeoutMs,
+        idleMs: this.opts.idleTimeoutMs,
+        maxBytes: this.opts.maxListBytes,
+      });
       return Array.isArray(doc?.resources) && doc.resources.some((x: { name?: unknown }) => x?.name === r.plural);
     } catch (e) {
       if (e instanceof StatusError && e.code === 404) return false;
@@ -256,6 +276,7 @@ export class Reflector {
           signal: this.signal,
           timeoutMs: this.opts.requestTimeoutMs,
           idleMs: this.opts.idleTimeoutMs,
+          maxBytes: this.opts.maxListBytes,
         });
       } catch (e) {
         // the continue token expired between pages: start over, once
@@ -323,28 +344,22 @@ export class Reflector {
       }),
       { signal: this.signal, timeoutMs: this.opts.requestTimeoutMs },
     );
-    if (res.statusCode !== 200) throw statusError(res, await readBody(res, this.opts.idleTimeoutMs));
+    if (res.statusCode !== 200) throw statusError(res, await readBody(res, this.opts.idleTimeoutMs, this.opts.maxEventBytes));
     const idleMs = this.opts.idleTimeoutMs;
     const idle = setTimeout(() => res.destroy(new IdleTimeout(`no event or bookmark for ${idleMs} ms`)), idleMs);
     let events = 0;
-    let rest = '';
-    res.setEncoding('utf8');
     try {
-      for await (const chunk of res) {
-        idle.refresh();
-        const lines = (rest + (chunk as string)).split('\n');
-        rest = lines.pop()!;
-        for (const line of lines) {
-          if (!line.trim()) continue;
-          let ev: any;
-          try {
-            ev = JSON.parse(line);
-          } catch {
-            throw new Error(`malformed watch event: ${line.slice(0, 100)}`);
-          }
-          this.handle(ev);
-          events++;
+      for await (const line of watchLines(res, this.opts.maxEventBytes, () => idle.refresh())) {
+        const text = line.toString('utf8');
+        if (!text.trim()) continue;
+        let ev: any;
+        try {
+          ev = JSON.parse(text);
+        } catch {
+          throw new Error(`malformed watch event: ${text.slice(0, 100)}`);
         }
+        this.handle(ev);
+        events++;
       }
     } finally {
       clearTimeout(idle);
