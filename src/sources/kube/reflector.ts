@@ -132,8 +132,15 @@ export class Reflector {
   private reported = new Map<string, string>();
   /** a list succeeded or an event arrived since the last error: the next backoff starts over */
   private progressed = false;
-  /** 410s since the last event: relist at once only the first time */
-  private goneInARow = 0;
+  /**
+   * Relists forced by the watch (410 Gone, an event too large) since the
+   * last event: the first relists at once, the next ones back off with
+   * relistBackoff (a successful list does not reset it: only an event does)
+   */
+  private relistsInARow = 0;
+  private readonly relistBackoff: Backoff;
+  /** the relist after a 410 that was logged at debug only is logged so too (unless it changed something) */
+  private quietRelist = false;
 
   constructor(
     private readonly client: KubeClient,
@@ -143,6 +150,7 @@ export class Reflector {
     private readonly opts: ReflectorOptions = DEFAULT_REFLECTOR_OPTIONS,
   ) {
     this.backoff = new Backoff(opts.backoffMinMs, opts.backoffMaxMs);
+    this.relistBackoff = new Backoff(opts.backoffMinMs, opts.backoffMaxMs);
   }
 
   /** objects currently known (the size of the reconciliation map) */
@@ -181,6 +189,8 @@ export class Reflector {
           mustList = false;
         }
         const events = await this.watch();
+        // a watch that lived until the server ended it: the server is fine
+        this.endRelistSeries();
         this.log.debug({ resource: r.plural, resourceVersion: this.resourceVersion, events }, `kube source: ${r.plural} watch ended; resuming`);
         continue;
       } catch (e) {
@@ -195,14 +205,18 @@ export class Reflector {
           if (gone) this.stats.gone++;
           else this.stats.oversized++;
           mustList = true;
-          // relist at once, but not in a loop if the server keeps saying 410
-          delay = this.goneInARow++ > 0 ? this.backoff.next() : 0;
-          const then = `relisting${delay ? ` in ${delay} ms` : ''}`;
-          this.log.warn(
-            { resource: r.plural, resourceVersion: this.resourceVersion, retryInMs: delay },
-            gone
-              ? `kube source: ${r.plural}: resourceVersion ${this.resourceVersion} expired (410 Gone); ${then}`
-              : `kube source: ${r.plural}: a watch event is larger than ${formatBytes(this.opts.maxEventBytes)}; dropping the connection and ${then}`,
+          // relist at once, but not in a loop if the server keeps saying 410:
+          // the next ones back off, and only the 1st, 2nd, 4th, 8th... are logged
+          const n = ++this.relistsInARow;
+          delay = n > 1 ? this.relistBackoff.next() : 0;
+          const loud = (n & (n - 1)) === 0;
+          this.quietRelist = !loud;
+          const cause = gone
+            ? `resourceVersion ${this.resourceVersion} expired (410 Gone)${n > 1 ? ` again, ${n} times in a row without an event` : ''}; relisting`
+            : `a watch event is larger than ${formatBytes(this.opts.maxEventBytes)}${n > 1 ? ` (${n} times in a row without an event)` : ''}; dropping the connection and relisting`;
+          this.log[loud ? 'warn' : 'debug'](
+            { resource: r.plural, resourceVersion: this.resourceVersion, retryInMs: delay, inARow: n },
+            `kube source: ${r.plural}: ${cause}${delay ? ` in ${delay} ms` : ''}`,
           );
         } else if (mustList && err instanceof StatusError && (err.code === 404 || (err.code === 403 && r.optional))) {
           return this.skip(
@@ -318,7 +332,9 @@ export class Reflector {
       for (const w of writes) w(tx);
       if (first) tx.setSynced(kind);
     });
-    this.log[first ? 'info' : 'warn'](
+    const quiet = this.quietRelist && writes.length === 0;
+    this.quietRelist = false;
+    this.log[first ? 'info' : quiet ? 'debug' : 'warn'](
       { resource: r.plural, objects: seen.size, changed: writes.length, deleted, resourceVersion: rv, ms: Math.round(performance.now() - t0) },
       first ? `kube source: listed ${seen.size} ${r.plural}` : `kube source: relisted ${r.plural}: ${writes.length} changes (${deleted} deleted)`,
     );
@@ -373,7 +389,7 @@ export class Reflector {
     const obj = ev.object;
     if (ev.type !== 'ERROR') {
       this.progressed = true;
-      this.goneInARow = 0;
+      this.endRelistSeries();
     }
     switch (ev.type) {
       case 'ADDED':
@@ -404,6 +420,12 @@ export class Reflector {
     }
     const rv = obj?.metadata?.resourceVersion;
     if (typeof rv === 'string' && rv) this.resourceVersion = rv;
+  }
+
+  private endRelistSeries(): void {
+    if (this.relistsInARow === 0) return;
+    this.relistsInARow = 0;
+    this.relistBackoff.reset();
   }
 
   private keyOf(obj: any): string | undefined {
