@@ -127,3 +127,15 @@ test('a --heap-growth that is not a percentage does not start', { timeout: 30_00
     assert.ok(!r.err().includes('to-api: serving'), bad);
   }
 });
+
+test('a --max-connections or --handshake-timeout that is not a whole number does not start', { timeout: 30_000 }, async () => {
+  const dir = dirs.make();
+  const input = join(dir, 'cluster.yaml');
+  writeFileSync(input, CLUSTER);
+  for (const [flag, bad] of [['--max-connections', '0'], ['--handshake-timeout', '1.5s']]) {
+    const r = kpng('file', '-i', input, 'to-api', '--listen', `unix://${join(dir, 'kpng.sock')}`, flag, bad);
+    assert.equal(await exited(r), 1, bad);
+    assert.match(r.err(), new RegExp(flag), bad);
+    assert.ok(!r.err().includes('to-api: serving'), bad);
+  }
+});

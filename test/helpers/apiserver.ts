@@ -5,7 +5,8 @@
 // tokens and client certificates (anything else gets 401), an event history
 // so a watch resumes from a resourceVersion (410 for a compacted one), and
 // fault injection: dropped and closed watches, 5xx, 410 (HTTP and in-stream),
-// slow answers, hung connections. Listens on 127.0.0.1 only.
+// slow answers, hung connections, answers that never end (one endless line).
+// Listens on 127.0.0.1 only.
 import https from 'node:https';
 import { readFileSync, writeFileSync } from 'node:fs';
 import type { IncomingMessage, ServerResponse } from 'node:http';
@@ -71,13 +72,22 @@ export type Fault =
   /** destroy the connection without an answer */
   | { drop: true }
   /** answer 200 and end at once without an event (a watch closed early) */
-  | { close: true };
+  | { close: true }
+  /**
+   * answer 200 and then one line that never ends (a broken or hostile
+   * server), as fast as the client reads; stops sending after maxBytes
+   * (a safety valve for the test process, default 256 MiB) but keeps the
+   * connection open
+   */
+  | { endless: true; maxBytes?: number };
 
 export interface RequestRecord {
   path: string;
   query: Record<string, string>;
   user: string;
   status: number;
+  /** body bytes sent so far (endless answers) */
+  bytes?: number;
 }
 
 export interface ApiServerOptions {
@@ -362,6 +372,8 @@ export class TestApiServer {
         rec.status = 200;
         res.writeHead(200, { 'Content-Type': 'application/json' });
         return void res.end();
+      } else if ('endless' in fault) {
+        return this.endless(res, rec, fault.maxBytes ?? 256 * 2 ** 20);
       } else if ('errorEvent' in fault) {
         rec.status = 200;
         res.writeHead(200, { 'Content-Type': 'application/json' });
@@ -380,6 +392,26 @@ export class TestApiServer {
     }
     if (watch) return this.watch(resource, query, match, res, rec);
     return this.listPage(resource, query, match, reply);
+  }
+
+  /** 200, then an unterminated line at the client's pace (backpressure), until the client goes or maxBytes were sent. */
+  private endless(res: ServerResponse, rec: RequestRecord, maxBytes: number) {
+    rec.status = 200;
+    rec.bytes = 0;
+    this.hung.add(res);
+    res.on('close', () => this.hung.delete(res));
+    res.writeHead(200, { 'Content-Type': 'application/json', 'Transfer-Encoding': 'chunked' });
+    const filler = Buffer.alloc(64 * 1024, 'x');
+    let first: Buffer | undefined = Buffer.from('{"type":"ADDED","object":{"metadata":{"name":"');
+    const pump = () => {
+      while (!res.destroyed && rec.bytes! < maxBytes) {
+        const chunk = first ?? filler;
+        first = undefined;
+        rec.bytes! += chunk.length;
+        if (!res.write(chunk)) return void res.once('drain', pump);
+      }
+    };
+    pump();
   }
 
   private discovery(path: string, reply: (s: number, b: unknown) => void) {

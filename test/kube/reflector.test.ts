@@ -346,6 +346,92 @@ describe('kube source: faults', () => {
   });
 });
 
+describe('kube source: answers without bounds', () => {
+  const MiB = 2 ** 20;
+
+  it('drops a watch whose event line never ends at 16 MiB and relists; the other kinds keep working', async () => {
+    await setup();
+    seed();
+    // an endless line (the safety valve stops the server at 64 MiB, so that the test process survives the old code)
+    server.failNext({ resource: 'services', watch: true }, { endless: true, maxBytes: 64 * MiB });
+    const r = start();
+    await until(() => r.store.allSynced && watchesOf('services').length >= 1, 'synced, services watched');
+    server.put(nodeObject('node-2', 2));
+    await until(() => r.store.getNode('node-2') !== undefined, 'a Node event while the services watch streams its endless line');
+    await until(() => listsOf('services').length === 2, 'services relisted after the endless line', 20_000);
+    // what the server could send before the client dropped it: the limit plus what socket buffers hold
+    const sent = watchesOf('services')[0].bytes!;
+    assert.ok(sent > 16 * MiB && sent < 24 * MiB, `sent ${(sent / MiB).toFixed(1)} MiB`);
+    const w = warnings(r, /services: a watch event is larger than 16 MiB/);
+    assert.equal(w.length, 1, 'one line naming the resource');
+    assert.match(w[0].msg, /dropping the connection and relisting/);
+    server.put(serviceObject('default', 'after', '10.96.9.1'));
+    await until(() => !!r.store.getService('default/after'), 'services events again');
+    await assertMatchesServer(r);
+  });
+
+  it('a list page larger than the list bound is a failure (retried), not a memory hog', async () => {
+    await setup();
+    seed();
+    server.failNext({ resource: 'endpointslices', watch: false }, { endless: true, maxBytes: 64 * MiB });
+    const r = start({}, { maxListBytes: 2 * MiB });
+    await until(() => r.store.allSynced, 'synced');
+    assert.equal(warnings(r, /endpointslices list failed: the answer is larger than 2 MiB/).length, 1);
+    const sent = listsOf('endpointslices')[0].bytes!;
+    assert.ok(sent < 10 * MiB, `sent ${(sent / MiB).toFixed(1)} MiB`);
+    await assertMatchesServer(r);
+  });
+
+  it('a legal event of several MiB, split over many chunks and with multi-byte characters, arrives whole', async () => {
+    await setup();
+    seed();
+    const r = start();
+    await until(() => server.watchCount === 4, 'watching');
+    const big = serviceObject('default', 'big', '10.96.9.2');
+    big.metadata.annotations = { note: 'é€'.repeat(600_000) }; // 3 MiB of UTF-8
+    server.put(big);
+    await until(() => !!r.store.getService('default/big'), 'the big event');
+    assert.equal(warnings(r, /services/).length, 0);
+    assert.equal(listsOf('services').length, 1);
+  });
+});
+
+describe('kube source: 410 Gone in a loop', () => {
+  it('backs off (growing delays, jitter, capped) and logs few lines while every watch gets 410; an event ends the series', async () => {
+    await setup();
+    seed();
+    const r = start({}, { backoffMinMs: 10, backoffMaxMs: 200 });
+    await until(() => server.watchCount === 4, 'watching');
+    await r.caughtUp();
+    const watches0 = watchesOf('services').length;
+    const lines0 = r.records.length;
+    server.failNext({ resource: 'services', watch: true }, { status: 410, reason: 'Expired' }, 100_000);
+    server.expireWatches(); // the first 410 of the series, in-stream, for every kind
+    await new Promise((res) => setTimeout(res, 2000));
+    const watches = watchesOf('services').length - watches0;
+    // delays 0, then d doubling from 10 ms to 200 ms, each in [d/2, d]: at most 24 watches in 2 s (the old code: hundreds)
+    assert.ok(watches >= 5 && watches <= 26, `${watches} services watches in 2 s`);
+    const lines = r.records.slice(lines0).filter((x) => x.level >= WARN && /\bservices\b/.test(x.msg));
+    assert.ok(lines.length >= 2 && lines.length <= 12, `${lines.length} log lines:\n${lines.map((x) => x.msg).join('\n')}`);
+    const delays = lines.filter((x) => /410 Gone/.test(x.msg)).map((x) => Number(x.retryInMs));
+    assert.equal(delays[0], 0, 'the first 410 relists at once');
+    for (let i = 1; i < delays.length; i++) assert.ok(delays[i] >= delays[i - 1] / 2 && delays[i] <= 200, `delays ${delays}`);
+    assert.ok(delays.at(-1)! >= 100, `capped at 200 ms, at least half of it: ${delays}`);
+    assert.match(lines.at(-1)!.msg + lines.at(-2)!.msg, /\d+ times in a row/);
+
+    // the server heals: the next watch delivers events, and the series is over
+    server.clearFaults();
+    server.put(serviceObject('default', 'after', '10.96.5.3'));
+    await until(() => !!r.store.getService('default/after'), 'recovery', 2000);
+    await r.caughtUp();
+    const lines1 = r.records.length;
+    server.expireWatches();
+    await until(() => r.records.slice(lines1).some((x) => /services: resourceVersion \d+ expired \(410 Gone\)/.test(x.msg)), 'the next 410');
+    const again = r.records.slice(lines1).find((x) => /services: resourceVersion \d+ expired/.test(x.msg))!;
+    assert.equal(Number(again.retryInMs), 0, 'a 410 after an event relists at once');
+  });
+});
+
 describe('kube source: resources not served', () => {
   it('skips ServiceCIDRs when discovery does not list them: synced, logged once, never asked again', async () => {
     await setup({ serveServiceCIDRs: false });

@@ -2,6 +2,7 @@
 // certificates required, i.e. mTLS), the clients' --tls-ca (+ cert/key for
 // mTLS). Files are read once at start.
 import { readFileSync } from 'node:fs';
+import type { TlsOptions } from 'node:tls';
 import type { Command } from 'commander';
 import * as grpc from '@grpc/grpc-js';
 
@@ -43,12 +44,17 @@ const read = (f: string, what: string) => {
   }
 };
 
-export function serverCredentials(t: TLSFiles | undefined): grpc.ServerCredentials {
-  if (!t) return grpc.ServerCredentials.createInsecure();
+/**
+ * The server's TLS, for to-api's own TLS server (src/sinks/api/listener.ts:
+ * it does the handshake itself, to see how long it takes). What grpc-js's
+ * ServerCredentials.createSsl would do: with a CA, a client certificate
+ * signed by it is required (mTLS); ALPN h2.
+ */
+export function serverTLSOptions(t: TLSFiles | undefined): TlsOptions | undefined {
+  if (!t) return undefined;
   if (!t.cert || !t.key) throw new Error('TLS needs both --tls-cert and --tls-key');
-  const ca = t.ca ? read(t.ca, '--tls-ca') : null;
-  // with a CA, a client certificate signed by it is required (mTLS)
-  return grpc.ServerCredentials.createSsl(ca, [{ cert_chain: read(t.cert, '--tls-cert'), private_key: read(t.key, '--tls-key') }], ca !== null);
+  const ca = t.ca ? read(t.ca, '--tls-ca') : undefined;
+  return { cert: read(t.cert, '--tls-cert'), key: read(t.key, '--tls-key'), ca, requestCert: !!ca, rejectUnauthorized: true, ALPNProtocols: ['h2'] };
 }
 
 export function channelCredentials(t: ClientTLS | undefined): grpc.ChannelCredentials {

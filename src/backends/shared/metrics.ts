@@ -67,6 +67,13 @@ export const metrics = {
   revisions: new Gauge({ name: 'kpng_store_revisions_total', help: 'Store revisions: updates that really changed the global state', registers: [registry] }),
   opsSent: new Counter({ name: 'kpng_node_local_ops_total', help: 'Node-local diff-stream ops delivered to a backend or a watcher', labelNames: ['op'] as const, registers: [registry] }),
   watchers: new Gauge({ name: 'kpng_api_watchers', help: 'Connected gRPC watchers', labelNames: ['api'] as const, registers: [registry] }),
+  apiConnections: new Gauge({ name: 'kpng_api_connections', help: 'Open connections to the to-api server (in handshake or serving)', registers: [registry] }),
+  apiConnectionsRejected: new Counter({
+    name: 'kpng_api_connections_rejected_total',
+    help: 'Connections to the to-api server refused at --max-connections (reason max_connections) or closed for not completing the TLS and HTTP/2 handshake in time (handshake_timeout)',
+    labelNames: ['reason'] as const,
+    registers: [registry],
+  }),
   stageDuration: new Histogram({
     name: 'kpng_stage_duration_seconds',
     help: 'Time per sync stage: compute (node-local diff), render (backend transaction), apply (kernel)',

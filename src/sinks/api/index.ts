@@ -6,6 +6,14 @@ import { tlsFromOpts } from '../../api/grpc/tls.js';
 import { registerSink } from '../registry.js';
 import { ConfigError } from '../../backends/shared/config.js';
 import { ApiServer, DEFAULT_HEAP_GROWTH_PERCENT, tuneHeapForFanOut } from './server.js';
+import { DEFAULT_HANDSHAKE_TIMEOUT_MS, DEFAULT_MAX_CONNECTIONS, RESERVED_FDS } from './listener.js';
+
+/** a whole number in [min, max] from a flag, or a ConfigError naming it */
+function wholeNumber(flag: string, value: unknown, min: number, max: number, unit: string): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < min || n > max) throw new ConfigError(flag, `${value} is not a whole number of ${unit} from ${min} to ${max}`);
+  return n;
+}
 
 export { ApiServer, DEFAULT_HEAP_GROWTH_PERCENT, tuneHeapForFanOut, type ApiServerOptions, type ApiServerStats } from './server.js';
 
@@ -22,11 +30,17 @@ registerSink({
       .option('--insecure', 'allow a non-loopback TCP listener without TLS')
       .option('--no-local-api', 'do not serve /localv1.Sets/Watch')
       .option('--no-global-api', 'do not serve /globalv1.Sets/Watch')
-      .option('--heap-growth <percent>', "how far V8's heap may grow past what survived the last full GC (0: V8's own, up to 4x)", String(DEFAULT_HEAP_GROWTH_PERCENT));
+      .option('--heap-growth <percent>', "how far V8's heap may grow past what survived the last full GC (0: V8's own, up to 4x)", String(DEFAULT_HEAP_GROWTH_PERCENT))
+      .option(
+        '--max-connections <n>',
+        `open connections at most; more are closed at once (default: ${DEFAULT_MAX_CONNECTIONS}, or the open-file limit less ${RESERVED_FDS} if that is lower)`,
+      )
+      .option('--handshake-timeout <ms>', 'close a connection that does not complete the TLS handshake, then the HTTP/2 one, within this', String(DEFAULT_HANDSHAKE_TIMEOUT_MS));
   },
   async run(opts, ctx) {
-    const growth = Number(opts.heapGrowth);
-    if (!Number.isInteger(growth) || growth < 0 || growth > 1000) throw new ConfigError('--heap-growth', `${opts.heapGrowth} is not a whole number of percent from 0 to 1000`);
+    const growth = wholeNumber('--heap-growth', opts.heapGrowth, 0, 1000, 'percent');
+    const maxConnections = opts.maxConnections === undefined ? undefined : wholeNumber('--max-connections', opts.maxConnections, 1, 1_000_000, 'connections');
+    const handshakeTimeoutMs = wholeNumber('--handshake-timeout', opts.handshakeTimeout, 100, 600_000, 'milliseconds');
     tuneHeapForFanOut(growth);
     const server = new ApiServer({
       store: ctx.store,
@@ -37,6 +51,8 @@ registerSink({
       insecure: !!opts.insecure,
       localApi: opts.localApi !== false,
       globalApi: opts.globalApi !== false,
+      maxConnections,
+      handshakeTimeoutMs,
     });
     await server.start();
     try {

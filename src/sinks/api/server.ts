@@ -21,17 +21,20 @@ import { LocalDiff } from '../../diff/local-diff.js';
 import type { LocalOp } from '../../diff/ops.js';
 import { LocalSet } from '../../api/model.js';
 import type { WatchReq } from '../../api/gen/api/localv1/api_pb.js';
-import { formatAddress, grpcTarget, isLoopback, parseAddress, type ApiAddress } from '../../api/grpc/address.js';
-import { serverCredentials, type TLSFiles } from '../../api/grpc/tls.js';
+import { formatAddress, isLoopback, parseAddress, type ApiAddress } from '../../api/grpc/address.js';
+import { serverTLSOptions, type TLSFiles } from '../../api/grpc/tls.js';
 import { rawCallInterceptor, StreamWriter } from '../../api/grpc/server-stream.js';
 import { encodeDeleteOp, encodeSetOp, GLOBAL_SETS_HEADER, globalServerDefinition, localServerDefinition, RESET_FRAME, setOpFrame, SYNC_FRAME } from '../../api/grpc/wire.js';
 import { GlobalDiff, GlobalEncoder, type GlobalOp } from './global-diff.js';
+import { ConnectionGate, DEFAULT_HANDSHAKE_TIMEOUT_MS, defaultMaxConnections, openFileLimit, RESERVED_FDS } from './listener.js';
 
 /** extra local sets a client may ask for in WatchReq.Sets */
 const LOCAL_EXTRA_SETS = new Set([LocalSet.NodesSet, LocalSet.ServiceCIDRsSet]);
 const GLOBAL_EXTRA_SETS = new Set([LocalSet.GlobalServiceCIDRInfos]);
 /** a diff that may touch more objects than this waits for a big-diff slot */
 const BIG_DIFF = 1000;
+/** a connection without a call for this long is closed (a node always has its Watch open) */
+export const DEFAULT_CONNECTION_IDLE_MS = 5 * 60_000;
 
 export interface ApiServerOptions {
   readonly store: Store;
@@ -48,6 +51,12 @@ export interface ApiServerOptions {
   readonly bigDiffs?: number;
   /** bytes in flight per stream (default 64 KiB) */
   readonly windowBytes?: number;
+  /** open connections at most (default: 10,000, less if the open-file limit is low: defaultMaxConnections) */
+  readonly maxConnections?: number;
+  /** the TLS handshake, then the HTTP/2 preface, must each come within this (default 10 s) */
+  readonly handshakeTimeoutMs?: number;
+  /** a connection that has no call for this long is closed (default 5 min) */
+  readonly connectionIdleMs?: number;
 }
 
 export interface ApiServerStats {
@@ -179,6 +188,7 @@ export class ApiServer {
   private readonly bigDiffs: Semaphore;
   private readonly active = new Set<(abort?: boolean) => void>();
   private boundAddress?: string;
+  private gate?: ConnectionGate;
 
   constructor(private readonly opts: ApiServerOptions) {
     this.address = parseAddress(opts.listen);
@@ -192,49 +202,75 @@ export class ApiServer {
       // notice nodes that vanished without closing their connection
       'grpc.keepalive_time_ms': 60_000,
       'grpc.keepalive_timeout_ms': 20_000,
+      // a connection that did the handshake but holds no call (the gate bounds the handshake)
+      'grpc.max_connection_idle_ms': opts.connectionIdleMs ?? DEFAULT_CONNECTION_IDLE_MS,
     });
     if (opts.localApi !== false) this.server.addService(localServerDefinition, { Watch: (call: grpc.ServerDuplexStream<WatchReq, Buffer>) => this.serveLocal(call) });
     if (opts.globalApi !== false) this.server.addService(globalServerDefinition, { Watch: (call: grpc.ServerDuplexStream<unknown, Buffer>) => this.serveGlobal(call) });
   }
 
-  /** Binds and serves; returns the address served (tcp port 0 becomes the real port). */
+  /** connections open now (in handshake or served) */
+  get connections(): number {
+    return this.gate?.open ?? 0;
+  }
+
+  /** Listens and serves; returns the address served (tcp port 0 becomes the real port). */
   async start(): Promise<string> {
     const a = this.address;
-    const creds = serverCredentials(this.opts.tls);
-    let port: number;
+    const { log } = this.opts;
+    const fdLimit = openFileLimit();
+    const maxConnections = this.opts.maxConnections ?? defaultMaxConnections(fdLimit);
+    if (this.opts.maxConnections !== undefined && fdLimit !== undefined && maxConnections > fdLimit - RESERVED_FDS) {
+      log.warn({ maxConnections, fdLimit }, `to-api: --max-connections ${maxConnections} leaves fewer than ${RESERVED_FDS} of the ${fdLimit} file descriptors (ulimit -n) to the rest of kpng`);
+    }
+    // the gate accepts, caps, does TLS and bounds the handshake; grpc-js gets the connections it lets in
+    const injector = this.server.createConnectionInjector(grpc.ServerCredentials.createInsecure());
+    const gate = new ConnectionGate({
+      maxConnections,
+      handshakeTimeoutMs: this.opts.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_TIMEOUT_MS,
+      tls: serverTLSOptions(this.opts.tls),
+      log,
+      serve: (socket) => injector.injectConnection(socket),
+    });
+    this.gate = gate;
     if (a.kind === 'unix') {
       await prepareUnixSocket(a.path);
       // created 0660 from the start (no window where it is world-accessible)
       const old = process.umask(0o117);
       try {
-        port = await this.bind(grpcTarget(a, true), creds);
+        await gate.listen(a);
       } finally {
         process.umask(old);
       }
       chmodSync(a.path, 0o660);
       this.boundAddress = formatAddress(a);
     } else {
-      port = await this.bind(grpcTarget(a, true), creds);
+      const port = await gate.listen(a);
       this.boundAddress = formatAddress({ ...a, port });
     }
-    this.opts.log.info(
-      { listen: this.boundAddress, tls: !!this.opts.tls, mtls: !!this.opts.tls?.ca, local: this.opts.localApi !== false, global: this.opts.globalApi !== false },
+    log.info(
+      {
+        listen: this.boundAddress,
+        tls: !!this.opts.tls,
+        mtls: !!this.opts.tls?.ca,
+        local: this.opts.localApi !== false,
+        global: this.opts.globalApi !== false,
+        maxConnections,
+      },
       'to-api: serving',
     );
     return this.boundAddress;
   }
 
-  private bind(target: string, creds: grpc.ServerCredentials): Promise<number> {
-    return new Promise((resolve, reject) => this.server.bindAsync(target, creds, (err, port) => (err ? reject(err) : resolve(port))));
-  }
-
   /** Ends every stream and stops listening (the unix socket file is removed). */
   async stop(graceMs = 1000): Promise<void> {
+    this.gate?.stopListening();
     for (const finish of [...this.active]) finish();
     await new Promise<void>((resolve) => {
       const t = setTimeout(() => (this.server.forceShutdown(), resolve()), graceMs);
       this.server.tryShutdown(() => (clearTimeout(t), resolve()));
     });
+    await this.gate?.destroy();
     if (this.address.kind === 'unix') {
       try {
         unlinkSync(this.address.path);

@@ -22,6 +22,21 @@ export class StatusError extends Error {
 /** No byte for too long: a hung server or a half-open connection. */
 export class IdleTimeout extends Error {}
 
+/** An answer (list page, Status) or a watch event longer than its bound. */
+export class TooLarge extends Error {
+  constructor(
+    readonly what: 'answer' | 'event',
+    readonly limit: number,
+  ) {
+    super(`the ${what === 'answer' ? 'answer' : 'watch event'} is larger than ${formatBytes(limit)}`);
+  }
+}
+
+export function formatBytes(n: number): string {
+  const mib = n / 2 ** 20;
+  return Number.isInteger(mib) ? `${mib} MiB` : `${n} bytes`;
+}
+
 export interface RequestOptions {
   signal?: AbortSignal;
   /** abort if the response headers take longer than this */
@@ -66,10 +81,10 @@ export class KubeClient {
     return this.request(url, await this.conn.credentials.get(), opts);
   }
 
-  /** GET a JSON document; non-2xx throws StatusError. */
-  async getJSON(path: string, query: Record<string, string | undefined>, opts: RequestOptions & { idleMs?: number } = {}): Promise<any> {
+  /** GET a JSON document of at most maxBytes; non-2xx throws StatusError. */
+  async getJSON(path: string, query: Record<string, string | undefined>, opts: RequestOptions & { idleMs?: number; maxBytes: number }): Promise<any> {
     const res = await this.get(path, query, opts);
-    const body = await readBody(res, opts.idleMs ?? opts.timeoutMs ?? 60_000);
+    const body = await readBody(res, opts.idleMs ?? opts.timeoutMs ?? 60_000, opts.maxBytes);
     if (!res.statusCode || res.statusCode < 200 || res.statusCode > 299) throw statusError(res, body);
     try {
       return JSON.parse(body);
@@ -110,19 +125,51 @@ export class KubeClient {
   }
 }
 
-/** The whole body as text; fails if no byte arrives for idleMs. */
-export async function readBody(res: IncomingMessage, idleMs: number): Promise<string> {
+/** The whole body as text; fails if no byte arrives for idleMs or it grows past maxBytes. */
+export async function readBody(res: IncomingMessage, idleMs: number, maxBytes: number): Promise<string> {
   const timer = setTimeout(() => res.destroy(new IdleTimeout(`no data for ${idleMs} ms`)), idleMs);
   const chunks: Buffer[] = [];
+  let size = 0;
   try {
     for await (const c of res) {
       timer.refresh();
+      size += (c as Buffer).length;
+      if (size > maxBytes) throw new TooLarge('answer', maxBytes);
       chunks.push(c as Buffer);
     }
   } finally {
+    // leaving the loop early (too large) destroys the response and its connection
     clearTimeout(timer);
   }
-  return Buffer.concat(chunks).toString('utf8');
+  return Buffer.concat(chunks, size).toString('utf8');
+}
+
+/**
+ * The lines of a watch stream (newline-delimited JSON events), without the
+ * newline. A chunk is searched once: the start of a line waits in a list of
+ * chunks until its newline comes, and a line longer than maxBytes throws.
+ * onChunk sees every chunk (the idle watchdog).
+ */
+export async function* watchLines(res: AsyncIterable<Buffer>, maxBytes: number, onChunk: () => void): AsyncGenerator<Buffer> {
+  let pending: Buffer[] = [];
+  let pendingBytes = 0;
+  for await (const chunk of res) {
+    onChunk();
+    let start = 0;
+    for (let nl = chunk.indexOf(10); nl >= 0; nl = chunk.indexOf(10, start)) {
+      if (pendingBytes + nl - start > maxBytes) throw new TooLarge('event', maxBytes);
+      const line = pending.length ? Buffer.concat([...pending, chunk.subarray(start, nl)]) : chunk.subarray(start, nl);
+      pending = [];
+      pendingBytes = 0;
+      start = nl + 1;
+      yield line;
+    }
+    if (start < chunk.length) {
+      pendingBytes += chunk.length - start;
+      if (pendingBytes > maxBytes) throw new TooLarge('event', maxBytes);
+      pending.push(chunk.subarray(start));
+    }
+  }
 }
 
 /** A non-2xx answer and its body (a Status, or whatever came) as a StatusError. */

@@ -7,7 +7,7 @@ import type { Logger } from '../../log.js';
 import type { Kind, StoreTx } from '../../store/store.js';
 import { convertObject, InvalidObject, objectRef } from '../objects.js';
 import { applyObject, type ModelObject } from '../apply.js';
-import { IdleTimeout, readBody, statusError, StatusError, type KubeClient } from './client.js';
+import { formatBytes, IdleTimeout, readBody, statusError, StatusError, TooLarge, watchLines, type KubeClient } from './client.js';
 
 export type KubeKind = 'Service' | 'EndpointSlice' | 'Node' | 'ServiceCIDR';
 
@@ -37,6 +37,10 @@ export interface ReflectorOptions {
   requestTimeoutMs: number;
   backoffMinMs: number;
   backoffMaxMs: number;
+  /** a watch event (one line) longer than this drops the connection and relists */
+  maxEventBytes: number;
+  /** a list page (or any other answer) longer than this is a failure */
+  maxListBytes: number;
 }
 
 export const DEFAULT_REFLECTOR_OPTIONS: ReflectorOptions = {
@@ -48,6 +52,11 @@ export const DEFAULT_REFLECTOR_OPTIONS: ReflectorOptions = {
   requestTimeoutMs: 60_000,
   backoffMinMs: 100,
   backoffMaxMs: 30_000,
+  // an object is at most etcd's request limit (1.5 MiB by default) and the
+  // API server's 3 MB request body; its JSON in an event, well below this
+  maxEventBytes: 16 * 2 ** 20,
+  // 500 objects of 512 KiB each; V8 cannot make a string of more than 512 MiB anyway
+  maxListBytes: 256 * 2 ** 20,
 };
 
 /** A watch that ends this fast without one event counts as an error (no tight loop). */
@@ -115,7 +124,7 @@ export class Reflector {
   synced = false;
   /** false once the server said it does not serve this resource */
   served = true;
-  readonly stats = { lists: 0, watches: 0, events: 0, bookmarks: 0, gone: 0, errors: 0 };
+  readonly stats = { lists: 0, watches: 0, events: 0, bookmarks: 0, gone: 0, oversized: 0, errors: 0 };
   private readonly backoff: Backoff;
   private readonly ac = new AbortController();
   private running?: Promise<void>;
@@ -123,8 +132,15 @@ export class Reflector {
   private reported = new Map<string, string>();
   /** a list succeeded or an event arrived since the last error: the next backoff starts over */
   private progressed = false;
-  /** 410s since the last event: relist at once only the first time */
-  private goneInARow = 0;
+  /**
+   * Relists forced by the watch (410 Gone, an event too large) since the
+   * last event: the first relists at once, the next ones back off with
+   * relistBackoff (a successful list does not reset it: only an event does)
+   */
+  private relistsInARow = 0;
+  private readonly relistBackoff: Backoff;
+  /** the relist after a 410 that was logged at debug only is logged so too (unless it changed something) */
+  private quietRelist = false;
 
   constructor(
     private readonly client: KubeClient,
@@ -134,6 +150,7 @@ export class Reflector {
     private readonly opts: ReflectorOptions = DEFAULT_REFLECTOR_OPTIONS,
   ) {
     this.backoff = new Backoff(opts.backoffMinMs, opts.backoffMaxMs);
+    this.relistBackoff = new Backoff(opts.backoffMinMs, opts.backoffMaxMs);
   }
 
   /** objects currently known (the size of the reconciliation map) */
@@ -172,6 +189,8 @@ export class Reflector {
           mustList = false;
         }
         const events = await this.watch();
+        // a watch that lived until the server ended it: the server is fine
+        this.endRelistSeries();
         this.log.debug({ resource: r.plural, resourceVersion: this.resourceVersion, events }, `kube source: ${r.plural} watch ended; resuming`);
         continue;
       } catch (e) {
@@ -180,14 +199,24 @@ export class Reflector {
         if (this.progressed) this.backoff.reset();
         this.progressed = false;
         const err = e as Error;
-        if (err instanceof StatusError && err.code === 410) {
-          this.stats.gone++;
+        const gone = err instanceof StatusError && err.code === 410;
+        if (gone || (err instanceof TooLarge && err.what === 'event')) {
+          // the version is compacted, or an event we cannot take (resuming would get it again): relist
+          if (gone) this.stats.gone++;
+          else this.stats.oversized++;
           mustList = true;
-          // relist at once, but not in a loop if the server keeps saying 410
-          delay = this.goneInARow++ > 0 ? this.backoff.next() : 0;
-          this.log.warn(
-            { resource: r.plural, resourceVersion: this.resourceVersion, retryInMs: delay },
-            `kube source: ${r.plural}: resourceVersion ${this.resourceVersion} expired (410 Gone); relisting${delay ? ` in ${delay} ms` : ''}`,
+          // relist at once, but not in a loop if the server keeps saying 410:
+          // the next ones back off, and only the 1st, 2nd, 4th, 8th... are logged
+          const n = ++this.relistsInARow;
+          delay = n > 1 ? this.relistBackoff.next() : 0;
+          const loud = (n & (n - 1)) === 0;
+          this.quietRelist = !loud;
+          const cause = gone
+            ? `resourceVersion ${this.resourceVersion} expired (410 Gone)${n > 1 ? ` again, ${n} times in a row without an event` : ''}; relisting`
+            : `a watch event is larger than ${formatBytes(this.opts.maxEventBytes)}${n > 1 ? ` (${n} times in a row without an event)` : ''}; dropping the connection and relisting`;
+          this.log[loud ? 'warn' : 'debug'](
+            { resource: r.plural, resourceVersion: this.resourceVersion, retryInMs: delay, inARow: n },
+            `kube source: ${r.plural}: ${cause}${delay ? ` in ${delay} ms` : ''}`,
           );
         } else if (mustList && err instanceof StatusError && (err.code === 404 || (err.code === 403 && r.optional))) {
           return this.skip(
@@ -228,7 +257,12 @@ export class Reflector {
   private async discover(): Promise<boolean> {
     const r = this.resource;
     try {
-      const doc = await this.client.getJSON(`/apis/${r.groupVersion}`, {}, { signal: this.signal, timeoutMs: this.opts.requestTimeoutMs, idleMs: this.opts.idleTimeoutMs });
+      const doc = await this.client.getJSON(`/apis/${r.groupVersion}`, {}, {
+        signal: this.signal,
+        timeoutMs: this.opts.requestTimeoutMs,
+        idleMs: this.opts.idleTimeoutMs,
+        maxBytes: this.opts.maxListBytes,
+      });
       return Array.isArray(doc?.resources) && doc.resources.some((x: { name?: unknown }) => x?.name === r.plural);
     } catch (e) {
       if (e instanceof StatusError && e.code === 404) return false;
@@ -256,6 +290,7 @@ export class Reflector {
           signal: this.signal,
           timeoutMs: this.opts.requestTimeoutMs,
           idleMs: this.opts.idleTimeoutMs,
+          maxBytes: this.opts.maxListBytes,
         });
       } catch (e) {
         // the continue token expired between pages: start over, once
@@ -297,7 +332,9 @@ export class Reflector {
       for (const w of writes) w(tx);
       if (first) tx.setSynced(kind);
     });
-    this.log[first ? 'info' : 'warn'](
+    const quiet = this.quietRelist && writes.length === 0;
+    this.quietRelist = false;
+    this.log[first ? 'info' : quiet ? 'debug' : 'warn'](
       { resource: r.plural, objects: seen.size, changed: writes.length, deleted, resourceVersion: rv, ms: Math.round(performance.now() - t0) },
       first ? `kube source: listed ${seen.size} ${r.plural}` : `kube source: relisted ${r.plural}: ${writes.length} changes (${deleted} deleted)`,
     );
@@ -323,28 +360,22 @@ export class Reflector {
       }),
       { signal: this.signal, timeoutMs: this.opts.requestTimeoutMs },
     );
-    if (res.statusCode !== 200) throw statusError(res, await readBody(res, this.opts.idleTimeoutMs));
+    if (res.statusCode !== 200) throw statusError(res, await readBody(res, this.opts.idleTimeoutMs, this.opts.maxEventBytes));
     const idleMs = this.opts.idleTimeoutMs;
     const idle = setTimeout(() => res.destroy(new IdleTimeout(`no event or bookmark for ${idleMs} ms`)), idleMs);
     let events = 0;
-    let rest = '';
-    res.setEncoding('utf8');
     try {
-      for await (const chunk of res) {
-        idle.refresh();
-        const lines = (rest + (chunk as string)).split('\n');
-        rest = lines.pop()!;
-        for (const line of lines) {
-          if (!line.trim()) continue;
-          let ev: any;
-          try {
-            ev = JSON.parse(line);
-          } catch {
-            throw new Error(`malformed watch event: ${line.slice(0, 100)}`);
-          }
-          this.handle(ev);
-          events++;
+      for await (const line of watchLines(res, this.opts.maxEventBytes, () => idle.refresh())) {
+        const text = line.toString('utf8');
+        if (!text.trim()) continue;
+        let ev: any;
+        try {
+          ev = JSON.parse(text);
+        } catch {
+          throw new Error(`malformed watch event: ${text.slice(0, 100)}`);
         }
+        this.handle(ev);
+        events++;
       }
     } finally {
       clearTimeout(idle);
@@ -358,7 +389,7 @@ export class Reflector {
     const obj = ev.object;
     if (ev.type !== 'ERROR') {
       this.progressed = true;
-      this.goneInARow = 0;
+      this.endRelistSeries();
     }
     switch (ev.type) {
       case 'ADDED':
@@ -389,6 +420,12 @@ export class Reflector {
     }
     const rv = obj?.metadata?.resourceVersion;
     if (typeof rv === 'string' && rv) this.resourceVersion = rv;
+  }
+
+  private endRelistSeries(): void {
+    if (this.relistsInARow === 0) return;
+    this.relistsInARow = 0;
+    this.relistBackoff.reset();
   }
 
   private keyOf(obj: any): string | undefined {
