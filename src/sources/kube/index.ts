@@ -1,11 +1,11 @@
 // The kube source: lists and watches a real Kubernetes API server (Services,
 // EndpointSlices, Nodes, ServiceCIDRs) with our own reflector, and keeps the
 // store equal to what the server has. See docs/kube-source.md.
-import { readFileSync } from 'node:fs';
 import type { Logger } from '../../log.js';
 import type { Store } from '../../store/store.js';
 import { HEADLESS_LABEL, SERVICE_NAME_LABEL } from '../objects.js';
 import { SERVICE_PROXY_NAME_LABEL } from '../../localstate/service-view.js';
+import { version } from '../../version.js';
 import { registerSource } from '../registry.js';
 import { KubeClient } from './client.js';
 import { resolveConnection, type Connection } from './config.js';
@@ -58,13 +58,7 @@ export function kubeResources(opts: { serviceProxyName?: string; watchNode?: str
 }
 
 function userAgent(): string {
-  let v = '0.0.0';
-  try {
-    v = JSON.parse(readFileSync(new URL('../../../package.json', import.meta.url), 'utf8')).version;
-  } catch {
-    // not fatal: only for the server's logs
-  }
-  return `kpng/${v} (node ${process.version})`;
+  return `kpng/${version()} (node ${process.version})`;
 }
 
 export class KubeSource {
