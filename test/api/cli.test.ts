@@ -10,6 +10,7 @@ import { existsSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { TempDirs, waitFor } from './helpers.js';
+import { freePort } from '../helpers/port.js';
 
 const KPNG = fileURLToPath(new URL('../../bin/kpng.js', import.meta.url));
 const dirs = new TempDirs();
@@ -138,4 +139,26 @@ test('a --max-connections or --handshake-timeout that is not a whole number does
     assert.match(r.err(), new RegExp(flag), bad);
     assert.ok(!r.err().includes('to-api: serving'), bad);
   }
+});
+
+test('the brain serves /metrics: its watchers and the time its diffs take', { timeout: 60_000 }, async () => {
+  const dir = dirs.make();
+  const input = join(dir, 'cluster.yaml');
+  writeFileSync(input, CLUSTER);
+  const sock = join(dir, 'kpng.sock');
+  const port = await freePort();
+  const brain = kpng('file', '-i', input, 'to-api', '--listen', `unix://${sock}`, '--metrics-bind-address', `127.0.0.1:${port}`);
+  await waitFor('the brain to serve', () => brain.err().includes('to-api: serving'), 20_000);
+  const node = kpng('local', '--api', `unix://${sock}`, 'to-log', '--node-name', 'node-a');
+  await waitFor('the node to sync', () => node.out().includes('> sync'), 20_000);
+  const m = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+  assert.match(m, /^kpng_api_watchers\{api="local"\} 1$/m);
+  assert.match(m, /^kpng_api_diff_duration_seconds_count\{api="local"\} [1-9]/m);
+  assert.match(m, /^kpng_api_messages_total\{api="local"\} 4$/m);
+  assert.match(m, /^kpng_api_connections 1$/m);
+  assert.match(m, /^process_resident_memory_bytes /m);
+  node.proc.kill('SIGTERM');
+  await exited(node);
+  brain.proc.kill('SIGTERM');
+  assert.equal(await exited(brain), 0);
 });

@@ -4,23 +4,14 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, writeFileSync, rmSync, chmodSync, existsSync, unlinkSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { kpngSpawn } from '../helpers/cli.js';
+import { freePort } from '../helpers/port.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
 import { service, slice, node } from '../helpers/k8s.js';
 
 const skip = canUseNetns();
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const s = createServer().listen(0, '127.0.0.1', () => {
-      const { port } = s.address() as { port: number };
-      s.close(() => resolve(port));
-    });
-  });
-}
 
 async function get(port: number, path: string): Promise<{ code: number; body: string }> {
   const r = await fetch(`http://127.0.0.1:${port}${path}`);

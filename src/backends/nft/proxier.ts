@@ -487,6 +487,7 @@ export class NftProxier extends ProxierBase {
         for (const c of unused) st.committedChains.delete(c);
         for (const n of unusedSets) st.committedSets.delete(n);
       } catch (e) {
+        metrics.nftablesCleanupFailures.inc({ ip_family: st.names.family === 4 ? 'IPv4' : 'IPv6' });
         this.o.log.debug({ err: (e as Error).message }, 'nft: unused chains stay for now');
       }
     }

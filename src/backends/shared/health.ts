@@ -2,7 +2,7 @@
 // every queued update gets applied within 2 x syncPeriod; /healthz is also
 // unhealthy while the Node is going away (deletionTimestamp or the cluster
 // autoscaler's ToBeDeletedByClusterAutoscaler taint).
-import { createServer, type Server } from 'node:http';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Logger } from '../../log.js';
 import { metrics, registry } from './metrics.js';
 import type { SyncResult } from './runner.js';
@@ -65,54 +65,83 @@ export interface ProxyServersOptions {
   hardFail?: boolean;
 }
 
-/** Starts the health and metrics servers; returns a closer. */
-export async function startProxyServers(health: ProxyHealth, o: ProxyServersOptions, log: Logger, stats?: () => void): Promise<() => Promise<void>> {
-  const servers: Server[] = [];
-  const listen = async (addr: string, name: string, handler: Parameters<typeof createServer>[1]) => {
-    const a = parseBindAddress(addr);
-    if (!a) return;
-    const server = createServer(handler!);
-    try {
-      await new Promise<void>((resolve, reject) => {
-        server.once('error', reject);
-        server.listen(a.port, a.host, () => resolve());
-      });
-      servers.push(server);
-      log.info({ address: addr }, `${name} listening`);
-    } catch (e) {
-      const msg = `cannot serve ${name} on ${addr}: ${(e as Error).message}`;
-      if (o.hardFail) throw new Error(msg);
-      log.error(msg);
-    }
-  };
-  await listen(o.healthzBindAddress, '/healthz', (req, res) => {
-    const path = (req.url ?? '').split('?')[0];
-    if (path !== '/healthz' && path !== '/livez') {
-      res.statusCode = 404;
-      return res.end();
-    }
-    const body = health.body(path === '/healthz');
-    const code = body.healthy ? 200 : 503;
-    (path === '/healthz' ? metrics.healthz : metrics.livez).inc({ code: String(code) });
-    res.writeHead(code, { 'Content-Type': 'application/json', 'X-Content-Type-Options': 'nosniff' });
-    res.end(JSON.stringify(body));
-  });
-  await listen(o.metricsBindAddress, '/metrics', async (req, res) => {
+/** An HTTP server on addr ('' : none); returns it, or undefined (logged, or thrown with hardFail) when the address cannot be bound. */
+export async function listenHttp(addr: string, name: string, handler: Parameters<typeof createServer>[1], log: Logger, hardFail = false): Promise<Server | undefined> {
+  const a = parseBindAddress(addr);
+  if (!a) return undefined;
+  const server = createServer(handler!);
+  try {
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(a.port, a.host, () => resolve());
+    });
+    log.info({ address: addr }, `${name} listening`);
+    return server;
+  } catch (e) {
+    const msg = `cannot serve ${name} on ${addr}: ${(e as Error).message}`;
+    if (hardFail) throw new Error(msg);
+    log.error(msg);
+    return undefined;
+  }
+}
+
+/** GET /metrics: the process's registry; anything else goes to `other` (404 without it) */
+export function metricsHandler(other?: (path: string, req: IncomingMessage, res: ServerResponse) => boolean, before?: () => void) {
+  return async (req: IncomingMessage, res: ServerResponse) => {
     const path = (req.url ?? '').split('?')[0];
     if (path === '/metrics') {
-      stats?.();
+      before?.();
       res.writeHead(200, { 'Content-Type': registry.contentType });
       return res.end(await registry.metrics());
     }
-    if (path === '/proxyMode') return res.end(o.proxyMode);
-    if (path === '/healthz' || path === '/livez') {
-      res.writeHead(health.healthy ? 200 : 503, { 'Content-Type': 'application/json' });
-      return res.end(JSON.stringify(health.body(false)));
-    }
+    if (other?.(path, req, res)) return;
     res.statusCode = 404;
     res.end();
-  });
-  return async () => {
-    await Promise.all(servers.map((s) => new Promise<void>((r) => s.close(() => r()))));
   };
+}
+
+/** closes servers */
+export async function closeServers(servers: readonly (Server | undefined)[]): Promise<void> {
+  await Promise.all(servers.map((s) => s && new Promise<void>((r) => s.close(() => r()))));
+}
+
+/** Starts the health and metrics servers; returns a closer. */
+export async function startProxyServers(health: ProxyHealth, o: ProxyServersOptions, log: Logger, stats?: () => void): Promise<() => Promise<void>> {
+  const healthz = await listenHttp(
+    o.healthzBindAddress,
+    '/healthz',
+    (req, res) => {
+      const path = (req.url ?? '').split('?')[0];
+      if (path !== '/healthz' && path !== '/livez') {
+        res.statusCode = 404;
+        return res.end();
+      }
+      const body = health.body(path === '/healthz');
+      const code = body.healthy ? 200 : 503;
+      (path === '/healthz' ? metrics.healthz : metrics.livez).inc({ code: String(code) });
+      res.writeHead(code, { 'Content-Type': 'application/json', 'X-Content-Type-Options': 'nosniff' });
+      res.end(JSON.stringify(body));
+    },
+    log,
+    o.hardFail,
+  );
+  const metricsServer = await listenHttp(
+    o.metricsBindAddress,
+    '/metrics',
+    metricsHandler((path, _req, res) => {
+      if (path === '/proxyMode') {
+        res.end(o.proxyMode);
+        return true;
+      }
+      if (path === '/healthz' || path === '/livez') {
+        res.writeHead(health.healthy ? 200 : 503, { 'Content-Type': 'application/json' });
+        res.end(JSON.stringify(health.body(false)));
+        return true;
+      }
+      return false;
+    }, stats),
+    log,
+    o.hardFail,
+  );
+  return () => closeServers([healthz, metricsServer]);
 }

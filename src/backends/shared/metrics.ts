@@ -66,7 +66,16 @@ export const metrics = {
   apiEvents: new Gauge({ name: 'kpng_api_events_total', help: 'Writes received from sources (Kubernetes events, file objects), changed or not', registers: [registry] }),
   revisions: new Gauge({ name: 'kpng_store_revisions_total', help: 'Store revisions: updates that really changed the global state', registers: [registry] }),
   opsSent: new Counter({ name: 'kpng_node_local_ops_total', help: 'Node-local diff-stream ops delivered to a backend or a watcher', labelNames: ['op'] as const, registers: [registry] }),
-  watchers: new Gauge({ name: 'kpng_api_watchers', help: 'Connected gRPC watchers', labelNames: ['api'] as const, registers: [registry] }),
+  watchers: new Gauge({ name: 'kpng_api_watchers', help: 'Open Watch streams of to-api, by API (local: nodes, global: chained brains)', labelNames: ['api'] as const, registers: [registry] }),
+  apiDiffDuration: new Histogram({
+    name: 'kpng_api_diff_duration_seconds',
+    help: 'to-api: time to compute a diff for a watcher and write it to its stream',
+    buckets: exp(0.0001, 2, 18),
+    labelNames: ['api'] as const,
+    registers: [registry],
+  }),
+  apiMessages: new Counter({ name: 'kpng_api_messages_total', help: 'to-api: OpItems sent to watchers', labelNames: ['api'] as const, registers: [registry] }),
+  apiBytes: new Counter({ name: 'kpng_api_bytes_total', help: 'to-api: bytes sent to watchers, with gRPC framing', labelNames: ['api'] as const, registers: [registry] }),
   apiConnections: new Gauge({ name: 'kpng_api_connections', help: 'Open connections to the to-api server (in handshake or serving)', registers: [registry] }),
   apiConnectionsRejected: new Counter({
     name: 'kpng_api_connections_rejected_total',

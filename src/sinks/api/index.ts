@@ -7,6 +7,11 @@ import { registerSink } from '../registry.js';
 import { ConfigError } from '../../backends/shared/config.js';
 import { ApiServer, DEFAULT_HEAP_GROWTH_PERCENT, tuneHeapForFanOut } from './server.js';
 import { DEFAULT_HANDSHAKE_TIMEOUT_MS, DEFAULT_MAX_CONNECTIONS, RESERVED_FDS } from './listener.js';
+import { closeServers, listenHttp, metricsHandler } from '../../backends/shared/health.js';
+import { enableProcessMetrics } from '../../backends/shared/metrics.js';
+
+/** kube-proxy's metrics address (a brain and a node agent on one host's network need one of them moved) */
+const DEFAULT_METRICS_ADDRESS = '127.0.0.1:10249';
 
 /** a whole number in [min, max] from a flag, or a ConfigError naming it */
 function wholeNumber(flag: string, value: unknown, min: number, max: number, unit: string): number {
@@ -35,7 +40,8 @@ registerSink({
         '--max-connections <n>',
         `open connections at most; more are closed at once (default: ${DEFAULT_MAX_CONNECTIONS}, or the open-file limit less ${RESERVED_FDS} if that is lower)`,
       )
-      .option('--handshake-timeout <ms>', 'close a connection that does not complete the TLS handshake, then the HTTP/2 one, within this', String(DEFAULT_HANDSHAKE_TIMEOUT_MS));
+      .option('--handshake-timeout <ms>', 'close a connection that does not complete the TLS handshake, then the HTTP/2 one, within this', String(DEFAULT_HANDSHAKE_TIMEOUT_MS))
+      .option('--metrics-bind-address <host:port>', "serve /metrics here ('' : not at all)", DEFAULT_METRICS_ADDRESS);
   },
   async run(opts, ctx) {
     const growth = wholeNumber('--heap-growth', opts.heapGrowth, 0, 1000, 'percent');
@@ -55,12 +61,15 @@ registerSink({
       handshakeTimeoutMs,
     });
     await server.start();
+    enableProcessMetrics();
+    const metricsServer = await listenHttp(opts.metricsBindAddress, '/metrics', metricsHandler(), ctx.log);
     try {
       await new Promise<void>((resolve) => {
         if (ctx.signal.aborted) return resolve();
         ctx.signal.addEventListener('abort', () => resolve(), { once: true });
       });
     } finally {
+      await closeServers([metricsServer]);
       await server.stop();
     }
   },

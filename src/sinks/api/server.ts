@@ -21,6 +21,7 @@ import { LocalDiff } from '../../diff/local-diff.js';
 import type { LocalOp } from '../../diff/ops.js';
 import { LocalSet } from '../../api/model.js';
 import type { WatchReq } from '../../api/gen/api/localv1/api_pb.js';
+import { metrics } from '../../backends/shared/metrics.js';
 import { formatAddress, isLoopback, parseAddress, type ApiAddress } from '../../api/grpc/address.js';
 import { serverTLSOptions, type TLSFiles } from '../../api/grpc/tls.js';
 import { rawCallInterceptor, StreamWriter } from '../../api/grpc/server-stream.js';
@@ -58,6 +59,8 @@ export interface ApiServerOptions {
   /** a connection that has no call for this long is closed (default 5 min) */
   readonly connectionIdleMs?: number;
 }
+
+type Api = 'local' | 'global';
 
 export interface ApiServerStats {
   /** open Watch streams */
@@ -285,7 +288,7 @@ export class ApiServer {
     for (const finish of [...this.active]) finish(true);
   }
 
-  private track<Req>(call: grpc.ServerDuplexStream<Req, Buffer>, onClose: () => void) {
+  private track<Req>(api: Api, call: grpc.ServerDuplexStream<Req, Buffer>, onClose: () => void) {
     const writer = new StreamWriter(call as grpc.ServerDuplexStream<unknown, Buffer>, { windowBytes: this.opts.windowBytes });
     const requests = new Requests<Req>();
     let done = false;
@@ -294,6 +297,7 @@ export class ApiServer {
       done = true;
       this.active.delete(finish);
       this.stats.streams--;
+      metrics.watchers.dec({ api });
       writer.close();
       requests.end();
       onClose();
@@ -303,6 +307,7 @@ export class ApiServer {
     };
     this.active.add(finish);
     this.stats.streams++;
+    metrics.watchers.inc({ api });
     call.on('data', (r: Req) => requests.push(r));
     call.on('end', () => requests.end());
     call.on('cancelled', () => finish());
@@ -310,22 +315,26 @@ export class ApiServer {
     return { writer, requests, finish };
   }
 
-  private async send<Op>(writer: StreamWriter, ops: readonly Op[], frameOf: (op: Op) => Buffer): Promise<void> {
+  private async send<Op>(api: Api, writer: StreamWriter, ops: readonly Op[], frameOf: (op: Op) => Buffer): Promise<void> {
+    let bytes = 0;
     for (const op of ops) {
       const f = frameOf(op);
       this.stats.messages++;
       this.stats.bytes += f.length + 5;
+      bytes += f.length + 5;
       const wait = writer.write(f);
       if (wait) await wait;
-      if (writer.isClosed) return;
+      if (writer.isClosed) break;
     }
+    metrics.apiMessages.inc({ api }, ops.length);
+    metrics.apiBytes.inc({ api }, bytes);
   }
 
   private serveLocal(call: grpc.ServerDuplexStream<WatchReq, Buffer>) {
     const log = this.opts.log;
     let diff: LocalDiff | undefined;
     let setsKey = '';
-    const { writer, requests, finish } = this.track(call, () => diff?.close());
+    const { writer, requests, finish } = this.track('local', call, () => diff?.close());
     void (async () => {
       try {
         for (let req = await requests.next(); req && !writer.isClosed; req = await requests.next()) {
@@ -338,7 +347,7 @@ export class ApiServer {
             diff = new LocalDiff(this.opts.store, this.opts.views, req.NodeName, { sets });
             setsKey = sets.join(',');
           }
-          await this.nextDiff(diff, writer, () => diff!.next(), localOpFrame);
+          await this.nextDiff('local', diff, writer, () => diff!.next(), localOpFrame);
         }
       } catch (e) {
         log.error({ err: (e as Error).stack ?? String(e) }, 'to-api: local watch failed');
@@ -355,12 +364,12 @@ export class ApiServer {
       .map((s) => LocalSet[s.trim() as keyof typeof LocalSet])
       .filter((s) => GLOBAL_EXTRA_SETS.has(s));
     const diff = new GlobalDiff(this.opts.store, this.enc, { sets: asked });
-    const { writer, requests, finish } = this.track(call, () => diff.close());
+    const { writer, requests, finish } = this.track('global', call, () => diff.close());
     log.debug({ peer: call.getPeer() }, 'to-api: global watch');
     void (async () => {
       try {
         for (let req = await requests.next(); req && !writer.isClosed; req = await requests.next()) {
-          await this.nextDiff(diff, writer, () => diff.next(), globalOpFrame);
+          await this.nextDiff('global', diff, writer, () => diff.next(), globalOpFrame);
         }
       } catch (e) {
         log.error({ err: (e as Error).stack ?? String(e) }, 'to-api: global watch failed');
@@ -371,16 +380,18 @@ export class ApiServer {
   }
 
   /** Waits for a non-empty diff and sends it (kpng: an empty diff is not answered). */
-  private async nextDiff<Op>(diff: LocalDiff | GlobalDiff, writer: StreamWriter, build: () => Op[], frameOf: (op: Op) => Buffer): Promise<void> {
+  private async nextDiff<Op>(api: Api, diff: LocalDiff | GlobalDiff, writer: StreamWriter, build: () => Op[], frameOf: (op: Op) => Buffer): Promise<void> {
     while (!writer.isClosed) {
       await diff.changed();
       if (writer.isClosed) return;
       const release = diff.pendingSize > BIG_DIFF ? await this.bigDiffs.acquire() : undefined;
       try {
         if (writer.isClosed) return;
+        const t0 = performance.now();
         const ops = build();
         if (ops.length === 0) continue;
-        await this.send(writer, ops, frameOf);
+        await this.send(api, writer, ops, frameOf);
+        metrics.apiDiffDuration.observe({ api }, (performance.now() - t0) / 1000);
         this.stats.diffs++;
         return;
       } finally {
