@@ -424,6 +424,10 @@ describe('kube source: 410 Gone in a loop', () => {
     server.put(serviceObject('default', 'after', '10.96.5.3'));
     await until(() => !!r.store.getService('default/after'), 'recovery', 2000);
     await r.caughtUp();
+    // (that one may have come with a relist, still in the series: one more, on the live watch)
+    server.put(serviceObject('default', 'after2', '10.96.5.4'));
+    await until(() => !!r.store.getService('default/after2'), 'an event on the watch', 2000);
+    await r.caughtUp();
     const lines1 = r.records.length;
     server.expireWatches();
     await until(() => r.records.slice(lines1).some((x) => /services: resourceVersion \d+ expired \(410 Gone\)/.test(x.msg)), 'the next 410');
