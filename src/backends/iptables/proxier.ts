@@ -11,8 +11,8 @@ import { networkInterfaces } from 'node:os';
 import { parseCIDR, cidrContains, type Family } from '../../api/ip.js';
 import { externallyAccessible, ipSetOf } from '../../api/model.js';
 import { metrics } from '../shared/metrics.js';
-import { ProxierBase, sameRules, type ApplyRequest, type ProxierBaseOptions, type SyncStats } from '../shared/proxier.js';
-import type { KubeProxyConfiguration } from '../shared/config.js';
+import { ProxierBase, sameRules, type ApplyRequest, type SyncStats } from '../shared/proxier.js';
+import type { DataplaneOptions } from '../shared/backend.js';
 import { servicePorts } from '../shared/service-ports.js';
 import { detectLocal, nodePortAddresses } from '../shared/node-facts.js';
 import { NftWatch } from '../shared/nft-watch.js';
@@ -36,22 +36,13 @@ import {
 } from './rules.js';
 import { IptablesError, detectMode, restore, run, save, toolName, type IptablesMode, type ToolPath } from './iptables.js';
 
-export interface IptablesProxierOptions extends ProxierBaseOptions {
-  readonly nodeName: string;
-  readonly config: KubeProxyConfiguration;
+export interface IptablesProxierOptions extends DataplaneOptions {
   /** iptables-nft or iptables-legacy; detected when not given */
   readonly mode?: IptablesMode;
   /** where the tools are (tests run them in a namespace); default: by name */
   readonly tool?: ToolPath;
-  /** where --dry-run prints */
-  readonly out?: NodeJS.WritableStream;
-  readonly families?: readonly Family[];
   /** the node's interface addresses (nodePortAddresses CIDRs); default: this process's namespace */
   readonly interfaceAddresses?: () => string[];
-  /** the drift check (default: unless once or dry run) */
-  readonly watch?: boolean;
-  /** the network namespace iptables works in, when not this process's (tests: a name under /run/netns) */
-  readonly netns?: string;
 }
 
 /** What one Service renders to, in one family. */

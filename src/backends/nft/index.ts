@@ -1,5 +1,5 @@
 // to-nft: the nftables backend.
-import { DecoderSink } from '../../diff/decoder.js';
+import { addDataplaneFlags, dataplaneOptions, proxierInstance } from '../shared/backend.js';
 import { LocalSet } from '../../api/model.js';
 import { registerBackend } from '../registry.js';
 import { NftProxier } from './proxier.js';
@@ -12,29 +12,10 @@ registerBackend({
   proxyMode: 'nftables',
   syncPeriodMs: (c) => c.nftables.syncPeriodMs,
   options(cmd) {
-    cmd
-      .option('--dry-run', 'print each nft transaction on stdout instead of applying it')
-      .option('--nft-path <path>', 'the nft binary', 'nft')
-      .option('--conntrack-path <path>', 'the conntrack binary', 'conntrack')
-      .option('--no-health-checks', 'do not serve healthCheckNodePorts');
+    addDataplaneFlags(cmd, 'each nft transaction').option('--nft-path <path>', 'the nft binary', 'nft');
   },
   create(opts, ctx) {
-    const proxier = new NftProxier({
-      nodeName: ctx.nodeName,
-      config: ctx.config,
-      log: ctx.log,
-      dryRun: !!opts.dryRun,
-      once: !!opts.once,
-      nftPath: opts.nftPath,
-      conntrackPath: opts.conntrackPath,
-      healthChecks: opts.healthChecks,
-      report: ctx.report,
-    });
-    return {
-      sink: new DecoderSink(proxier),
-      sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet],
-      close: () => proxier.close(),
-    };
+    return proxierInstance(new NftProxier({ ...dataplaneOptions(opts, ctx), nftPath: opts.nftPath }), [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet]);
   },
   async cleanup(log) {
     const report = { removed: [] as string[], kept: [] as string[], failed: [] as string[] };

@@ -8,8 +8,8 @@
 import type { Family } from '../../api/ip.js';
 import { ipSetOf } from '../../api/model.js';
 import { metrics } from '../shared/metrics.js';
-import { ProxierBase, sameRules, type ApplyRequest, type ProxierBaseOptions, type SyncStats } from '../shared/proxier.js';
-import type { KubeProxyConfiguration } from '../shared/config.js';
+import { ProxierBase, sameRules, type ApplyRequest, type SyncStats } from '../shared/proxier.js';
+import type { DataplaneOptions } from '../shared/backend.js';
 import { servicePorts, normalizeCIDRs } from '../shared/service-ports.js';
 import { detectLocal, nodePortAddresses, serviceCIDRsOf } from '../shared/node-facts.js';
 import { ElementTable } from './elements.js';
@@ -20,26 +20,17 @@ import { Transaction, type TableRef } from './transaction.js';
 import { NftWatch, type DriftSource } from '../shared/nft-watch.js';
 import { availableParallelism } from 'node:os';
 
-export interface NftProxierOptions extends ProxierBaseOptions {
-  readonly nodeName: string;
-  readonly config: KubeProxyConfiguration;
+export interface NftProxierOptions extends DataplaneOptions {
   /** the nft binary (when nft is not given) */
   readonly nftPath?: string;
   /** how to reach nft (default: the system's; tests give a FakeNft) */
   readonly nft?: Nft;
-  /** where --dry-run prints */
-  readonly out?: NodeJS.WritableStream;
-  readonly families?: readonly Family[];
   /** services per transaction of a cold start's chunked load (default 1500) */
   readonly freshLoadChunk?: number;
   /** transactions at once in a cold start's chunked load (default: 2, or 1 on one core) */
   readonly freshLoadParallel?: number;
   /** small transactions go to a long-lived nft (default: unless once) */
   readonly session?: boolean;
-  /** the drift check: watch nftables changes (default: unless once or dry run) */
-  readonly watch?: boolean;
-  /** the network namespace nft works in, when not this process's (tests: a name under /run/netns) */
-  readonly netns?: string;
 }
 
 /** What one Service has in one family's table, besides its elements (kept in the element table). */
