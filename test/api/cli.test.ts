@@ -1,7 +1,8 @@
 // The commands as a user runs them, as processes: `kpng file ... to-api`
 // on a unix socket (directory created, mode 0660, a stale socket replaced,
 // a live one not taken over, removed on exit), `kpng local ... to-log`,
-// `kpng api ... to-file`, and the refusal of a non-loopback listener
+// `kpng api ... to-file`, mTLS through their --tls-* flags, /metrics of the
+// brain, and the refusal of a non-loopback listener
 // without TLS. Every process is killed at the end, also on failure.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -9,7 +10,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { TempDirs, waitFor } from './helpers.js';
+import { TLS_DIR, TempDirs, waitFor } from './helpers.js';
 import { freePort } from '../helpers/port.js';
 
 const KPNG = fileURLToPath(new URL('../../bin/kpng.js', import.meta.url));
@@ -159,6 +160,41 @@ test('the brain serves /metrics: its watchers and the time its diffs take', { ti
   assert.match(m, /^process_resident_memory_bytes /m);
   node.proc.kill('SIGTERM');
   await exited(node);
+  brain.proc.kill('SIGTERM');
+  assert.equal(await exited(brain), 0);
+});
+
+test('mTLS through the command line: to-api, kpng local and kpng api with their --tls-* flags; a node without a client certificate is refused', { timeout: 90_000 }, async () => {
+  const dir = dirs.make();
+  const input = join(dir, 'cluster.yaml');
+  writeFileSync(input, CLUSTER);
+  const tls = (f: string) => join(TLS_DIR, f);
+  const port = await freePort();
+  const api = `tcp://127.0.0.1:${port}`;
+  const brain = kpng('file', '-i', input, 'to-api', '--listen', api, '--tls-cert', tls('server.crt'), '--tls-key', tls('server.key'), '--tls-ca', tls('ca.crt'), '--metrics-bind-address', '');
+  await waitFor('the brain to serve', () => brain.err().includes('to-api: serving'), 20_000);
+
+  const node = kpng('local', '--api', api, '--tls-ca', tls('ca.crt'), '--tls-cert', tls('client.crt'), '--tls-key', tls('client.key'), 'to-log', '--node-name', 'node-a', '--once');
+  assert.equal(await exited(node), 0, node.err());
+  assert.match(node.out(), /\+ ServicesSet demo\/web/);
+
+  const chained = kpng('api', '--api', api, '--tls-ca', tls('ca.crt'), '--tls-cert', tls('client.crt'), '--tls-key', tls('client.key'), 'to-file', '--once', '--format', 'json');
+  assert.equal(await exited(chained), 0, chained.err());
+  assert.equal(JSON.parse(chained.out()).services[0].service.Name, 'web');
+
+  // no client certificate, or one from another CA: never served (kpng local keeps retrying; stopped after a while)
+  for (const [what, flags] of [
+    ['no client certificate', ['--tls-ca', tls('ca.crt')]],
+    ['a certificate from another CA', ['--tls-ca', tls('ca.crt'), '--tls-cert', tls('other-client.crt'), '--tls-key', tls('other-client.key')]],
+  ] as const) {
+    const refused = kpng('local', '--api', api, ...flags, 'to-log', '--node-name', 'node-a', '--once');
+    await waitFor(`${what}: the refusal logged`, () => /watch failed/.test(refused.err()), 20_000);
+    await new Promise((r) => setTimeout(r, 1000));
+    assert.equal(refused.out(), '', `${what}: got ops`);
+    assert.equal(refused.proc.exitCode, null, `${what}: it keeps trying`);
+    refused.proc.kill('SIGTERM');
+    await exited(refused);
+  }
   brain.proc.kill('SIGTERM');
   assert.equal(await exited(brain), 0);
 });
