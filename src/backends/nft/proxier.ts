@@ -1,6 +1,7 @@
 // The nftables proxier: recomputes only the Services that changed and
 // applies each sync as one atomic transaction of the differences against the
-// committed state it keeps in memory. The table is read back only for a full
+// committed state it keeps in memory (a cold start into an empty node loads
+// in chunks, hooked by the last one). The table is read back only for a full
 // reconcile: at start-up (adopting what a previous kpng left: nothing is
 // flushed, so established connections and affinity survive a restart), after
 // a failure, and when the periodic check finds that someone else changed it.

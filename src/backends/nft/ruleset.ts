@@ -1,9 +1,10 @@
 // The fixed part of kpng's nftables ruleset: one table per IP family, base
 // chains at kube-proxy's documented priorities, fixed chains, and a constant
 // number of sets and maps. Everything per Service lives in map and set
-// elements (see service-elements.ts); the only chains that vary are shared
+// elements (see service-elements.ts); the chains that vary are the shared
 // load-balancing chains, one per endpoint count (lb-*), whatever the number
-// of Services.
+// of Services, and the chains and sets of Services with ClientIP affinity
+// (affinity-*), which have their own, as in kube-proxy.
 import type { Family } from '../../api/ip.js';
 
 export const TABLE = 'kpng';
