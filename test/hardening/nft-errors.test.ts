@@ -3,7 +3,7 @@
 // ~17 KB transaction was logged on every retry).
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { NftSession, NftError, runNft } from '../../src/backends/nft/nft.js';
+import { NftSession, NftError, runNft } from '../../src/backends/shared/nftables/nft.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
 
 describe('nft errors', { skip: canUseNetns() }, () => {

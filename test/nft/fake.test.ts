@@ -12,7 +12,7 @@ import { LocalDiff } from '../../src/diff/local-diff.js';
 import { DecoderSink } from '../../src/diff/decoder.js';
 import { LocalSet } from '../../src/api/model.js';
 import { NftProxier } from '../../src/backends/nft/proxier.js';
-import { FakeNft } from '../../src/backends/nft/fake.js';
+import { FakeNft } from '../../src/backends/shared/nftables/fake.js';
 import { defaultConfig } from '../../src/backends/shared/config.js';
 import type { Store } from '../../src/store/store.js';
 import type { SyncResult } from '../../src/backends/shared/runner.js';

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, writeFileSync, chmodSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { NftSession, NftError } from '../../src/backends/nft/nft.js';
+import { NftSession, NftError } from '../../src/backends/shared/nftables/nft.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
 
 describe('nft -i session', { skip: canUseNetns() }, () => {

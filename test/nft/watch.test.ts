@@ -8,7 +8,7 @@ import { spawnSync } from 'node:child_process';
 import { pino } from 'pino';
 import { NftWatch } from '../../src/backends/shared/nft-watch.js';
 import { NftNetlink, xtablesInfo } from '../../src/backends/shared/kernel.js';
-import { SystemNft } from '../../src/backends/nft/nft.js';
+import { SystemNft } from '../../src/backends/shared/nftables/nft.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
 
 describe('nftables change events', { skip: canUseNetns() }, () => {

@@ -5,11 +5,10 @@
 // stored (desired and committed), so a sync allocates nothing per element
 // beyond what its owner declared.
 import type { Element } from './service-elements.js';
+import type { ElementValue } from '../shared/nftables/transaction.js';
 
-export interface ElementValue {
-  readonly value: string;
-  readonly comment: string;
-}
+export type { ElementValue };
+
 
 export interface ElementDiff {
   readonly deletes: readonly Element[];

@@ -3,7 +3,7 @@ import { addDataplaneFlags, dataplaneOptions, proxierInstance } from '../shared/
 import { LocalSet } from '../../api/model.js';
 import { registerBackend } from '../registry.js';
 import { NftProxier } from './proxier.js';
-import { runNft, type NftError } from './nft.js';
+import { runNft, type NftError } from '../shared/nftables/nft.js';
 import { TABLE } from './ruleset.js';
 
 registerBackend({

@@ -16,8 +16,8 @@ import { detectLocal, nodePortAddresses, serviceCIDRsOf } from '../shared/node-f
 import { ElementTable } from './elements.js';
 import { portElements, type Element, type LbRequirement, type Slots } from './service-elements.js';
 import { TABLE, FAMILIES, BASE_CHAINS, setDeclarations, staticChains, lbChains, affinitySetBody, AFFINITY_PREFIX, AFFINITY_SET, type FamilyNames, type StaticInputs } from './ruleset.js';
-import { SystemNft, type Nft } from './nft.js';
-import { Transaction, type TableRef } from './transaction.js';
+import { SystemNft, type Nft } from '../shared/nftables/nft.js';
+import { Transaction, type TableRef } from '../shared/nftables/transaction.js';
 import { NftWatch, type DriftSource } from '../shared/nft-watch.js';
 import { availableParallelism } from 'node:os';
 

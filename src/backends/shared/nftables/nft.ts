@@ -7,10 +7,10 @@ import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ToolError, firstLines, runTool } from '../shared/tool.js';
-import type { ElementValue } from './elements.js';
+import { ToolError, firstLines, runTool } from '../tool.js';
+import type { ElementValue } from './transaction.js';
 import type { TableFamily, Transaction } from './transaction.js';
-import type { DriftSource } from '../shared/nft-watch.js';
+import type { DriftSource } from '../nft-watch.js';
 
 export class NftError extends ToolError {}
 

@@ -4,9 +4,9 @@
 // use), atomically, and can dump() the model as text. No root, no kernel.
 // Someone else changing the tables is `tamper()`, which the drift check sees.
 import { NftError, type Nft, type TableListing } from './nft.js';
-import type { ElementValue } from './elements.js';
+import type { ElementValue } from './transaction.js';
 import type { Operation, TableFamily, TableRef, Transaction } from './transaction.js';
-import type { DriftSource } from '../shared/nft-watch.js';
+import type { DriftSource } from '../nft-watch.js';
 
 interface FakeChain {
   hook?: string;

@@ -1,9 +1,9 @@
 // nftables transactions as typed objects (in the spirit of
-// kubernetes-sigs/knftables): a Transaction is a list of operations (add,
-// flush, delete) on tables, chains, rules, sets, maps and elements; it is
-// rendered to nft's text in one place (render), and applied atomically by an
-// Nft (nft.ts: a long-lived `nft -i`, a process per transaction; fake.ts: an
-// in-memory model for tests).
+// kubernetes-sigs/knftables), for every backend that writes nftables: a
+// Transaction is a list of operations (add, flush, delete) on tables, chains,
+// rules, sets, maps and elements; it is rendered to nft's text in one place
+// (render), and applied atomically by an Nft (nft.ts: a long-lived `nft -i`,
+// a process per transaction; fake.ts: an in-memory model for tests).
 
 export type TableFamily = 'ip' | 'ip6' | 'inet';
 
@@ -39,6 +39,12 @@ export interface NftSet {
   readonly name: string;
   /** the declaration, e.g. "type ipv4_addr ; flags interval ;" */
   readonly body: string;
+}
+
+/** An element's data as a table listing gives it. */
+export interface ElementValue {
+  readonly value: string;
+  readonly comment: string;
 }
 
 /** A set or map element (the shape kpng's element tables keep). */
