@@ -55,8 +55,6 @@ export class SystemNft implements Nft {
   private sessionsWork: boolean;
   /** pids of nft processes this ran lately (a session's, a process's) */
   private readonly pids: number[] = [];
-  private dir?: string;
-  private files = 0;
 
   constructor(private readonly o: SystemNftOptions = {}) {
     this.path = o.path ?? 'nft';
@@ -105,8 +103,6 @@ export class SystemNft implements Nft {
 
   close(): void {
     for (const s of this.idle.splice(0)) s.close();
-    if (this.dir) rmSync(this.dir, { recursive: true, force: true });
-    this.dir = undefined;
   }
 
   /**
@@ -115,13 +111,14 @@ export class SystemNft implements Nft {
    * next chunk of a cold start).
    */
   private async include(session: NftSession, text: string): Promise<void> {
-    this.dir ??= mkdtempSync(join(tmpdir(), 'kpng-nft-'));
-    const file = join(this.dir, `${this.files++}.nft`);
+    // a directory of its own, gone right after: nothing stays behind a killed kpng but this one
+    const dir = mkdtempSync(join(tmpdir(), 'kpng-nft-'));
+    const file = join(dir, 'tx.nft');
     writeFileSync(file, text);
     try {
       await session.run(`include "${file}"`);
     } finally {
-      rmSync(file, { force: true });
+      rmSync(dir, { recursive: true, force: true });
     }
   }
 
