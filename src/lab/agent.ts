@@ -1,5 +1,5 @@
 // The lab agent: one long-lived process per network namespace, commanded
-// over stdin/stdout JSON lines. It runs TCP/UDP servers that answer every
+// over stdin/stdout JSON lines. It runs TCP/UDP/SCTP servers that answer every
 // message with "<local ip:port> <remote ip:port> <agent name> <request tag>"
 // (so the client sees which endpoint answered and the endpoint's view of the
 // client, which shows masquerading), and clients that connect from a given source address
@@ -7,9 +7,15 @@
 //
 // agentMain is serialized with Function.prototype.toString and run with
 // `node -e` inside the namespace (no TypeScript loader: a plain node starts
-// in ~60 ms), so it must be self-contained: no imports, no outer variables.
+// in ~60 ms), so it must be self-contained: no imports, no outer variables
+// (but KPNG_SCTP_HELPER, which agentScript defines). SCTP goes through a
+// Python helper (sctp-helper.ts), started on the first SCTP request.
+import { SCTP_HELPER_PY } from './sctp-helper.js';
 
-export type LabProtocol = 'TCP' | 'UDP';
+export type LabProtocol = 'TCP' | 'UDP' | 'SCTP';
+
+/** The SCTP helper's source, a global of the agent's script (see agentScript). */
+declare const KPNG_SCTP_HELPER: string;
 
 /** What one connection attempt (or one exchange on a kept connection) gave. */
 export type Outcome =
@@ -33,7 +39,7 @@ export type Outcome =
        */
       kind: 'refused' | 'timeout' | 'unreachable' | 'reset' | 'closed' | 'error';
       code?: string;
-      /** TCP: the handshake completed before the failure */
+      /** TCP, SCTP: the handshake completed before the failure */
       connected?: boolean;
       client?: string;
       ms: number;
@@ -70,15 +76,16 @@ export function agentMain(): void {
   const net = require('node:net') as typeof import('node:net');
   const dgram = require('node:dgram') as typeof import('node:dgram');
   const fs = require('node:fs') as typeof import('node:fs');
+  const childProcess = require('node:child_process') as typeof import('node:child_process');
   const name = process.argv[process.argv.length - 1];
 
-  type Proto = 'TCP' | 'UDP';
+  type Proto = 'TCP' | 'UDP' | 'SCTP';
   type Out = Record<string, unknown> & { kind: string; ms: number };
   const hostPort = (ip: string | undefined, port: number | undefined) => (ip && ip.includes(':') ? `[${ip}]:${port}` : `${ip}:${port}`);
   // the request's tag is echoed, so a late answer to an earlier request is not taken for this one
   const answer = (local: string, remote: string, tag: string) => `${local} ${remote} ${name} ${tag.trim().slice(0, 32)}\n`;
   let seq = 0;
-  const servers = new Map<string, { close(): void; conns: Set<import('node:net').Socket> }>();
+  const servers = new Map<string, { close(): void; conns: Set<import('node:net').Socket>; sctp?: boolean }>();
   const kept = new Map<string, Kept>();
 
   interface Kept {
@@ -117,9 +124,65 @@ export function agentMain(): void {
 
   // --- servers
 
+  // --- SCTP: the Python helper, started once; a kernel without SCTP fails every SCTP request
+
+  let sctpHelper: Promise<(req: Record<string, unknown>) => Promise<any>> | undefined;
+  function sctp(req: Record<string, unknown>): Promise<any> {
+    sctpHelper ??= new Promise((resolve, reject) => {
+      const py = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
+      const p = childProcess.spawn(py, ['-u', '-c', KPNG_SCTP_HELPER, name], { stdio: ['pipe', 'pipe', 'pipe'] });
+      const waiting = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void }>();
+      let ids = 0;
+      let stderr = '';
+      let buf = '';
+      let ready = false;
+      const send = (r: Record<string, unknown>) =>
+        new Promise((res, rej) => {
+          const id = ++ids;
+          waiting.set(id, { resolve: res, reject: rej });
+          p.stdin!.write(JSON.stringify({ ...r, id }) + '\n');
+        });
+      p.stdin!.on('error', () => {});
+      p.stderr!.on('data', (d) => (stderr = (stderr + d).slice(-2000)));
+      p.on('error', (e) => reject(new Error(`SCTP needs python3 (Node has no SCTP sockets): ${e.message}`)));
+      p.on('exit', (code) => {
+        const e = new Error(`SCTP helper exited (${code}): ${stderr.trim()}`);
+        if (!ready) reject(e);
+        for (const w of waiting.values()) w.reject(e);
+        waiting.clear();
+      });
+      p.stdout!.on('data', (d) => {
+        buf += d;
+        let i: number;
+        while ((i = buf.indexOf('\n')) >= 0) {
+          const msg = JSON.parse(buf.slice(0, i));
+          buf = buf.slice(i + 1);
+          if (msg.ready === true) {
+            ready = true;
+            resolve(send);
+          } else if (msg.ready === false) reject(new Error(msg.error));
+          else {
+            const w = waiting.get(msg.id);
+            waiting.delete(msg.id);
+            if (msg.ok) w?.resolve(msg.result);
+            else w?.reject(new Error(msg.error));
+          }
+        }
+      });
+    });
+    return sctpHelper.then((send) => send(req));
+  }
+
   function listen(protocol: Proto, host: string, port: number): Promise<void> {
     const key = `${protocol} ${host} ${port}`;
     if (servers.has(key)) return Promise.resolve();
+    if (protocol === 'SCTP') {
+      // one address per socket: the helper refuses nothing, but a wildcard would misreport the local address
+      if (host === '0.0.0.0' || host === '::') return Promise.reject(new Error(`listen ${key}: SCTP serves one address at a time, not the wildcard`));
+      return sctp({ op: 'listen', host, port }).then(() => {
+        servers.set(key, { close: () => {}, conns: new Set(), sctp: true });
+      });
+    }
     return new Promise((resolve, reject) => {
       if (protocol === 'TCP') {
         const conns = new Set<import('node:net').Socket>();
@@ -160,14 +223,17 @@ export function agentMain(): void {
     });
   }
 
-  function unlisten(protocol: Proto | undefined, port: number | undefined, drop: boolean) {
+  async function unlisten(protocol: Proto | undefined, port: number | undefined, drop: boolean) {
+    const jobs: Promise<unknown>[] = [];
     for (const [key, s] of servers) {
-      const [p, , n] = key.split(' ');
+      const [p, host, n] = key.split(' ');
       if ((protocol && p !== protocol) || (port !== undefined && Number(n) !== port)) continue;
+      if (s.sctp) jobs.push(sctp({ op: 'unlisten', host, port: Number(n), drop }));
       s.close();
       if (drop) for (const c of s.conns) c.destroy();
       servers.delete(key);
     }
+    await Promise.all(jobs);
   }
 
   // --- clients
@@ -320,7 +386,33 @@ export function agentMain(): void {
     });
   }
 
-  const open = (a: { protocol: Proto; src: string; dst: string; port: number; timeoutMs: number }) => (a.protocol === 'UDP' ? udpOpen(a) : tcpOpen(a));
+  // An SCTP association through the helper: the same outcomes as TCP's.
+  let sctpIds = 0;
+  async function sctpOpen(a: { src: string; dst: string; port: number; timeoutMs: number }): Promise<{ out: Out; kept?: Kept }> {
+    const t0 = Date.now();
+    const cid = `s${++sctpIds}`;
+    const c = await sctp({ op: 'connect', cid, src: a.src, dst: a.dst, port: a.port, timeoutMs: a.timeoutMs });
+    if (c.timeout) return { out: { kind: 'timeout', connected: false, ms: Date.now() - t0 } };
+    if (c.code) return { out: { kind: classify(c.code), code: c.code, connected: false, ms: Date.now() - t0 } };
+    const client: string = c.client;
+    const exchange = async (timeoutMs: number): Promise<Out> => {
+      const t1 = Date.now();
+      const tag = `q${++seq}`;
+      const r = await sctp({ op: 'exchange', cid, tag, timeoutMs });
+      if (r.line) return parseAnswer(r.line, client, Date.now() - t1);
+      if (r.timeout) return { kind: 'timeout', connected: true, client, ms: Date.now() - t1 };
+      const closed = r.closed || r.code === 'CLOSED';
+      return { kind: closed ? 'closed' : classify(r.code), code: r.code, connected: true, client, ms: closed && r.closed ? 0 : Date.now() - t1 };
+    };
+    const kept: Kept = { exchange, close: () => void sctp({ op: 'close', cid }).catch(() => {}) };
+    const out = await exchange(Math.max(1, a.timeoutMs - (Date.now() - t0)));
+    out.ms = Date.now() - t0;
+    if (out.kind !== 'answered') kept.close();
+    return { out, kept: out.kind === 'answered' ? kept : undefined };
+  }
+
+  const open = (a: { protocol: Proto; src: string; dst: string; port: number; timeoutMs: number }) =>
+    a.protocol === 'UDP' ? udpOpen(a) : a.protocol === 'SCTP' ? sctpOpen(a) : tcpOpen(a);
 
   async function connectOnce(a: { protocol: Proto; src: string; dst: string; port: number; timeoutMs: number }): Promise<Out> {
     const { out, kept } = await open(a);
@@ -341,7 +433,7 @@ export function agentMain(): void {
         await listen(req.protocol, req.host, req.port);
         return null;
       case 'unlisten':
-        unlisten(req.protocol, req.port, !!req.dropConnections);
+        await unlisten(req.protocol, req.port, !!req.dropConnections);
         return null;
       case 'connect':
         return connectOnce(req as any);
@@ -388,12 +480,12 @@ export function agentMain(): void {
       );
     }
   });
-  // the lab went away: so do we (and our sockets with us)
+  // the lab went away: so do we (and our sockets with us; the SCTP helper sees its stdin end)
   process.stdin.on('end', () => process.exit(0));
   write({ ready: name });
 }
 
-/** The agent as a `node -e` script (esbuild's keepNames helper stubbed). */
+/** The agent as a `node -e` script (esbuild's keepNames helper stubbed, the SCTP helper's source defined). */
 export function agentScript(): string {
-  return `"use strict";var __name=(t)=>t;(${agentMain.toString()})();`;
+  return `"use strict";var __name=(t)=>t;var KPNG_SCTP_HELPER=${JSON.stringify(SCTP_HELPER_PY)};(${agentMain.toString()})();`;
 }

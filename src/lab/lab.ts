@@ -22,7 +22,8 @@
 //
 // Every namespace except the node answers a port nobody listens on with ICMP
 // admin-prohibited (an `inet lab` nft table), so "connection refused" can only
-// be kpng's REJECT. The root namespace is never changed: links are created
+// be kpng's REJECT. SCTP (real SCTP: the agent's Python helper) where the
+// kernel has it; an SCTP request fails where it has not. The root namespace is never changed: links are created
 // from inside the namespaces.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
@@ -133,11 +134,18 @@ const sysctlsRouter: Record<string, string> = {
 // A port nobody listens on answers ICMP admin-prohibited (EHOSTUNREACH /
 // EACCES) instead of RST / port-unreachable (ECONNREFUSED): "refused" then
 // means kpng's REJECT only. After kpng's filter chains (priority filter+10).
+// The socket expression knows no SCTP: the lab lists its SCTP servers in sets
+// and refuses only INITs to others (the rest belongs to associations).
 const LAB_TABLE = `table inet lab {
+  set sctp4 { type ipv4_addr . inet_service; }
+  set sctp6 { type ipv6_addr . inet_service; }
   chain input {
     type filter hook input priority filter + 10; policy accept;
     meta l4proto { tcp, udp } socket transparent 0 accept
     meta l4proto { tcp, udp } reject with icmpx type admin-prohibited
+    ip daddr . sctp dport @sctp4 accept
+    ip6 daddr . sctp dport @sctp6 accept
+    sctp chunk init exists reject with icmpx type admin-prohibited
   }
 }
 `;
@@ -348,28 +356,52 @@ export class Lab {
 
   // --- servers
 
-  /** Starts a server in an agent (TCP or UDP on host:port). */
+  /** Starts a server in an agent (TCP, UDP or SCTP on host:port; SCTP on one address, not the wildcard). */
   async listen(agent: string, protocol: LabProtocol, port: number, host: string): Promise<void> {
     await this.agent(agent).request({ op: 'listen', protocol, host, port });
+    if (protocol === 'SCTP') await this.markSctp(agent, [[host, port]], 'add');
   }
 
   /**
-   * Serves ports in an agent: TCP on every address (0.0.0.0 and ::), UDP on
-   * each of its own addresses (UDP answers must come from the address that
-   * was asked), or on udpHosts (the world: any address).
+   * Serves ports in an agent: TCP on every address (0.0.0.0 and ::), UDP and
+   * SCTP on each of its own addresses (UDP answers must come from the address
+   * that was asked; an SCTP server sees the address it was reached at only
+   * when bound to it), or on udpHosts (the world: any address).
    */
-  async serve(agent: string, ports: { tcp?: number[]; udp?: number[]; udpHosts?: string[] }): Promise<void> {
+  async serve(agent: string, ports: { tcp?: number[]; udp?: number[]; sctp?: number[]; udpHosts?: string[] }): Promise<void> {
     const m = this.member(agent);
     const hosts = ports.udpHosts ?? m.ips.filter((ip) => ip !== '127.0.0.1' && ip !== '::1');
     const jobs: Promise<void>[] = [];
+    const sctp: [string, number][] = [];
     for (const port of new Set(ports.tcp ?? [])) for (const h of ['0.0.0.0', '::']) jobs.push(this.listen(agent, 'TCP', port, h));
     for (const port of new Set(ports.udp ?? [])) for (const h of new Set(hosts)) jobs.push(this.listen(agent, 'UDP', port, h));
+    for (const port of new Set(ports.sctp ?? [])) for (const h of new Set(hosts)) sctp.push([h, port]);
+    const agentOf = this.agent(agent);
+    jobs.push(...sctp.map(([host, port]) => agentOf.request({ op: 'listen', protocol: 'SCTP', host, port }).then(() => undefined)));
     await Promise.all(jobs);
+    await this.markSctp(agent, sctp, 'add');
   }
 
-  /** Stops an agent's servers (on a port, or all); dropConnections also ends their open TCP connections. */
+  /** Stops an agent's servers (on a port, or all); dropConnections also ends their open TCP and SCTP connections. */
   async unserve(agent: string, opts: { protocol?: LabProtocol; port?: number; dropConnections?: boolean } = {}): Promise<void> {
     await this.agent(agent).request({ op: 'unlisten', ...opts });
+    if (!opts.protocol || opts.protocol === 'SCTP') {
+      const mine = this.sctpServed.get(agent) ?? new Map<string, [string, number]>();
+      await this.markSctp(agent, [...mine.values()].filter(([, p]) => opts.port === undefined || p === opts.port), 'delete');
+    }
+  }
+
+  // The lab table's SCTP sets (see LAB_TABLE): what an agent serves is let in, other SCTP is admin-prohibited.
+  private readonly sctpServed = new Map<string, Map<string, [string, number]>>();
+  private async markSctp(agent: string, servers: [string, number][], op: 'add' | 'delete'): Promise<void> {
+    const m = this.member(agent);
+    const mine = this.sctpServed.get(agent) ?? new Map<string, [string, number]>();
+    this.sctpServed.set(agent, mine);
+    const todo = servers.filter(([h, p]) => mine.has(`${h} ${p}`) === (op === 'delete'));
+    for (const [h, p] of todo) (op === 'add' ? mine.set(`${h} ${p}`, [h, p]) : mine.delete(`${h} ${p}`));
+    if (m.role === 'node' || !this.closedPortsMarked || !todo.length) return;
+    const lines = todo.map(([h, p]) => `${op} element inet lab ${ipFamily(h) === 4 ? 'sctp4' : 'sctp6'} { ${h} . ${p} }`);
+    await must('ip', ['netns', 'exec', m.ns, 'nft', '-f', '-'], { input: lines.join('\n') + '\n' });
   }
 
   // --- clients
