@@ -114,49 +114,52 @@ export function configFor(s: Scenario): Obj {
   });
 }
 
-const runnable = (f: Flow) => f.protocol === 'TCP' || f.protocol === 'UDP';
-
 /**
- * Servers for every flow: endpoints on their ports; the node and the world on
- * every flow port (so a packet kpng leaves alone is answered, from the address
- * it was sent to). Not on a healthCheckNodePort: kpng may serve it.
+ * Servers for the flows that will be sent (default: all of the scenario's;
+ * only their protocols are served, so a lab without SCTP can run the rest):
+ * endpoints on their ports; the node and the world on every flow port (so a
+ * packet kpng leaves alone is answered, from the address it was sent to).
+ * Not on a healthCheckNodePort: kpng may serve it.
  */
-export async function serveScenario(lab: Lab, s: Scenario): Promise<void> {
+export async function serveScenario(lab: Lab, s: Scenario, flows: Flow[] = s.flows): Promise<void> {
   const hc = new Set(s.services.map((x) => x.spec?.healthCheckNodePort).filter(Boolean));
-  const flows = s.flows.filter(runnable);
+  const protocols = new Set<string>(flows.map((f) => f.protocol));
   const ports = (p: string) => [...new Set(flows.filter((f) => f.protocol === p).map((f) => f.destPort))];
-  const tcp = ports('TCP');
-  const udp = ports('UDP');
-  const byIP = new Map<string, { tcp: Set<number>; udp: Set<number> }>();
+  const flowPorts = { tcp: ports('TCP'), udp: ports('UDP'), sctp: ports('SCTP') };
+  type Ports = { tcp: Set<number>; udp: Set<number>; sctp: Set<number> };
+  const none = (): Ports => ({ tcp: new Set(), udp: new Set(), sctp: new Set() });
+  const byIP = new Map<string, Ports>();
   for (const sl of s.endpointSlices) {
     for (const e of sl.endpoints ?? []) {
       for (const a of e.addresses ?? []) {
         const ip = canonicalIP(a)!;
-        const m = byIP.get(ip) ?? { tcp: new Set<number>(), udp: new Set<number>() };
+        const m = byIP.get(ip) ?? none();
         byIP.set(ip, m);
         for (const p of sl.ports ?? []) {
-          if ((p.protocol ?? 'TCP') === 'TCP') m.tcp.add(p.port);
-          if (p.protocol === 'UDP') m.udp.add(p.port);
+          const proto: string = p.protocol ?? 'TCP';
+          if (protocols.has(proto)) m[proto.toLowerCase() as keyof Ports].add(p.port);
         }
       }
     }
   }
+  const plus = (m: Ports, skip = new Set<number>()) => {
+    const list = (k: keyof Ports) => [...new Set([...m[k], ...flowPorts[k]])].filter((p) => !skip.has(p));
+    return { tcp: list('tcp'), udp: list('udp'), sctp: list('sctp') };
+  };
   const jobs: Promise<void>[] = [];
-  const nodeExtra = { tcp: new Set<number>(), udp: new Set<number>() };
+  const nodeExtra = none();
   for (const [ip, m] of byIP) {
     const owner = lab.ownerOf(ip);
     if (owner === lab.nodeName) {
-      m.tcp.forEach((p) => nodeExtra.tcp.add(p));
-      m.udp.forEach((p) => nodeExtra.udp.add(p));
+      for (const k of ['tcp', 'udp', 'sctp'] as const) m[k].forEach((p) => nodeExtra[k].add(p));
       continue;
     }
-    jobs.push(lab.serve(owner, { tcp: [...m.tcp, ...tcp], udp: [...m.udp, ...udp] }));
+    jobs.push(lab.serve(owner, plus(m)));
   }
-  for (const ip of labSpecFor(s).pods!.flatMap((p) => p.ips)) if (!byIP.has(ip)) jobs.push(lab.serve(lab.ownerOf(ip), { tcp, udp }));
-  jobs.push(
-    lab.serve(lab.nodeName, { tcp: [...tcp, ...nodeExtra.tcp].filter((p) => !hc.has(p)), udp: [...udp, ...nodeExtra.udp].filter((p) => !hc.has(p)) }),
-    lab.serve('world', { tcp, udp, udpHosts: [...new Set(flows.filter((f) => f.protocol === 'UDP').map((f) => canonicalIP(f.destIP)!))] }),
-  );
+  for (const ip of labSpecFor(s).pods!.flatMap((p) => p.ips)) if (!byIP.has(ip)) jobs.push(lab.serve(lab.ownerOf(ip), plus(none())));
+  // the world answers UDP and SCTP on the addresses they were sent to
+  const worldHosts = [...new Set(flows.filter((f) => f.protocol !== 'TCP').map((f) => canonicalIP(f.destIP)!))];
+  jobs.push(lab.serve(lab.nodeName, plus(nodeExtra, hc)), lab.serve('world', { ...plus(none()), udpHosts: worldHosts }));
   await Promise.all(jobs);
 }
 
@@ -198,7 +201,7 @@ export async function checkFlow(lab: Lab, s: Scenario, f: Flow, timeoutMs = 1500
   const want = expectEndpoints ? new Set(parseEndpoints(f.output)) : undefined;
   const affinity = serviceOf(s, f)?.spec?.sessionAffinity === 'ClientIP';
   const count = !want ? 1 : want.size === 1 ? 3 : Math.min(40, Math.max(16, 10 * want.size));
-  const protocol = f.protocol as 'TCP' | 'UDP';
+  const protocol = f.protocol;
   const outcomes = count === 1 ? [await lab.connect({ from: client, to: f.destIP, port: f.destPort, protocol, timeoutMs })] : await lab.burst({ from: client, to: f.destIP, port: f.destPort, protocol, timeoutMs, count });
   const verdicts = outcomes.map((o) => verdict(o, f.destIP, f.destPort));
   const show = () => `\n  observed: ${[...spread(outcomes)].map(([k, n]) => `${k || '""'}×${n}`).join(', ')}\n  first: ${describeOutcome(outcomes[0])}`;
