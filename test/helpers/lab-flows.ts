@@ -4,7 +4,7 @@
 import { readFileSync, readdirSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { canonicalIP, cidrContains, ipFamily, parseCIDR } from '../../src/api/ip.js';
-import { describeOutcome, hostPort, seenSource, spread, verdict, type Lab, type LabSpec, type Outcome } from '../../src/lab/index.js';
+import { describeOutcome, hostPort, kernelHasSCTP, seenSource, spread, verdict, type Lab, type LabSpec, type Outcome } from '../../src/lab/index.js';
 import { kubeProxyConfig, list } from './lab-kpng.js';
 
 type Obj = Record<string, any>;
@@ -114,14 +114,20 @@ export function configFor(s: Scenario): Obj {
   });
 }
 
+/** The scenario's flows this kernel can carry (SCTP only where it has SCTP). */
+export function flowsHere(s: Scenario): Flow[] {
+  const sctp = kernelHasSCTP();
+  return s.flows.filter((f) => f.protocol !== 'SCTP' || sctp);
+}
+
 /**
- * Servers for the flows that will be sent (default: all of the scenario's;
- * only their protocols are served, so a lab without SCTP can run the rest):
+ * Servers for the flows that will be sent (default: flowsHere; only their
+ * protocols are served, so a kernel without SCTP can run the rest):
  * endpoints on their ports; the node and the world on every flow port (so a
  * packet kpng leaves alone is answered, from the address it was sent to).
  * Not on a healthCheckNodePort: kpng may serve it.
  */
-export async function serveScenario(lab: Lab, s: Scenario, flows: Flow[] = s.flows): Promise<void> {
+export async function serveScenario(lab: Lab, s: Scenario, flows: Flow[] = flowsHere(s)): Promise<void> {
   const hc = new Set(s.services.map((x) => x.spec?.healthCheckNodePort).filter(Boolean));
   const protocols = new Set<string>(flows.map((f) => f.protocol));
   const ports = (p: string) => [...new Set(flows.filter((f) => f.protocol === p).map((f) => f.destPort))];

@@ -8,12 +8,12 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { Lab, kernelHasSCTP } from '../../src/lab/index.js';
 import { BACKENDS, applyOnce, backendLabUnsupported, backendLabel, backendTag, proxyMode } from '../helpers/lab-kpng.js';
-import { checkFlow, configFor, flowTitle, labSpecFor, loadScenario, scenarioFiles, serveScenario, stateFor, type Flow } from '../helpers/lab-flows.js';
+import { checkFlow, configFor, flowTitle, flowsHere, labSpecFor, loadScenario, scenarioFiles, serveScenario, stateFor, type Flow } from '../helpers/lab-flows.js';
 import { resultKey, runFlowsInKernelLab, type FlowJob, type KernelLabFlows } from '../helpers/kernel-lab-flows.js';
 import { kernelLabSkip, requireKernelLab } from '../helpers/kernel-lab.js';
 
 const sctpHere = kernelHasSCTP();
-const onHost = (f: Flow) => f.protocol !== 'SCTP' || sctpHere;
+const onHost = (f: Flow) => f.protocol !== 'SCTP' || sctpHere; // as flowsHere
 
 for (const b of BACKENDS) {
   const skip = await backendLabUnsupported(b);
@@ -22,7 +22,7 @@ for (const b of BACKENDS) {
   describe(b.name === 'nft' ? 'nftables packet flows' : `iptables packet flows (${backendLabel(b)})`, { skip, concurrency: 2 }, () => {
     for (const file of scenarioFiles(mode)) {
       const s = loadScenario(file);
-      const flows = s.flows.filter(onHost);
+      const flows = flowsHere(s);
       if (!flows.length) continue;
       describe(file, { concurrency: true }, () => {
         let lab: Lab | undefined;
