@@ -88,8 +88,15 @@ export class Store {
 
   isSynced(kind: Kind): boolean { return this.synced.has(kind); }
 
-  /** Applies a batch of writes atomically; listeners hear once if anything changed. */
+  /**
+   * Applies a batch of writes atomically; listeners hear once if anything
+   * changed. A batch that throws changes nothing (its writes are undone) and
+   * the error goes to the caller.
+   */
   update(fn: (tx: StoreTx) => void): StoreChange | undefined {
+    /** how to take back each write of this batch, newest last */
+    const undo: (() => void)[] = [];
+    const events = this.eventCount;
     const services = new Set<string>();
     const slices = new Set<string>();
     const nodes = new Set<string>();
@@ -99,7 +106,15 @@ export class Store {
 
     const touchService = (key: string) => {
       services.add(key);
+      const prev = this.serviceVersions.get(key);
+      undo.push(() => (prev === undefined ? this.serviceVersions.delete(key) : this.serviceVersions.set(key, prev)));
       this.serviceVersions.set(key, ++this.versionCounter);
+    };
+    /** undoes a map entry's change */
+    const keep = <V>(m: Map<string, V>, key: string) => {
+      const prev = m.get(key);
+      const had = m.has(key);
+      undo.push(() => (had ? m.set(key, prev as V) : m.delete(key)));
     };
 
     const tx: StoreTx = {
@@ -109,13 +124,16 @@ export class Store {
         const bytes = toBinary(ServiceSchema, svc);
         const prev = this.services.get(key);
         if (prev && bytesEqual(prev.bytes, bytes)) return;
+        keep(this.services, key);
         this.services.set(key, { key, service: compact(ServiceSchema, [svc])[0], bytes });
         touchService(key);
       },
       deleteService: (namespace, name) => {
         this.eventCount++;
         const key = serviceKey(namespace, name);
-        if (!this.services.delete(key)) return;
+        if (!this.services.has(key)) return;
+        keep(this.services, key);
+        this.services.delete(key);
         touchService(key);
       },
       setSlice: (namespace, name, serviceName, endpoints) => {
@@ -124,8 +142,15 @@ export class Store {
         const bytes = encodeSlice(serviceName, endpoints);
         const prev = this.slices.get(key);
         if (prev && bytesEqual(prev.bytes, bytes)) return;
-        if (prev && prev.serviceName !== serviceName) this.unindexSlice(prev);
         const stored: StoredSlice = { key, namespace, name, serviceName, endpoints: compact(EndpointInfoSchema, endpoints), bytes };
+        undo.push(() => {
+          this.unindexSlice(stored);
+          if (prev) {
+            this.slices.set(key, prev);
+            this.indexSlice(prev);
+          } else this.slices.delete(key);
+        });
+        if (prev && prev.serviceName !== serviceName) this.unindexSlice(prev);
         this.slices.set(key, stored);
         this.indexSlice(stored);
         slices.add(key);
@@ -137,6 +162,10 @@ export class Store {
         const key = `${namespace}/${name}`;
         const prev = this.slices.get(key);
         if (!prev) return;
+        undo.push(() => {
+          this.slices.set(key, prev);
+          this.indexSlice(prev);
+        });
         this.slices.delete(key);
         this.unindexSlice(prev);
         slices.add(key);
@@ -147,32 +176,49 @@ export class Store {
         const bytes = toBinary(NodeSchema, node);
         const prev = this.nodeMap.get(node.Name);
         if (prev && bytesEqual(prev.bytes, bytes)) return;
+        keep(this.nodeMap, node.Name);
         this.nodeMap.set(node.Name, { node: compact(NodeSchema, [node])[0], bytes });
         nodes.add(node.Name);
       },
       deleteNode: (name) => {
         this.eventCount++;
-        if (this.nodeMap.delete(name)) nodes.add(name);
+        if (!this.nodeMap.has(name)) return;
+        keep(this.nodeMap, name);
+        this.nodeMap.delete(name);
+        nodes.add(name);
       },
       setServiceCIDR: (cidr) => {
         this.eventCount++;
         const bytes = toBinary(ServiceCIDRSchema, cidr);
         const prev = this.cidrs.get(cidr.Name);
         if (prev && bytesEqual(prev.bytes, bytes)) return;
+        keep(this.cidrs, cidr.Name);
         this.cidrs.set(cidr.Name, { cidr, bytes });
         cidrsChanged = true;
       },
       deleteServiceCIDR: (name) => {
         this.eventCount++;
-        if (this.cidrs.delete(name)) cidrsChanged = true;
+        if (!this.cidrs.has(name)) return;
+        keep(this.cidrs, name);
+        this.cidrs.delete(name);
+        cidrsChanged = true;
       },
       setSynced: (kind) => {
         if (this.synced.has(kind)) return;
+        undo.push(() => this.synced.delete(kind));
         this.synced.add(kind);
         syncFlipped = true;
       },
     };
-    fn(tx);
+    try {
+      fn(tx);
+    } catch (e) {
+      for (let i = undo.length - 1; i >= 0; i--) undo[i]();
+      this.eventCount = events;
+      throw e;
+    }
+    // a service gone for good (no Service, no slice) needs no version: the bookkeeping stays bounded
+    for (const key of services) if (!this.services.has(key) && !this.slicesByService.has(key)) this.serviceVersions.delete(key);
 
     if (!services.size && !slices.size && !nodes.size && !cidrsChanged && !syncFlipped) return undefined;
     this.revision++;
@@ -195,8 +241,10 @@ export class Store {
   }
 
   getService(key: string): StoredService | undefined { return this.services.get(key); }
-  /** moves whenever the service or any of its slices changes; 0 if never seen */
+  /** moves whenever the service or any of its slices changes; 0 if never seen (or gone) */
   serviceVersion(key: string): number { return this.serviceVersions.get(key) ?? 0; }
+  /** services with a version kept (for tests: bounded by what exists) */
+  get versionCount(): number { return this.serviceVersions.size; }
   serviceKeys(): IterableIterator<string> { return this.services.keys(); }
   allServices(): IterableIterator<StoredService> { return this.services.values(); }
 

@@ -3,6 +3,13 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { syncedStore, load, service, slice, node } from '../helpers/k8s.js';
 import { Store, KINDS } from '../../src/store/store.js';
+import { convertObject } from '../../src/sources/objects.js';
+
+const convertOne = (o: Record<string, unknown>) => {
+  const c = convertObject(o);
+  if (c.kind !== 'Service') throw new Error('not a Service');
+  return c.service;
+};
 
 test('writing what is stored changes nothing; a real change moves the revision once per update', () => {
   const store = syncedStore([service('ns', 'a'), slice('ns', 'a-1', 'a', [{ ip: '10.0.0.1' }]), node('n')]);
@@ -43,4 +50,63 @@ test('synced only when every kind has synced', () => {
   store.update((tx) => tx.setSynced(KINDS.at(-1)!));
   assert.equal(store.allSynced, true);
   assert.equal(became, 1);
+});
+
+test('a batch that throws changes nothing: no write stays, no revision, nobody woken (issue 12)', () => {
+  const store = syncedStore([service('ns', 'a'), slice('ns', 'a-1', 'a', [{ ip: '10.0.0.1' }]), node('n')]);
+  const rev = store.rev;
+  const events = store.events;
+  const before = {
+    a: store.getService('ns/a'),
+    version: store.serviceVersion('ns/a'),
+    slices: store.slicesOfService('ns/a'),
+    node: store.getNode('n'),
+  };
+  let woken = 0;
+  store.subscribe(() => woken++);
+  const boom = new Error('boom');
+  assert.throws(
+    () =>
+      store.update((tx) => {
+        load(store, []); // (a nested update is its own batch)
+        const c = convertOne(service('ns', 'b'));
+        tx.setService(c);
+        tx.deleteService('ns', 'a');
+        tx.deleteSlice('ns', 'a-1');
+        tx.setSlice('ns', 'b-1', 'b', []);
+        tx.deleteNode('n');
+        throw boom;
+      }),
+    (e) => e === boom,
+  );
+  assert.equal(store.rev, rev);
+  assert.equal(store.events, events);
+  assert.equal(woken, 0);
+  assert.equal(store.getService('ns/a'), before.a);
+  assert.equal(store.getService('ns/b'), undefined);
+  assert.equal(store.serviceVersion('ns/a'), before.version);
+  assert.equal(store.serviceVersion('ns/b'), 0);
+  assert.deepEqual(store.slicesOfService('ns/a'), before.slices);
+  assert.deepEqual(store.slicesOfService('ns/b'), []);
+  assert.equal(store.getNode('n'), before.node);
+  // and the store works on
+  load(store, [service('ns', 'b')]);
+  assert.equal(store.rev, rev + 1);
+  assert.equal(woken, 1);
+});
+
+test('the bookkeeping of deleted Services stays bounded', () => {
+  const store = syncedStore([service('ns', 'keep')]);
+  for (let i = 0; i < 20_000; i++) {
+    load(store, [service('ns', `s${i}`), slice('ns', `s${i}-1`, `s${i}`, [{ ip: '10.0.0.1' }])]);
+    store.update((tx) => {
+      tx.deleteService('ns', `s${i}`);
+      tx.deleteSlice('ns', `s${i}-1`);
+    });
+  }
+  assert.equal(store.versionCount, 1);
+  // a Service gone with its slice still there keeps its version (the slice is still followed)
+  load(store, [service('ns', 'x'), slice('ns', 'x-1', 'x', [{ ip: '10.0.0.1' }])]);
+  store.update((tx) => tx.deleteService('ns', 'x'));
+  assert.ok(store.serviceVersion('ns/x') > 0);
 });
