@@ -32,6 +32,8 @@ export interface StartedBackend {
   readonly health: ProxyHealth;
   /** the last sync's result (whoever asked for it) */
   readonly lastResult: SyncResult | undefined;
+  /** every sync's result from now on, whoever asked for it; returns an unsubscriber */
+  onResult(listener: (r: SyncResult) => void): () => void;
   /** stops the backend and its servers (the dataplane stays) */
   close(): Promise<void>;
 }
@@ -43,9 +45,19 @@ export async function startBackend(name: string, opts: Record<string, any>, log:
   const nodeName = String(opts.nodeName || config.hostnameOverride || hostname());
   const health = new ProxyHealth(2 * (def.syncPeriodMs?.(config) ?? config.nftables.syncPeriodMs));
   let lastResult: SyncResult | undefined;
+  const listeners = new Set<(r: SyncResult) => void>();
+  // changes received and not yet applied (kube-proxy's *_changes_pending)
+  let pendingEndpoints = 0;
+  let pendingServices = 0;
   const report: SyncReporter = (r) => {
     lastResult = r;
     health.observe(r);
+    for (const l of listeners) l(r);
+    if (r.ok) {
+      pendingEndpoints = pendingServices = 0;
+      metrics.endpointChangesPending.set(0);
+      metrics.serviceChangesPending.set(0);
+    }
     if (!r.ok) return;
     metrics.syncDuration.observe({ ip_family: '' }, r.durationMs / 1000);
     (r.full ? metrics.syncFullDuration : metrics.syncPartialDuration).observe({ ip_family: '' }, r.durationMs / 1000);
@@ -71,8 +83,13 @@ export async function startBackend(name: string, opts: Record<string, any>, log:
         health.queued();
       }
       if (op.kind === 'set' || op.kind === 'delete') {
-        const m = op.set === LocalSet.EndpointsSet ? metrics.endpointChangesTotal : op.set === LocalSet.ServicesSet ? metrics.serviceChangesTotal : undefined;
-        m?.inc();
+        if (op.set === LocalSet.EndpointsSet) {
+          metrics.endpointChangesTotal.inc();
+          metrics.endpointChangesPending.set(++pendingEndpoints);
+        } else if (op.set === LocalSet.ServicesSet) {
+          metrics.serviceChangesTotal.inc();
+          metrics.serviceChangesPending.set(++pendingServices);
+        }
         if (op.set === LocalSet.NodesSet) health.nodeEligible = op.kind === 'delete' || !(op.value as LocalNode).Deleting;
       }
       metrics.opsSent.inc({ op: op.kind });
@@ -92,6 +109,10 @@ export async function startBackend(name: string, opts: Record<string, any>, log:
     health,
     get lastResult() {
       return lastResult;
+    },
+    onResult(l) {
+      listeners.add(l);
+      return () => listeners.delete(l);
     },
     async close() {
       await instance.close?.();

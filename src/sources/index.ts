@@ -2,4 +2,4 @@
 import './file/index.js';
 import './kube/index.js';
 import './api/index.js';
-import './local/index.js';
+

@@ -13,7 +13,7 @@ import { readFileSync } from 'node:fs';
 import { metrics, registry } from '../../src/backends/shared/metrics.js';
 import { parseAddress } from '../../src/api/grpc/address.js';
 import { defaultMaxConnections, openFileLimit } from '../../src/sinks/api/listener.js';
-import { watchLocalApi, QuietResyncSink } from '../../src/sources/local/index.js';
+import { watchLocalApi, QuietResyncSink } from '../../src/sinks/local/remote.js';
 import type { LocalOp } from '../../src/diff/ops.js';
 import { TRANSPORTS, clientTLS, listenAddress, quiet, serverTLS, smallCluster, startServer, syncedStore, waitFor, sleepMs, type TestServer, testResources } from './helpers.js';
 

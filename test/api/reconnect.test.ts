@@ -4,7 +4,7 @@
 // resent values, no flush and refill, and no empty Sync when nothing changed.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { watchLocalApi, QuietResyncSink } from '../../src/sources/local/index.js';
+import { watchLocalApi, QuietResyncSink } from '../../src/sinks/local/remote.js';
 import type { LocalOp } from '../../src/diff/ops.js';
 import { TRANSPORTS, apply, listenAddress, opText, quiet, slice, smallCluster, startServer, syncedStore, waitFor, sleepMs, type TestServer, testResources } from './helpers.js';
 

@@ -11,12 +11,13 @@ import type * as L from '../../api/gen/api/localv1/api_pb.js';
 import * as G from '../../api/gen/api/globalv1/api_pb.js';
 import { fromBinary } from '@bufbuild/protobuf';
 import { LocalSet } from '../../api/model.js';
+import { endpointInfoProblem, nodeProblem, serviceCIDRProblem, serviceProblem } from '../../api/validate.js';
 import { runWatch } from '../../api/grpc/client.js';
 import { clientTLSFromOpts, type ClientTLS } from '../../api/grpc/tls.js';
 import { GLOBAL_SETS_HEADER, globalWatchMethod } from '../../api/grpc/wire.js';
 import { KINDS, type Store } from '../../store/store.js';
 import type { Logger } from '../../log.js';
-import { addApiClientOptions } from '../local/index.js';
+import { addApiClientOptions } from '../../sinks/local/remote.js';
 import { registerSource } from '../registry.js';
 
 interface MirrorSlice {
@@ -114,51 +115,75 @@ export class ApiSource {
       }
       const [ns, name, source, key] = parts;
       const bytes = op.case === 'Set' ? op.value.Bytes : undefined;
-      try {
-        switch (set) {
-          case LocalSet.GlobalNodeInfos: {
-            nodes.add(name);
-            const node = bytes && fromBinary(G.NodeInfoSchema, bytes).Node;
-            if (node) cur.nodes.set(name, node);
-            else cur.nodes.delete(name);
-            break;
-          }
-          case LocalSet.GlobalServiceInfos: {
-            const k = `${ns}/${name}`;
-            services.add(k);
-            const svc = bytes && fromBinary(G.ServiceInfoSchema, bytes).Service;
-            if (svc) cur.services.set(k, svc);
-            else cur.services.delete(k);
-            break;
-          }
-          case LocalSet.GlobalEndpointInfos: {
-            if (name !== '') break; // the by-service copy of a by-slice endpoint
-            const sk = `${ns}/${source}`;
-            slices.add(sk);
-            let s = cur.slices.get(sk);
-            if (bytes) {
-              const info = fromBinary(G.EndpointInfoSchema, bytes);
-              info.Hash = 0n; // ours is computed when we serve it
-              if (!s) cur.slices.set(sk, (s = { namespace: ns, name: source, endpoints: new Map() }));
-              s.endpoints.set(key, info);
-            } else if (s) {
-              s.endpoints.delete(key);
-              if (s.endpoints.size === 0) cur.slices.delete(sk);
-            }
-            break;
-          }
-          case LocalSet.GlobalServiceCIDRInfos: {
-            cidrs.add(name);
-            const c = bytes && fromBinary(G.ServiceCIDRInfoSchema, bytes).ServiceCIDR;
-            if (c) cur.cidrs.set(name, c);
-            else cur.cidrs.delete(name);
-            break;
-          }
-          default:
-            this.log.debug({ set, path }, 'api: ignoring an op of an unknown set');
+      /** a value that does not decode or is not valid: one line; the last good one (from before a Reset too) stays */
+      const refuse = (what: string, problem: string, keepLast: () => void) => {
+        this.log.warn({ set: LocalSet[set], path, problem }, `api: ignoring an invalid ${what} (${problem}); its last good version stays`);
+        keepLast();
+      };
+      const decode = <T>(f: () => T): T | Error => {
+        try {
+          return f();
+        } catch (e) {
+          return e as Error;
         }
-      } catch (e) {
-        this.log.warn({ set: LocalSet[set], path, err: (e as Error).message }, 'api: ignoring a value that does not decode');
+      };
+      switch (set) {
+        case LocalSet.GlobalNodeInfos: {
+          nodes.add(name);
+          const node = bytes && decode(() => fromBinary(G.NodeInfoSchema, bytes).Node);
+          const problem = node instanceof Error ? `does not decode: ${node.message}` : node ? nodeProblem(node) : undefined;
+          if (problem) refuse(`Node ${name}`, problem, () => (m.nodes.has(name) ? cur.nodes.set(name, m.nodes.get(name)!) : undefined));
+          else if (node && !(node instanceof Error)) cur.nodes.set(name, node);
+          else cur.nodes.delete(name);
+          break;
+        }
+        case LocalSet.GlobalServiceInfos: {
+          const k = `${ns}/${name}`;
+          services.add(k);
+          const svc = bytes && decode(() => fromBinary(G.ServiceInfoSchema, bytes).Service);
+          const problem = svc instanceof Error ? `does not decode: ${svc.message}` : svc ? serviceProblem(svc) : undefined;
+          if (problem) refuse(`Service ${k}`, problem, () => (m.services.has(k) ? cur.services.set(k, m.services.get(k)!) : undefined));
+          else if (svc && !(svc instanceof Error)) cur.services.set(k, svc);
+          else cur.services.delete(k);
+          break;
+        }
+        case LocalSet.GlobalEndpointInfos: {
+          if (name !== '') break; // the by-service copy of a by-slice endpoint
+          const sk = `${ns}/${source}`;
+          slices.add(sk);
+          let s = cur.slices.get(sk);
+          if (bytes) {
+            const info = decode(() => fromBinary(G.EndpointInfoSchema, bytes));
+            const problem = info instanceof Error ? `does not decode: ${info.message}` : endpointInfoProblem(info);
+            if (problem || info instanceof Error) {
+              refuse(`endpoint of EndpointSlice ${sk}`, problem ?? 'does not decode', () => {
+                const last = m.slices.get(sk)?.endpoints.get(key);
+                if (!last) return;
+                if (!s) cur.slices.set(sk, (s = { namespace: ns, name: source, endpoints: new Map() }));
+                s.endpoints.set(key, last);
+              });
+              break;
+            }
+            info.Hash = 0n; // ours is computed when we serve it
+            if (!s) cur.slices.set(sk, (s = { namespace: ns, name: source, endpoints: new Map() }));
+            s.endpoints.set(key, info);
+          } else if (s) {
+            s.endpoints.delete(key);
+            if (s.endpoints.size === 0) cur.slices.delete(sk);
+          }
+          break;
+        }
+        case LocalSet.GlobalServiceCIDRInfos: {
+          cidrs.add(name);
+          const c = bytes && decode(() => fromBinary(G.ServiceCIDRInfoSchema, bytes).ServiceCIDR);
+          const problem = c instanceof Error ? `does not decode: ${c.message}` : c ? serviceCIDRProblem(c) : undefined;
+          if (problem) refuse(`ServiceCIDR ${name}`, problem, () => (m.cidrs.has(name) ? cur.cidrs.set(name, m.cidrs.get(name)!) : undefined));
+          else if (c && !(c instanceof Error)) cur.cidrs.set(name, c);
+          else cur.cidrs.delete(name);
+          break;
+        }
+        default:
+          this.log.debug({ set, path }, 'api: ignoring an op of an unknown set');
       }
     }
 

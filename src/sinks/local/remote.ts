@@ -1,13 +1,15 @@
-// kpng local: the node side of a split deployment. It watches its node-local
-// state on another kpng's /localv1.Sets/Watch (to-api) and drives a backend,
-// with no store of its own. After a reconnect the server resends everything
-// after a Reset; FilterResetSink turns that into what really changed, so the
-// backend never sees a flush and refill (QuietResyncSink: not even a Sync
-// when nothing changed).
+// kpng local: the node agent of a split deployment. It watches its node-local
+// state on another kpng's /localv1.Sets/Watch (to-api) and drives a backend
+// as to-local does (agent.ts), with no store of its own. After a reconnect
+// the server resends everything after a Reset; FilterResetSink turns that
+// into what really changed, so the backend never sees a flush and refill
+// (QuietResyncSink: not even a Sync when nothing changed). What a brain sends
+// is checked before the backend sees it (ValidatingSink).
 import { create } from '@bufbuild/protobuf';
 import type { Command } from 'commander';
 import { WatchReqSchema, type OpItem } from '../../api/gen/api/localv1/api_pb.js';
-import { LocalSet, decodeEndpoint, decodeLocalNode, decodeService, decodeServiceCIDR } from '../../api/model.js';
+import { LocalSet, decodeEndpoint, decodeLocalNode, decodeService, decodeServiceCIDR, type Endpoint, type LocalNode, type Service, type ServiceCIDR } from '../../api/model.js';
+import { endpointProblem, nodeProblem, serviceCIDRProblem, serviceProblem } from '../../api/validate.js';
 import { DEFAULT_API } from '../../api/grpc/address.js';
 import { runWatch, type WatchClientOptions } from '../../api/grpc/client.js';
 import { addClientTLSOptions, clientTLSFromOpts } from '../../api/grpc/tls.js';
@@ -15,7 +17,8 @@ import { localWatchMethod } from '../../api/grpc/wire.js';
 import { FilterResetSink } from '../../diff/filter-reset.js';
 import type { LocalOp, LocalSink, LocalValue } from '../../diff/ops.js';
 import { registeredBackends } from '../../backends/registry.js';
-import { addBackendOptions, startBackend } from '../../backends/run.js';
+import { addBackendOptions } from '../../backends/run.js';
+import { runNodeAgent } from './agent.js';
 import { registerCommand } from '../../cli/commands.js';
 import type { Logger } from '../../log.js';
 
@@ -102,31 +105,79 @@ export async function watchLocalApi(opts: WatchClientOptions, nodeName: string, 
   });
 }
 
-export async function runLocal(localOpts: Record<string, any>, backend: string, backendOpts: Record<string, any>, log: Logger, signal: AbortSignal): Promise<void> {
-  const b = await startBackend(backend, { ...backendOpts, nodeName: backendOpts.nodeName ?? localOpts.nodeName }, log, signal);
-  log.info({ node: b.nodeName, backend, api: localOpts.api }, 'local: starting');
-  const stop = new AbortController();
-  const onAbort = () => stop.abort();
-  signal.addEventListener('abort', onAbort, { once: true });
-  void b.done.then(() => stop.abort());
-  try {
-    await watchLocalApi(
-      {
-        address: localOpts.api,
-        tls: clientTLSFromOpts(localOpts),
-        log,
-        signal: stop.signal,
-        minBackoffMs: localOpts.errorDelay,
-        maxBackoffMs: localOpts.maxErrorDelay,
-      },
-      b.nodeName,
-      b.instance.sets ?? [],
-      new QuietResyncSink(b.sink),
-    );
-  } finally {
-    signal.removeEventListener('abort', onAbort);
-    await b.instance.close?.();
+/**
+ * A value from a brain that does not decode, or is not valid (src/api/validate.ts),
+ * never reaches the backend: one log line naming it and the field; the
+ * backend keeps what it had (the Set is dropped, it is not a Delete).
+ * Paths that are not ns/name (ns/name/key for endpoints) likewise.
+ */
+export class ValidatingSink implements LocalSink {
+  constructor(
+    private readonly inner: LocalSink,
+    private readonly log: Logger,
+  ) {}
+
+  send(op: LocalOp): void | Promise<void> {
+    if (op.kind === 'set' || op.kind === 'delete') {
+      const problem = this.problem(op);
+      if (problem) {
+        this.log.warn({ set: LocalSet[op.set], path: op.path, problem }, `local: ignoring an invalid ${op.kind === 'set' ? 'value' : 'delete'} of ${LocalSet[op.set]} ${op.path} (${problem}); the last good one stays`);
+        return;
+      }
+    }
+    return this.inner.send(op);
   }
+
+  private problem(op: Extract<LocalOp, { kind: 'set' | 'delete' }>): string | undefined {
+    const parts = op.path.split('/');
+    const want = op.set === LocalSet.EndpointsSet ? 3 : op.set === LocalSet.ServicesSet ? 2 : 1;
+    if (parts.length !== want || parts.some((p) => p === '')) return `the path is not ${['name', 'ns/name', 'ns/name/key'][want - 1]}`;
+    if (op.kind === 'delete') return undefined;
+    let value: LocalValue;
+    try {
+      value = op.value;
+    } catch (e) {
+      return `does not decode: ${(e as Error).message}`;
+    }
+    switch (op.set) {
+      case LocalSet.ServicesSet: {
+        const svc = value as Service;
+        return serviceProblem(svc) ?? (`${svc.Namespace}/${svc.Name}` === op.path ? undefined : `Namespace/Name ${svc.Namespace}/${svc.Name} is not its path`);
+      }
+      case LocalSet.EndpointsSet:
+        return endpointProblem(value as Endpoint);
+      case LocalSet.NodesSet:
+        return nodeProblem(value as LocalNode);
+      case LocalSet.ServiceCIDRsSet:
+        return serviceCIDRProblem(value as ServiceCIDR);
+    }
+    return undefined;
+  }
+}
+
+export async function runLocal(localOpts: Record<string, any>, backend: string, backendOpts: Record<string, any>, log: Logger, signal: AbortSignal): Promise<void> {
+  await runNodeAgent({
+    backend,
+    backendOpts: { ...backendOpts, nodeName: backendOpts.nodeName ?? localOpts.nodeName },
+    log,
+    signal,
+    async feed(sink, stop, b) {
+      log.info({ node: b.nodeName, backend, api: localOpts.api }, 'local: starting');
+      await watchLocalApi(
+        {
+          address: localOpts.api,
+          tls: clientTLSFromOpts(localOpts),
+          log,
+          signal: stop,
+          minBackoffMs: localOpts.errorDelay,
+          maxBackoffMs: localOpts.maxErrorDelay,
+        },
+        b.nodeName,
+        b.instance.sets ?? [],
+        new QuietResyncSink(new ValidatingSink(sink, log)),
+      );
+    },
+  });
 }
 
 const ms = (v: string) => {

@@ -1,0 +1,70 @@
+// kubeproxy_network_programming_duration_seconds (issue 12): observed for the
+// Services a node's diff carried, once the sync that applied them succeeded;
+// a change the node's view does not carry is not timed. All-in-one
+// (to-local) and split mode (kpng local behind a brain) alike.
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { kpngSpawn } from '../helpers/cli.js';
+import { freePort } from '../helpers/port.js';
+import { node, service, slice } from '../helpers/k8s.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'kpng-npl-'));
+after(() => rmSync(dir, { recursive: true, force: true }));
+
+/** "local" has internalTrafficPolicy Local and its only endpoint on another node: node-a's view of it has no endpoint */
+function write(input: string, remoteIP: string, webIP: string) {
+  const items = [
+    node('node-a', undefined, ['192.168.0.2']),
+    service('demo', 'local', { clusterIP: '10.96.0.11', internalTrafficPolicy: 'Local' }),
+    slice('demo', 'local-1', 'local', [{ ip: remoteIP, node: 'node-b' }]),
+    service('demo', 'web', { clusterIP: '10.96.0.10' }),
+    slice('demo', 'web-1', 'web', [{ ip: webIP, node: 'node-a' }]),
+  ];
+  writeFileSync(join(dir, 'tmp.json'), JSON.stringify({ apiVersion: 'v1', kind: 'List', items }));
+  renameSync(join(dir, 'tmp.json'), join(input, 'state.json'));
+}
+
+async function observations(port: number): Promise<number> {
+  const m = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+  return Number(/^kubeproxy_network_programming_duration_seconds_count\{ip_family=""\} (\d+)/m.exec(m)?.[1] ?? 'NaN');
+}
+
+async function until(what: string, cond: () => Promise<boolean>, ms = 15_000) {
+  const end = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+for (const mode of ['to-local', 'kpng local'] as const) {
+  test(`${mode}: only the changes the node's diff carried are timed`, { timeout: 60_000 }, async () => {
+    const input = mkdtempSync(join(dir, 'in-'));
+    write(input, '10.244.2.5', '10.244.1.10');
+    const metricsPort = await freePort();
+    const backend = ['to-nft', '--dry-run', '--node-name', 'node-a', '--metrics-bind-address', `127.0.0.1:${metricsPort}`, '--healthz-bind-address', '', '--min-sync-period', '0s'];
+    const sock = join(input, '..', `${Math.random().toString(36).slice(2)}.sock`);
+    const procs =
+      mode === 'to-local'
+        ? [kpngSpawn(['file', '--input', input, '--debounce', '20', 'to-local', ...backend])]
+        : [kpngSpawn(['file', '--input', input, '--debounce', '20', 'to-api', '--listen', `unix://${sock}`, '--metrics-bind-address', '']), kpngSpawn(['local', '--api', `unix://${sock}`, ...backend])];
+    try {
+      // the first sync carries both Services
+      await until('the first sync', async () => (await observations(metricsPort).catch(() => NaN)) === 2);
+      // the remote endpoint of the Local Service moves: node-a's view does not change
+      write(input, '10.244.2.6', '10.244.1.10');
+      await new Promise((r) => setTimeout(r, 1500));
+      assert.equal(await observations(metricsPort), 2);
+      // web's endpoint changes: one more
+      write(input, '10.244.2.6', '10.244.1.11');
+      await until('the change to be timed', async () => (await observations(metricsPort)) === 3);
+      await new Promise((r) => setTimeout(r, 500));
+      assert.equal(await observations(metricsPort), 3);
+    } finally {
+      for (const p of procs.reverse()) await p.stop();
+    }
+  });
+}
