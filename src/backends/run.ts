@@ -1,12 +1,15 @@
-// Starting a registered backend: node name, kube-proxy configuration and
-// --once are handled here for every backend, wherever its ops come from
-// (to-local in-process, or the local gRPC source).
+// Starting registered backends on one node's diff stream: node name,
+// kube-proxy configuration and --once for every backend, wherever its ops
+// come from (to-local in-process, or `kpng local` from a brain). Several
+// backends can share one stream (`to-local to-ebpf to-nft`: each gets every
+// op, in order); they then share one set of health and metrics servers, and
+// the node is healthy while every one of them keeps up.
 import { hostname } from 'node:os';
 import type { Command } from 'commander';
 import type { Logger } from '../log.js';
 import type { LocalOp, LocalSink } from '../diff/ops.js';
 import { LocalSet, type LocalNode } from '../api/model.js';
-import { getBackend, type BackendDefinition, type BackendInstance, type SyncReporter } from './registry.js';
+import { getBackend, registeredBackends, type BackendDefinition, type BackendInstance, type SyncReporter } from './registry.js';
 import { addConfigFlags, configFromFlags, type KubeProxyConfiguration } from './shared/config.js';
 import { ProxyHealth, startProxyServers } from './shared/health.js';
 import { metrics, enableProcessMetrics } from './shared/metrics.js';
@@ -21,56 +24,116 @@ export function addBackendOptions(cmd: Command, def: BackendDefinition): void {
   def.options?.(cmd);
 }
 
+/** backends one stream can feed at once (`to-local to-ebpf to-nft`) */
+const MAX_BACKENDS = 3;
+
+/**
+ * `to-<backend> [flags]` commands under cmd, each with the other backends
+ * under it again (up to MAX_BACKENDS in a row): the command line names
+ * several backends for one stream, each with its own flags.
+ */
+export function addBackendCommands(cmd: Command, go: (backends: readonly BackendSpec[]) => Promise<void> | void, chain: readonly { name: string; cmd: Command }[] = []): void {
+  for (const b of registeredBackends()) {
+    if (chain.some((c) => c.name === b.name)) continue;
+    const bc = cmd.command(`to-${b.name}`).description(chain.length ? `${b.description} (beside ${chain.map((c) => `to-${c.name}`).join(', ')})` : b.description);
+    if (chain.length + 1 < MAX_BACKENDS) bc.enablePositionalOptions();
+    addBackendOptions(bc, b);
+    const here = [...chain, { name: b.name, cmd: bc }];
+    bc.action(() => go(here.map((c) => ({ name: c.name, opts: c.cmd.opts() }))));
+    if (here.length < MAX_BACKENDS) addBackendCommands(bc, go, here);
+  }
+}
+
+/** A backend as chosen on the command line: its name and flags. */
+export interface BackendSpec {
+  readonly name: string;
+  readonly opts: Record<string, any>;
+}
+
 export interface StartedBackend {
-  readonly instance: BackendInstance;
+  /** the backends, in the order they get each op */
+  readonly instances: readonly BackendInstance[];
+  /** the sets every backend wants, together */
+  readonly sets: readonly LocalSet[];
   readonly nodeName: string;
+  /** the first backend's configuration (its servers' addresses) */
   readonly config: KubeProxyConfiguration;
-  /** the sink to feed: the backend's, with health, metrics and --once around it */
+  /** the sink to feed: every backend's, with health, metrics and --once around them */
   readonly sink: LocalSink;
   /** resolves after the first Sync was applied when --once is set */
   readonly done: Promise<void>;
   readonly health: ProxyHealth;
-  /** the last sync's result (whoever asked for it) */
+  /** the backends that report sync results (the dataplane ones), by index */
+  readonly reporting: readonly number[];
+  /** the last sync's result of any backend (whoever asked for it) */
   readonly lastResult: SyncResult | undefined;
-  /** every sync's result from now on, whoever asked for it; returns an unsubscriber */
-  onResult(listener: (r: SyncResult) => void): () => void;
-  /** stops the backend and its servers (the dataplane stays) */
+  /** every sync's result from now on, with the index of the backend; returns an unsubscriber */
+  onResult(listener: (r: SyncResult, backend: number) => void): () => void;
+  /** stops the backends and their servers (the dataplane stays) */
   close(): Promise<void>;
 }
 
-export async function startBackend(name: string, opts: Record<string, any>, log: Logger, signal: AbortSignal): Promise<StartedBackend> {
-  const def = getBackend(name);
-  if (!def) throw new Error(`unknown backend ${name}`);
-  const config = configFromFlags(opts);
-  const nodeName = String(opts.nodeName || config.hostnameOverride || hostname());
-  const health = new ProxyHealth(2 * (def.syncPeriodMs?.(config) ?? config.nftables.syncPeriodMs));
+/** One backend: see startBackends. */
+export function startBackend(name: string, opts: Record<string, any>, log: Logger, signal: AbortSignal): Promise<StartedBackend> {
+  return startBackends([{ name, opts }], log, signal);
+}
+
+export async function startBackends(specs: readonly BackendSpec[], log: Logger, signal: AbortSignal): Promise<StartedBackend> {
+  if (!specs.length) throw new Error('no backend');
+  const defs = specs.map((s) => {
+    const def = getBackend(s.name);
+    if (!def) throw new Error(`unknown backend ${s.name}`);
+    return def;
+  });
+  const configs = specs.map((s) => configFromFlags(s.opts));
+  const first = specs[0].opts;
+  const config = configs[0];
+  const nodeName = String(first.nodeName || config.hostnameOverride || hostname());
+  const reporting = defs.map((d, i) => (d.proxyMode ? i : -1)).filter((i) => i >= 0);
+  const timeout = 2 * Math.max(...defs.map((d, i) => d.syncPeriodMs?.(configs[i]) ?? configs[i].nftables.syncPeriodMs));
+  const health = new ProxyHealth(timeout, Math.max(1, reporting.length));
   let lastResult: SyncResult | undefined;
-  const listeners = new Set<(r: SyncResult) => void>();
-  // changes received and not yet applied (kube-proxy's *_changes_pending)
+  const listeners = new Set<(r: SyncResult, backend: number) => void>();
+  // changes received and not yet applied everywhere (kube-proxy's *_changes_pending)
   let pendingEndpoints = 0;
   let pendingServices = 0;
-  const report: SyncReporter = (r) => {
-    lastResult = r;
-    health.observe(r);
-    for (const l of listeners) l(r);
-    if (r.ok) {
-      pendingEndpoints = pendingServices = 0;
-      metrics.endpointChangesPending.set(0);
-      metrics.serviceChangesPending.set(0);
-    }
-    if (!r.ok) return;
-    metrics.syncDuration.observe({ ip_family: '' }, r.durationMs / 1000);
-    (r.full ? metrics.syncFullDuration : metrics.syncPartialDuration).observe({ ip_family: '' }, r.durationMs / 1000);
+  const reportOf =
+    (index: number): SyncReporter =>
+    (r) => {
+      lastResult = r;
+      health.observe(r, Math.max(0, reporting.indexOf(index)));
+      for (const l of listeners) l(r, index);
+      if (!r.ok) return;
+      if (health.applied) {
+        pendingEndpoints = pendingServices = 0;
+        metrics.endpointChangesPending.set(0);
+        metrics.serviceChangesPending.set(0);
+      }
+      metrics.syncDuration.observe({ ip_family: '' }, r.durationMs / 1000);
+      (r.full ? metrics.syncFullDuration : metrics.syncPartialDuration).observe({ ip_family: '' }, r.durationMs / 1000);
+    };
+  const instances: BackendInstance[] = [];
+  const closeInstances = async () => {
+    for (const i of [...instances].reverse()) await i.close?.();
   };
-  const blog = log.child({ backend: name });
-  const instance = await def.create(opts, { nodeName, config, log: blog, signal, report });
+  try {
+    for (const [i, def] of defs.entries()) {
+      const blog = log.child({ backend: def.name });
+      instances.push(await def.create({ ...specs[i].opts, nodeName }, { nodeName, config: configs[i], log: blog, signal, report: reportOf(i) }));
+    }
+  } catch (e) {
+    await closeInstances();
+    throw e;
+  }
   let closeServers = async () => {};
-  if (def.proxyMode && !opts.once) {
+  const once = specs.some((s) => s.opts.once);
+  const modes = defs.map((d) => d.proxyMode).filter((m): m is string => !!m);
+  if (modes.length && !once) {
     enableProcessMetrics();
     closeServers = await startProxyServers(
       health,
-      { healthzBindAddress: config.healthzBindAddress, metricsBindAddress: config.metricsBindAddress, proxyMode: def.proxyMode, hardFail: config.bindAddressHardFail },
-      blog,
+      { healthzBindAddress: config.healthzBindAddress, metricsBindAddress: config.metricsBindAddress, proxyMode: modes.join('+'), hardFail: config.bindAddressHardFail },
+      log.child({ backend: defs.map((d) => d.name).join('+') }),
     );
   }
   let resolveDone!: () => void;
@@ -93,20 +156,22 @@ export async function startBackend(name: string, opts: Record<string, any>, log:
         if (op.set === LocalSet.NodesSet) health.nodeEligible = op.kind === 'delete' || !(op.value as LocalNode).Deleting;
       }
       metrics.opsSent.inc({ op: op.kind });
-      await instance.sink.send(op);
+      for (const i of instances) await i.sink.send(op);
       if (op.kind === 'sync') {
         inDiff = false;
-        if (opts.once) resolveDone();
+        if (once) resolveDone();
       }
     },
   };
   return {
-    instance,
+    instances,
+    sets: [...new Set(instances.flatMap((i) => i.sets ?? []))],
     nodeName,
     config,
     sink,
     done,
     health,
+    reporting,
     get lastResult() {
       return lastResult;
     },
@@ -115,7 +180,7 @@ export async function startBackend(name: string, opts: Record<string, any>, log:
       return () => listeners.delete(l);
     },
     async close() {
-      await instance.close?.();
+      await closeInstances();
       await closeServers();
     },
   };

@@ -6,8 +6,7 @@ import { Store } from '../store/store.js';
 import { ServiceViews } from '../localstate/views.js';
 import { registeredSources, type SourceDefinition } from '../sources/registry.js';
 import { registeredSinks, type SinkDefinition } from '../sinks/registry.js';
-import { registeredBackends } from '../backends/registry.js';
-import { addBackendOptions } from '../backends/run.js';
+import { addBackendCommands, type BackendSpec } from '../backends/run.js';
 import { ConfigError } from '../backends/shared/config.js';
 import { startStats } from './stats.js';
 import { registeredCommands } from './commands.js';
@@ -24,7 +23,8 @@ export async function runPipeline(p: {
   sourceOpts: Record<string, any>;
   sink: SinkDefinition;
   sinkOpts: Record<string, any>;
-  backend?: { name: string; opts: Record<string, any> };
+  /** to-local's backends, in order */
+  backends?: readonly BackendSpec[];
   log: Logger;
   signal: AbortSignal;
 }): Promise<void> {
@@ -33,7 +33,7 @@ export async function runPipeline(p: {
   const stopStats = p.sourceOpts.stats ? startStats(store) : undefined;
   const source = await p.source.start(p.sourceOpts, { store, log: p.log, signal: p.signal });
   try {
-    await p.sink.run(p.sinkOpts, { store, views, log: p.log, signal: p.signal, nodeName: p.sourceOpts.nodeName }, p.backend);
+    await p.sink.run(p.sinkOpts, { store, views, log: p.log, signal: p.signal, nodeName: p.sourceOpts.nodeName }, p.backends ?? []);
   } finally {
     stopStats?.();
     await source.stop();
@@ -57,17 +57,12 @@ export function buildProgram(run: (fn: (log: Logger, signal: AbortSignal) => Pro
     for (const sink of registeredSinks()) {
       const kc = sc.command(sink.name).description(sink.description).enablePositionalOptions();
       sink.options(kc);
-      const go = (backend?: { name: string; opts: Record<string, any> }) =>
-        run((log, signal) => runPipeline({ source, sourceOpts: sc.opts(), sink, sinkOpts: kc.opts(), backend, log, signal }));
+      const go = (backends: readonly BackendSpec[] = []) => run((log, signal) => runPipeline({ source, sourceOpts: sc.opts(), sink, sinkOpts: kc.opts(), backends, log, signal }));
       if (!sink.takesBackend) {
         kc.action(() => go());
         continue;
       }
-      for (const b of registeredBackends()) {
-        const bc = kc.command(`to-${b.name}`).description(b.description);
-        addBackendOptions(bc, b);
-        bc.action(() => go({ name: b.name, opts: bc.opts() }));
-      }
+      addBackendCommands(kc, go);
     }
   }
   for (const c of registeredCommands()) c(program, run);

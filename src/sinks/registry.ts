@@ -14,7 +14,7 @@ export interface SinkContext {
   readonly nodeName?: string;
 }
 
-/** the backend chosen below a sink like to-local, with its flags */
+/** a backend chosen below a sink like to-local, with its flags */
 export interface SubcommandRun {
   readonly name: string;
   readonly opts: Record<string, any>;
@@ -29,8 +29,8 @@ export interface SinkDefinition {
   readonly takesBackend?: boolean;
   /** node-local views keep only their encoding (a server fanning out to many nodes sends bytes) */
   readonly compactViews?: boolean;
-  /** runs until ctx.signal aborts, or until the sink is done (e.g. --once) */
-  run(opts: Record<string, any>, ctx: SinkContext, backend?: SubcommandRun): Promise<void>;
+  /** runs until ctx.signal aborts, or until the sink is done (e.g. --once); backends: to-local's, in order (empty for other sinks) */
+  run(opts: Record<string, any>, ctx: SinkContext, backends: readonly SubcommandRun[]): Promise<void>;
 }
 
 const sinks = new Map<string, SinkDefinition>();

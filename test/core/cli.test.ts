@@ -94,3 +94,15 @@ test('--stats prints the original kpng columns', async () => {
     await k.stop();
   }
 });
+
+test('to-local feeds several backends on one stream, each with its own flags (to-log and to-nft --dry-run)', () => {
+  const r = kpngSync(['file', '--input', EXAMPLE, '--no-watch', 'to-local', 'to-log', '--node-name', 'node-a', 'to-nft', '--dry-run', '--once']);
+  assert.equal(r.status, 0, r.stderr);
+  // to-log's ops, then to-nft's transaction, from the same diff
+  assert.match(r.stdout, /^\+ ServicesSet demo\/shop /m);
+  assert.match(r.stdout, /^add element ip kpng service-ips \{.*10\.96\.0\.30 \. tcp \. 80 comment "demo\/shop:http"/m);
+  assert.match(r.stderr, /to-local: starting node=node-a backends=log,nft/);
+  // a backend named twice is not offered
+  const twice = kpngSync(['file', '--input', EXAMPLE, 'to-local', 'to-nft', '--dry-run', 'to-nft']);
+  assert.notEqual(twice.status, 0);
+});

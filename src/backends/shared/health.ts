@@ -8,32 +8,44 @@ import { metrics, registry } from './metrics.js';
 import type { SyncResult } from './runner.js';
 
 export class ProxyHealth {
-  private oldestPending = 0;
+  /** per backend: since when an update waits to be applied by it (0: none waits) */
+  private readonly oldestPending: number[];
   private lastUpdated = 0;
   nodeEligible = true;
 
   constructor(
     readonly timeoutMs: number,
+    /** backends that must each apply every update (several on one stream) */
+    backends = 1,
     private readonly now: () => number = Date.now,
-  ) {}
+  ) {
+    this.oldestPending = new Array<number>(backends).fill(0);
+  }
 
-  /** an update reached the backend and waits to be applied */
+  /** an update reached the backends and waits to be applied */
   queued(): void {
     const t = this.now();
-    if (!this.oldestPending) this.oldestPending = t;
+    for (let i = 0; i < this.oldestPending.length; i++) if (!this.oldestPending[i]) this.oldestPending[i] = t;
     metrics.lastQueued.set({ ip_family: '' }, t / 1000);
   }
 
-  /** what a sync did: a good one applied everything queued before it */
-  observe(r: SyncResult): void {
+  /** what a backend's sync did: a good one applied everything queued before it */
+  observe(r: SyncResult, backend = 0): void {
     if (!r.ok) return;
+    this.oldestPending[backend] = 0;
+    if (!this.applied) return;
     this.lastUpdated = this.now();
-    this.oldestPending = 0;
     metrics.lastSync.set({ ip_family: '' }, this.lastUpdated / 1000);
   }
 
+  /** every backend applied everything queued so far */
+  get applied(): boolean {
+    return this.oldestPending.every((t) => t === 0);
+  }
+
   get healthy(): boolean {
-    return this.oldestPending === 0 || this.now() - this.oldestPending < this.timeoutMs;
+    const t = this.now();
+    return this.oldestPending.every((p) => p === 0 || t - p < this.timeoutMs);
   }
 
   body(withNode: boolean): Record<string, unknown> {

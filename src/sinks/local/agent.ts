@@ -7,12 +7,12 @@ import type { Logger } from '../../log.js';
 import { LocalSet } from '../../api/model.js';
 import { splitEndpointPath } from '../../diff/fullstate.js';
 import type { LocalOp, LocalSink } from '../../diff/ops.js';
-import { startBackend, type StartedBackend } from '../../backends/run.js';
+import { startBackends, type BackendSpec, type StartedBackend } from '../../backends/run.js';
 import { metrics } from '../../backends/shared/metrics.js';
 
 export interface NodeAgentOptions {
-  readonly backend: string;
-  readonly backendOpts: Record<string, any>;
+  /** one backend, or several on the same stream (each gets every op) */
+  readonly backends: readonly BackendSpec[];
   readonly log: Logger;
   readonly signal: AbortSignal;
   /**
@@ -36,18 +36,21 @@ export function serviceOfOp(op: LocalOp): string | undefined {
 }
 
 export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
-  const b = await startBackend(o.backend, o.backendOpts, o.log, o.signal);
+  const b = await startBackends(o.backends, o.log, o.signal);
   const stop = new AbortController();
   const onAbort = () => stop.abort();
   o.signal.addEventListener('abort', onAbort, { once: true });
   void b.done.then(() => stop.abort());
-  // the Services delivered to the backend and not yet applied: when their change started, when delivered
-  const pending = new Map<string, { since: number; delivered: number }>();
-  const unsubscribe = b.onResult((r) => {
+  // the Services delivered and not yet applied by every dataplane backend:
+  // when their change started, when delivered, which backends still have to
+  const pending = new Map<string, { since: number; delivered: number; waiting: Set<number> }>();
+  const unsubscribe = b.onResult((r, backend) => {
     if (!r.ok) return;
     const started = r.endedAt - r.durationMs;
     for (const [k, p] of pending) {
       if (p.delivered > started) continue; // came after this sync began: the next one applies it
+      p.waiting.delete(backend);
+      if (p.waiting.size) continue;
       metrics.networkProgramming.observe({ ip_family: '' }, (r.endedAt - p.since) / 1000);
       o.observed?.(k, p.since);
       pending.delete(k);
@@ -56,9 +59,11 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
   const sink: LocalSink = {
     send: (op: LocalOp) => {
       const key = serviceOfOp(op);
-      if (key !== undefined && !pending.has(key)) {
+      if (key !== undefined && b.reporting.length) {
         const now = Date.now();
-        pending.set(key, { since: o.changedAt?.(key) ?? now, delivered: now });
+        const p = pending.get(key);
+        if (p) p.waiting = new Set(b.reporting); // changed again: every backend has to apply it
+        else pending.set(key, { since: o.changedAt?.(key) ?? now, delivered: now, waiting: new Set(b.reporting) });
       }
       return b.sink.send(op);
     },

@@ -11,8 +11,8 @@ registerSink({
   description: 'program this node with a backend running in this process (to-<backend>)',
   takesBackend: true,
   options() {},
-  async run(_opts, ctx, backend) {
-    if (!backend) throw new Error('to-local needs a backend: to-<backend>');
+  async run(_opts, ctx, backends) {
+    if (!backends.length) throw new Error('to-local needs a backend: to-<backend>');
     // network programming latency starts when the store first sees a Service change
     const changed = new Map<string, number>();
     const unsubscribe = ctx.store.subscribe((c) => {
@@ -21,15 +21,14 @@ registerSink({
     });
     try {
       await runNodeAgent({
-        backend: backend.name,
-        backendOpts: { ...backend.opts, nodeName: backend.opts.nodeName ?? ctx.nodeName },
+        backends: backends.map((b, i) => (i === 0 ? { ...b, opts: { ...b.opts, nodeName: b.opts.nodeName ?? ctx.nodeName } } : b)),
         log: ctx.log,
         signal: ctx.signal,
         changedAt: (k) => changed.get(k),
         observed: (k, since) => changed.get(k) === since && changed.delete(k),
         async feed(sink, signal, b) {
-          ctx.log.info({ node: b.nodeName, backend: backend.name }, 'to-local: starting');
-          const diff = new LocalDiff(ctx.store, ctx.views, b.nodeName, { sets: b.instance.sets });
+          ctx.log.info({ node: b.nodeName, backends: backends.map((x) => x.name).join(',') }, 'to-local: starting');
+          const diff = new LocalDiff(ctx.store, ctx.views, b.nodeName, { sets: b.sets });
           // a change the diff saw and did not carry is not this node's: it is not timed
           let diffStart = 0;
           const carried = new Set<string>();

@@ -16,8 +16,7 @@ import { addClientTLSOptions, clientTLSFromOpts } from '../../api/grpc/tls.js';
 import { localWatchMethod } from '../../api/grpc/wire.js';
 import { FilterResetSink } from '../../diff/filter-reset.js';
 import type { LocalOp, LocalSink, LocalValue } from '../../diff/ops.js';
-import { registeredBackends } from '../../backends/registry.js';
-import { addBackendOptions } from '../../backends/run.js';
+import { addBackendCommands, type BackendSpec } from '../../backends/run.js';
 import { runNodeAgent } from './agent.js';
 import { registerCommand } from '../../cli/commands.js';
 import type { Logger } from '../../log.js';
@@ -155,14 +154,13 @@ export class ValidatingSink implements LocalSink {
   }
 }
 
-export async function runLocal(localOpts: Record<string, any>, backend: string, backendOpts: Record<string, any>, log: Logger, signal: AbortSignal): Promise<void> {
+export async function runLocal(localOpts: Record<string, any>, backends: readonly BackendSpec[], log: Logger, signal: AbortSignal): Promise<void> {
   await runNodeAgent({
-    backend,
-    backendOpts: { ...backendOpts, nodeName: backendOpts.nodeName ?? localOpts.nodeName },
+    backends: backends.map((b, i) => (i === 0 ? { ...b, opts: { ...b.opts, nodeName: b.opts.nodeName ?? localOpts.nodeName } } : b)),
     log,
     signal,
     async feed(sink, stop, b) {
-      log.info({ node: b.nodeName, backend, api: localOpts.api }, 'local: starting');
+      log.info({ node: b.nodeName, backends: backends.map((x) => x.name).join(','), api: localOpts.api }, 'local: starting');
       await watchLocalApi(
         {
           address: localOpts.api,
@@ -173,7 +171,7 @@ export async function runLocal(localOpts: Record<string, any>, backend: string, 
           maxBackoffMs: localOpts.maxErrorDelay,
         },
         b.nodeName,
-        b.instance.sets ?? [],
+        b.sets ?? [],
         new QuietResyncSink(new ValidatingSink(sink, log)),
       );
     },
@@ -201,9 +199,5 @@ registerCommand((program, run) => {
     .enablePositionalOptions()
     .option('--node-name <name>', 'the node to watch (default: the backend\'s --node-name, hostnameOverride, then the hostname)');
   addApiClientOptions(lc);
-  for (const def of registeredBackends()) {
-    const bc = lc.command(`to-${def.name}`).description(def.description);
-    addBackendOptions(bc, def);
-    bc.action(() => run((log, signal) => runLocal(lc.opts(), def.name, bc.opts(), log, signal)));
-  }
+  addBackendCommands(lc, (backends) => run((log, signal) => runLocal(lc.opts(), backends, log, signal)));
 });
