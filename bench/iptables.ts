@@ -4,72 +4,87 @@
 // tools, real kernel):
 //   npm run bench -- iptables [--sizes 1000,10000,30000] [--changes 20] [--connections 2000]
 //                             [--backends nft,iptables-nft,iptables-legacy] [--runs 1] [--iptables-nft-max 10000]
-// Reports: cold sync; one endpoint change from the store seeing it to the
-// kernel having it (p50/p99); first-connection latency through a ClusterIP
-// whose rule is first in KUBE-SERVICES and one whose rule is last, measured
-// by a small separate process once the big one has exited (its GC pauses
-// would pollute p99). iptables-nft runs up to --iptables-nft-max Services: its
-// cold restore grows faster than linearly (37 s at 10k here, not done after
-// 10 min at 30k).
+// For each size, one child per backend stays alive: their cold syncs, then
+// the endpoint changes in turn (backend 1, backend 2, ..., backend 1, ...),
+// then the first-connection probes alternating between backends in rounds,
+// so the machine's noise hits every backend alike. Reports, per size, the
+// absolute numbers and each iptables mode's ratio to nft: cold sync; one
+// endpoint change from the store seeing it to the kernel having it
+// (p50/p99); first-connection latency through a ClusterIP whose rule is
+// first in KUBE-SERVICES and one whose rule is last, measured by a small
+// separate process (the big one's GC pauses would pollute p99).
+// iptables-nft runs up to --iptables-nft-max Services: its cold restore grows
+// faster than linearly (37 s at 10k here, not done after 10 min at 30k).
 import { spawnSync } from 'node:child_process';
 import { pino } from 'pino';
 import type { DecoderHandler } from '../src/diff/decoder.js';
 import { NftProxier } from '../src/backends/nft/proxier.js';
 import { IptablesProxier } from '../src/backends/iptables/proxier.js';
 import { defaultConfig } from '../src/backends/shared/config.js';
-import { BenchNamespaces, arg, measureSyncs, median, pct, prepareNamespace, rssMiB, runAsChild, syntheticCluster } from './_scale.js';
+import { BenchNamespaces, arg, coldSync, median, pct, prepareNamespace, rssMiB, serveAsChild, syntheticCluster } from './_scale.js';
 
 type Backend = 'nft' | 'iptables-nft' | 'iptables-legacy';
 
-interface SyncResult {
-  backend: Backend;
-  services: number;
+interface Measured {
   coldComputeMs: number;
   coldApplyMs: number;
-  changeP50: number;
-  changeP99: number;
+  changeMs: number[];
   rssMiB: number;
-}
-
-interface Latency {
   /** microseconds */
   first: number[];
   last: number[];
 }
+
+type Request = { op: 'cold' } | { op: 'change'; i: number } | { op: 'finish' };
 
 // probe Services: their KUBE-SERVICES rules sort first ("aaa/...") and last ("zzz/...")
 const PROBE_FIRST = '172.31.255.1';
 const PROBE_LAST = '172.31.255.2';
 
 export default async function (args: string[]) {
-  if (await runAsChild(child)) return;
+  if (await serveAsChild(child)) return;
   const sizes = arg(args, 'sizes', '1000,10000,30000').split(',').map(Number);
   const changes = Number(arg(args, 'changes', '20'));
   const connections = Number(arg(args, 'connections', '2000'));
   const runs = Number(arg(args, 'runs', '1'));
   const backends = arg(args, 'backends', 'nft,iptables-nft,iptables-legacy').split(',') as Backend[];
   const nftModeMax = Number(arg(args, 'iptables-nft-max', '10000'));
-  const results = new Map<string, { sync: SyncResult[]; lat: Latency[] }>();
+  /** "size backend" -> one Measured per run */
+  const results = new Map<string, Measured[]>();
 
   const spaces = new BenchNamespaces('iptables', 'kpng-bench-ipt');
   try {
     for (let run = 0; run < runs; run++) {
       for (const services of sizes) {
-        for (const backend of backends) {
-          if (backend === 'iptables-nft' && services > nftModeMax) continue;
+        const here = backends.filter((b) => !(b === 'iptables-nft' && services > nftModeMax));
+        const kept = here.map((backend) => {
           const ns = spaces.add();
-          try {
-            const sync = await spaces.child<SyncResult>(ns, { backend, services, changes }, `${backend} ${services}`);
-            // the rules stay in the namespace: a small process measures connections through them
-            const [first, last] = await spaces.probe(ns, [PROBE_FIRST, PROBE_LAST], { n: connections, close: 'destroy' }, `${backend} ${services}`);
-            const k = `${services} ${backend}`;
-            if (!results.has(k)) results.set(k, { sync: [], lat: [] });
-            results.get(k)!.sync.push(sync);
-            results.get(k)!.lat.push({ first, last });
-            console.error(`run ${run + 1}/${runs}: ${services} services, ${backend} done`);
-          } finally {
-            spaces.remove(ns);
+          return { backend, ns, c: spaces.keep(ns, { backend, services }, `${backend} ${services}`), m: { changeMs: [], first: [], last: [] } as unknown as Measured };
+        });
+        try {
+          for (const k of kept) Object.assign(k.m, await k.c.ask<{ coldComputeMs: number; coldApplyMs: number }>({ op: 'cold' }));
+          // one change at a time, in turn
+          for (let i = 0; i < changes; i++) for (const k of kept) k.m.changeMs.push(await k.c.ask<number>({ op: 'change', i }));
+          for (const k of kept) {
+            k.m.rssMiB = await k.c.ask<number>({ op: 'finish' });
+            await k.c.end();
           }
+          // the rules stay in each namespace: probes alternate between backends in rounds
+          const rounds = 10;
+          for (let round = 0; round < rounds; round++) {
+            for (const k of kept) {
+              const [first, last] = await spaces.probe(k.ns, [PROBE_FIRST, PROBE_LAST], { n: Math.ceil(connections / rounds), warmup: 20, close: 'destroy' }, `${k.backend} ${services}`);
+              k.m.first.push(...first);
+              k.m.last.push(...last);
+            }
+          }
+          for (const k of kept) {
+            const key = `${services} ${k.backend}`;
+            results.set(key, [...(results.get(key) ?? []), k.m]);
+          }
+          console.error(`run ${run + 1}/${runs}: ${services} services done (${here.join(', ')})`);
+        } finally {
+          for (const k of kept) spaces.remove(k.ns);
         }
       }
     }
@@ -79,32 +94,48 @@ export default async function (args: string[]) {
 
   const f = (x: number) => (x < 10 ? x.toFixed(2) : x.toFixed(0));
   const us = (x: number) => x.toFixed(0);
+  const x = (r: number) => `${r < 10 ? r.toFixed(1) : r.toFixed(0)}x`;
   const tools = ['nft --version', 'iptables-nft --version', 'iptables-legacy --version'].map((c) => spawnSync('sh', ['-c', c], { encoding: 'utf8' }).stdout.trim()).join(', ');
-  console.log(`iptables vs nftables: services x 5 endpoints, each backend and size in a fresh network namespace; ${runs} run(s): medians of the runs' values (min in brackets when runs > 1); node ${process.version}; ${tools}`);
-  console.log('services | backend | cold sync: compute + apply | one endpoint change p50 / p99 | first connection, rule first: p50 / p99 | rule last: p50 / p99 | RSS');
+  console.log(`iptables vs nftables, side by side: services x 5 endpoints, each backend and size in its own network namespace, kept alive together; ${changes} changes each, in turn; ${runs} run(s): medians of the runs' values; node ${process.version}; ${tools}`);
+  /** one number of a backend at a size: the median over runs */
+  const val = (services: number, b: Backend, pick: (m: Measured) => number) => {
+    const r = results.get(`${services} ${b}`);
+    return r ? median(r.map(pick)) : undefined;
+  };
+  const cold = (m: Measured) => m.coldComputeMs + m.coldApplyMs;
+  const change50 = (m: Measured) => pct(m.changeMs, 50);
+  const change99 = (m: Measured) => pct(m.changeMs, 99);
+  const last50 = (m: Measured) => pct(m.last, 50);
+  console.log('services | backend | cold sync | one endpoint change p50 / p99 | first connection, rule first: p50 / p99 | rule last: p50 / p99 | RSS');
   for (const services of sizes) {
-    for (const backend of backends) {
-      const r = results.get(`${services} ${backend}`);
-      if (!r) {
-        if (backend === 'iptables-nft' && services > nftModeMax) console.log(`${services} | ${backend} | not run (more than --iptables-nft-max ${nftModeMax} Services) | | | |`);
+    for (const b of backends) {
+      if (!results.has(`${services} ${b}`)) {
+        if (b === 'iptables-nft' && services > nftModeMax) console.log(`${services} | ${b} | not run (more than --iptables-nft-max ${nftModeMax} Services) | | | |`);
         continue;
       }
-      const m = (pick: (s: SyncResult) => number) => {
-        const xs = r.sync.map(pick);
-        return runs > 1 ? `${f(median(xs))} [${f(Math.min(...xs))}]` : f(xs[0]);
-      };
-      const l = (pick: (l: Latency) => number[], p: number) => {
-        const xs = r.lat.map((x) => pct(pick(x), p));
-        return runs > 1 ? `${us(median(xs))} [${us(Math.min(...xs))}]` : us(xs[0]);
-      };
+      const v = (pick: (m: Measured) => number) => val(services, b, pick)!;
       console.log(
-        `${services} | ${backend} | ${m((s) => s.coldComputeMs)} + ${m((s) => s.coldApplyMs)} ms | ${m((s) => s.changeP50)} / ${m((s) => s.changeP99)} ms | ${l((x) => x.first, 50)} / ${l((x) => x.first, 99)} us | ${l((x) => x.last, 50)} / ${l((x) => x.last, 99)} us | ${m((s) => s.rssMiB)} MiB`,
+        `${services} | ${b} | ${f(v(cold))} ms | ${f(v(change50))} / ${f(v(change99))} ms | ${us(v((m) => pct(m.first, 50)))} / ${us(v((m) => pct(m.first, 99)))} us | ${us(v(last50))} / ${us(v((m) => pct(m.last, 99)))} us | ${f(v((m) => m.rssMiB))} MiB`,
       );
+    }
+  }
+  console.log('ratios to nft, measured side by side: services | backend | cold sync | one change p50 | one change p99 | first connection (rule last) p50');
+  for (const services of sizes) {
+    for (const b of backends) {
+      if (b === 'nft') continue;
+      const ratio = (pick: (m: Measured) => number) => {
+        const a = val(services, b, pick);
+        const n = val(services, 'nft', pick);
+        return a === undefined || n === undefined ? '-' : x(a / n);
+      };
+      if (!results.has(`${services} ${b}`)) continue;
+      console.log(`${services} | ${b} / nft | ${ratio(cold)} | ${ratio(change50)} | ${ratio(change99)} | ${ratio(last50)}`);
     }
   }
 }
 
-async function child(p: { backend: Backend; services: number; changes: number }): Promise<SyncResult> {
+/** in the backend's namespace: the proxier and its cluster, asked one step at a time */
+async function child(p: { backend: Backend; services: number }) {
   prepareNamespace();
   const config = defaultConfig();
   config.clusterCIDRs = ['10.0.0.0/8'];
@@ -122,7 +153,19 @@ async function child(p: { backend: Backend; services: number; changes: number })
     from: 0,
     to: p.services - 2,
   });
-  const m = await measureSyncs(cluster, proxier, p.changes);
-  await proxier.close();
-  return { backend: p.backend, services: p.services, coldComputeMs: m.coldComputeMs, coldApplyMs: m.coldApplyMs, changeP50: pct(m.changeMs, 50), changeP99: pct(m.changeMs, 99), rssMiB: rssMiB() };
+  let change: ((i: number) => Promise<number>) | undefined;
+  return async (r: Request): Promise<unknown> => {
+    switch (r.op) {
+      case 'cold': {
+        const c = await coldSync(cluster, proxier);
+        change = c.change;
+        return { coldComputeMs: c.coldComputeMs, coldApplyMs: c.coldApplyMs };
+      }
+      case 'change':
+        return change!(r.i);
+      case 'finish':
+        await proxier.close();
+        return rssMiB();
+    }
+  };
 }
