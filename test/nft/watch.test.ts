@@ -8,7 +8,7 @@ import { spawnSync } from 'node:child_process';
 import { pino } from 'pino';
 import { NftWatch } from '../../src/backends/shared/nft-watch.js';
 import { NftNetlink, xtablesInfo } from '../../src/backends/shared/kernel.js';
-import { SystemNft } from '../../src/backends/shared/nftables/nft.js';
+import { SessionNft } from '../../src/backends/shared/nftables/nft.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
 
 describe('nftables change events', { skip: canUseNetns() }, () => {
@@ -29,7 +29,7 @@ describe('nftables change events', { skip: canUseNetns() }, () => {
   });
 
   test("kpng's own changes are not drift; anyone else's to its table are; others' tables are not", async () => {
-    const nft = new SystemNft({ path: ns.wrapper('nft') });
+    const nft = new SessionNft({ path: ns.wrapper('nft') });
     const watch = new NftWatch({ ours: (e) => e.table === 'kpng' && e.family === 2, ownsPid: (pid) => nft.ownsPid(pid), netns: ns.name, log: pino({ level: 'silent' }) });
     try {
       watch.start();

@@ -16,7 +16,7 @@ import { detectLocal, nodePortAddresses, serviceCIDRsOf } from '../shared/node-f
 import { ElementTable } from './elements.js';
 import { portElements, type Element, type LbRequirement, type Slots } from './service-elements.js';
 import { TABLE, FAMILIES, BASE_CHAINS, setDeclarations, staticChains, lbChains, affinitySetBody, AFFINITY_PREFIX, AFFINITY_SET, type FamilyNames, type StaticInputs } from './ruleset.js';
-import { SystemNft, type Nft } from '../shared/nftables/nft.js';
+import { ProcessNft, SessionNft, type Nft } from '../shared/nftables/nft.js';
 import { Transaction, type TableRef } from '../shared/nftables/transaction.js';
 import { NftWatch, type DriftSource } from '../shared/nft-watch.js';
 import { availableParallelism } from 'node:os';
@@ -88,12 +88,9 @@ export class NftProxier extends ProxierBase {
     this.ownNft = !o.nft;
     this.nft =
       o.nft ??
-      new SystemNft({
-        path: o.nftPath,
-        session: !o.dryRun && (o.session ?? !o.once),
-        parallel: this.parallel,
-        onFallback: (msg) => this.warnOnce('nft session', msg),
-      });
+      (!o.dryRun && (o.session ?? !o.once)
+        ? new SessionNft({ path: o.nftPath, parallel: this.parallel, onFallback: (msg) => this.warnOnce('nft session', msg) })
+        : new ProcessNft({ path: o.nftPath, parallel: this.parallel }));
     this.fam = new Map(
       (o.families ?? [4, 6]).map((f) => {
         const names = FAMILIES[f];

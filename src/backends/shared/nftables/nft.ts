@@ -1,8 +1,10 @@
 // Driving nft: the Nft interface kpng's nftables code talks to, and its
-// implementation on the system's nft. Small transactions go to a long-lived
-// `nft -i` (NftSession), big ones are written to a file it includes;
-// check-only transactions and table listings (`nft -j list table`, only for a
-// full reconcile) run a process of their own, with a time limit.
+// implementations on the system's nft: SessionNft (long-lived `nft -i`
+// sessions: a transaction as one line, a big one as a file it includes) and
+// ProcessNft (a process per transaction); check-only transactions and table
+// listings (`nft -j list table`, only for a full reconcile) run a process of
+// their own; everything with a time limit. FakeNft (fake.ts) is the third,
+// in memory, for tests.
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -34,31 +36,24 @@ export function runNft(args: string[], input?: string, nftPath = 'nft', o: { tim
 /** transactions up to this size go to a session as one line; bigger ones as a file it includes */
 const SESSION_MAX_BYTES = 128 * 1024;
 
-export interface SystemNftOptions {
+export interface ProcessNftOptions {
   readonly path?: string;
-  /** long-lived `nft -i` sessions (default true); false: a process per transaction */
-  readonly session?: boolean;
-  /** transactions at once, each in a session of its own (a cold start's chunks); default 1 */
+  /** transactions at once (a cold start's chunks); default 1 */
   readonly parallel?: number;
   /** per transaction (default 60 s) */
   readonly timeoutMs?: number;
-  /** told once when sessions do not answer and each transaction runs its own nft */
-  readonly onFallback?: (msg: string) => void;
 }
 
-/** The system's nft. */
-export class SystemNft implements Nft {
+/** The system's nft, a process per transaction (`nft -f -`), with a time limit. */
+export class ProcessNft implements Nft {
   readonly path: string;
-  private readonly idle: NftSession[] = [];
   private active = 0;
   private readonly waiting: (() => void)[] = [];
-  private sessionsWork: boolean;
-  /** pids of nft processes this ran lately (a session's, a process's) */
+  /** pids of nft processes this ran lately */
   private readonly pids: number[] = [];
 
-  constructor(private readonly o: SystemNftOptions = {}) {
+  constructor(protected readonly o: ProcessNftOptions = {}) {
     this.path = o.path ?? 'nft';
-    this.sessionsWork = o.session !== false;
   }
 
   async run(tx: Transaction | string, opts: { check?: boolean } = {}): Promise<void> {
@@ -67,20 +62,7 @@ export class SystemNft implements Nft {
     if (opts.check) return void (await runNft(['-c', '-f', '-'], text, this.path, this.procOpts()));
     await this.acquire();
     try {
-      if (!this.sessionsWork) return void (await runNft(['-f', '-'], text, this.path, this.procOpts()));
-      const session = this.idle.pop() ?? new NftSession(this.path, { timeoutMs: this.o.timeoutMs, onSpawn: (pid) => this.remember(pid) });
-      try {
-        if (text.length <= SESSION_MAX_BYTES) await session.run(text);
-        else await this.include(session, text);
-      } finally {
-        if (!session.usable && this.sessionsWork) {
-          this.sessionsWork = false;
-          this.o.onFallback?.(`${this.path} -i did not answer as expected: each transaction runs its own nft from now on`);
-        }
-        // one session stays warm; extra ones (a cold start's) end
-        if (this.idle.length === 0 && session.usable) this.idle.push(session);
-        else session.close();
-      }
+      await this.apply(text);
     } finally {
       this.release();
     }
@@ -101,8 +83,72 @@ export class SystemNft implements Nft {
     return this.pids.includes(pid);
   }
 
-  close(): void {
+  close(): void {}
+
+  /** applies one transaction's text (one of `parallel` at most at a time) */
+  protected async apply(text: string): Promise<void> {
+    await runNft(['-f', '-'], text, this.path, this.procOpts());
+  }
+
+  protected procOpts() {
+    return { timeoutMs: this.o.timeoutMs, onSpawn: (pid: number) => this.remember(pid) };
+  }
+
+  protected remember(pid: number): void {
+    this.pids.push(pid);
+    if (this.pids.length > 64) this.pids.shift();
+  }
+
+  private async acquire(): Promise<void> {
+    while (this.active >= Math.max(1, this.o.parallel ?? 1)) await new Promise<void>((r) => this.waiting.push(r));
+    this.active++;
+  }
+
+  private release(): void {
+    this.active--;
+    this.waiting.shift()?.();
+  }
+}
+
+export interface SessionNftOptions extends ProcessNftOptions {
+  /** told once when sessions do not answer and each transaction runs its own nft */
+  readonly onFallback?: (msg: string) => void;
+}
+
+/**
+ * The system's nft through long-lived `nft -i` sessions (NftSession): a
+ * transaction as one line, a big one as a file the session includes; one
+ * session per transaction running at once. An nft whose sessions never
+ * answer is used a process per transaction from then on (told once).
+ * Check-only transactions and listings run a process of their own.
+ */
+export class SessionNft extends ProcessNft {
+  private readonly idle: NftSession[] = [];
+  private sessionsWork = true;
+
+  constructor(private readonly so: SessionNftOptions = {}) {
+    super(so);
+  }
+
+  override close(): void {
     for (const s of this.idle.splice(0)) s.close();
+  }
+
+  protected override async apply(text: string): Promise<void> {
+    if (!this.sessionsWork) return super.apply(text);
+    const session = this.idle.pop() ?? new NftSession(this.path, { timeoutMs: this.so.timeoutMs, onSpawn: (pid) => this.remember(pid) });
+    try {
+      if (text.length <= SESSION_MAX_BYTES) await session.run(text);
+      else await this.include(session, text);
+    } finally {
+      if (!session.usable && this.sessionsWork) {
+        this.sessionsWork = false;
+        this.so.onFallback?.(`${this.path} -i did not answer as expected: each transaction runs its own nft from now on`);
+      }
+      // one session stays warm; extra ones (a cold start's) end
+      if (this.idle.length === 0 && session.usable) this.idle.push(session);
+      else session.close();
+    }
   }
 
   /**
@@ -120,25 +166,6 @@ export class SystemNft implements Nft {
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
-  }
-
-  private procOpts() {
-    return { timeoutMs: this.o.timeoutMs, onSpawn: (pid: number) => this.remember(pid) };
-  }
-
-  private remember(pid: number): void {
-    this.pids.push(pid);
-    if (this.pids.length > 64) this.pids.shift();
-  }
-
-  private async acquire(): Promise<void> {
-    while (this.active >= Math.max(1, this.o.parallel ?? 1)) await new Promise<void>((r) => this.waiting.push(r));
-    this.active++;
-  }
-
-  private release(): void {
-    this.active--;
-    this.waiting.shift()?.();
   }
 }
 
