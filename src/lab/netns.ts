@@ -72,7 +72,8 @@ export function listNamespaces(): string[] {
   }
 }
 
-function alive(pid: number): boolean {
+/** Whether a process lives (a run whose leftovers may be removed is gone). */
+export function alive(pid: number): boolean {
   try {
     process.kill(pid, 0);
     return true;

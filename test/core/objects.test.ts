@@ -1,19 +1,11 @@
 // Kubernetes objects to the model: what is kept, and bad input named by field.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { convertObject, flattenObjects, InvalidObject } from '../../src/sources/objects.js';
-import { service, slice, node } from '../helpers/k8s.js';
+import { convertObject, flattenObjects } from '../../src/sources/objects.js';
+import { service, slice, node, invalidField } from '../helpers/k8s.js';
 import { canonicalIP, parseCIDR, cidrContains } from '../../src/api/ip.js';
 
-function invalid(o: unknown): string {
-  try {
-    convertObject(o);
-  } catch (e) {
-    if (e instanceof InvalidObject) return e.field;
-    throw e;
-  }
-  assert.fail('expected InvalidObject');
-}
+const invalid = invalidField;
 
 test('bad input is refused with the field that is wrong', () => {
   assert.equal(invalid(service('ns', 's', { clusterIP: '10.96.0.300' })), 'spec.clusterIPs[0]');

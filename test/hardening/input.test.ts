@@ -2,21 +2,13 @@
 // that crashed or were misread, names that broke dataplane comments.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { convertObject, InvalidObject } from '../../src/sources/objects.js';
+import { convertObject } from '../../src/sources/objects.js';
 import { canonicalIP, parseCIDR } from '../../src/api/ip.js';
 import { safeComment, NFT_COMMENT_MAX } from '../../src/backends/shared/comment.js';
-import { service, slice, node } from '../helpers/k8s.js';
+import { service, slice, node, invalidField } from '../helpers/k8s.js';
 import { label } from '../helpers/extreme.js';
 
-function invalid(o: unknown): string {
-  try {
-    convertObject(o);
-  } catch (e) {
-    if (e instanceof InvalidObject) return e.field;
-    throw e;
-  }
-  assert.fail('expected InvalidObject');
-}
+const invalid = invalidField;
 
 test('an IPv6 form with too many words is not an address (it crashed the file source)', () => {
   assert.equal(canonicalIP('::%0:0:0:0:0:0:0:0:0:0:0'), undefined);

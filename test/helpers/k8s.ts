@@ -1,7 +1,8 @@
 // Builders for Kubernetes objects as the API server prints them, and a
 // one-call way to load them into a Store and read a node's view.
 import { Store, KINDS } from '../../src/store/store.js';
-import { convertObject } from '../../src/sources/objects.js';
+import { convertObject, InvalidObject } from '../../src/sources/objects.js';
+import assert from 'node:assert/strict';
 import { applyObject } from '../../src/sources/apply.js';
 import { ServiceViews } from '../../src/localstate/views.js';
 import { LocalDiff } from '../../src/diff/local-diff.js';
@@ -110,4 +111,15 @@ export function opText(op: LocalOp): string {
     case 'set': return `set ${LocalSet[op.set]} ${op.path}`;
     case 'delete': return `delete ${LocalSet[op.set]} ${op.path}`;
   }
+}
+
+/** The field convertObject names when it refuses o (fails the test when it does not). */
+export function invalidField(o: unknown): string {
+  try {
+    convertObject(o);
+  } catch (e) {
+    if (e instanceof InvalidObject) return e.field;
+    throw e;
+  }
+  assert.fail('expected InvalidObject');
 }

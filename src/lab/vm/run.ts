@@ -6,6 +6,7 @@ import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync, openSync, readSync, closeSync, fstatSync } from 'node:fs';
 import { join } from 'node:path';
+import { alive } from '../netns.js';
 import { GUEST_RUN_DIR, MARK, findTool, kernelLabDir, kernelLabUnavailable, readManifest } from './prepare.js';
 
 export interface VmRunOptions {
@@ -82,15 +83,6 @@ function track(r: LiveRun) {
 function untrack(r: LiveRun) {
   live.delete(r);
   if (live.size === 0) for (const s of SIGNALS) process.removeListener(s, onSignal);
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (e) {
-    return (e as NodeJS.ErrnoException).code === 'EPERM';
-  }
 }
 
 /** Run directories of runs whose process is gone (killed before it could clean up). */
