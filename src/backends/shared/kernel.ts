@@ -93,13 +93,278 @@ function inNetns<T>(netns: string | undefined, fn: () => T): T {
   }
 }
 
+// --- netlink
+
+const NLMSG_ERROR = 2;
+const NLMSG_DONE = 3;
+export const NLM_F_REQUEST = 1;
+export const NLM_F_ACK = 4;
+export const NLM_F_DUMP = 0x300;
+
+/** One netlink message in a receive buffer: its header, and attributes after a 4-byte family header (nfgenmsg, genlmsghdr). */
+export class NetlinkMessage {
+  readonly type: number;
+  readonly flags: number;
+  readonly seq: number;
+  /** the sender's port (an answer: this socket's) */
+  readonly pid: number;
+
+  constructor(
+    private readonly buf: Buffer,
+    private readonly off: number,
+    readonly len: number,
+  ) {
+    this.type = buf.readUInt16LE(off + 4);
+    this.flags = buf.readUInt16LE(off + 6);
+    this.seq = buf.readUInt32LE(off + 8);
+    this.pid = buf.readUInt32LE(off + 12);
+  }
+
+  /** the byte after the netlink header: nfgenmsg's family, genlmsghdr's command */
+  get head0(): number {
+    return this.buf.readUInt8(this.off + 16);
+  }
+
+  /** NLMSG_ERROR's error (0: an ACK), as a positive errno */
+  get errno(): number {
+    return -this.buf.readInt32LE(this.off + 16);
+  }
+
+  get isError(): boolean {
+    return this.type === NLMSG_ERROR;
+  }
+
+  get isDone(): boolean {
+    return this.type === NLMSG_DONE;
+  }
+
+  /** attribute type -> [start, end) of its payload, top level (after the 4-byte family header) */
+  attrs(): Map<number, [number, number]> {
+    return parseAttrs(this.buf, this.off + 20, this.off + this.len);
+  }
+
+  u8(r: [number, number] | undefined): number | undefined {
+    return r && r[1] - r[0] >= 1 ? this.buf.readUInt8(r[0]) : undefined;
+  }
+  u16(r: [number, number] | undefined): number | undefined {
+    return r && r[1] - r[0] >= 2 ? this.buf.readUInt16LE(r[0]) : undefined;
+  }
+  /** a u16 in network order (ports) */
+  be16(r: [number, number] | undefined): number | undefined {
+    return r && r[1] - r[0] >= 2 ? this.buf.readUInt16BE(r[0]) : undefined;
+  }
+  u32(r: [number, number] | undefined): number | undefined {
+    return r && r[1] - r[0] >= 4 ? this.buf.readUInt32LE(r[0]) : undefined;
+  }
+  be32(r: [number, number] | undefined): number | undefined {
+    return r && r[1] - r[0] >= 4 ? this.buf.readUInt32BE(r[0]) : undefined;
+  }
+  /** nftables' u32 attributes are in network order */
+  u32BE(r: [number, number] | undefined): number | undefined {
+    return this.be32(r);
+  }
+  string(r: [number, number] | undefined): string | undefined {
+    if (!r) return undefined;
+    let end = r[1];
+    while (end > r[0] && this.buf[end - 1] === 0) end--;
+    return this.buf.toString('latin1', r[0], end);
+  }
+  bytes(r: [number, number] | undefined): Buffer | undefined {
+    return r && Buffer.from(this.buf.subarray(r[0], r[1]));
+  }
+  /** the attributes nested in one */
+  nested(r: [number, number] | undefined): Map<number, [number, number]> {
+    return r ? parseAttrs(this.buf, r[0], r[1]) : new Map();
+  }
+}
+
+function parseAttrs(buf: Buffer, from: number, to: number): Map<number, [number, number]> {
+  const out = new Map<number, [number, number]>();
+  for (let a = from; a + 4 <= to; ) {
+    const alen = buf.readUInt16LE(a);
+    if (alen < 4 || a + alen > to) break;
+    out.set(buf.readUInt16LE(a + 2) & 0x3fff, [a + 4, a + alen]);
+    a += (alen + 3) & ~3;
+  }
+  return out;
+}
+
+/** A raw netlink socket of one protocol, in this process's network namespace or another's. */
+export class NetlinkSocket {
+  private readonly c: Libc;
+  private fd: number;
+  /** this socket's port id: answers to its requests carry it */
+  readonly port: number;
+  private readonly buf = Buffer.alloc(1 << 20);
+  /** the kernel dropped messages (the buffer was full) since this was last cleared */
+  lost = false;
+
+  constructor(protocol: number, netns?: string, receiveBuffer = 4 << 20) {
+    this.c = lib();
+    const c = this.c;
+    this.fd = inNetns(netns, () => c.socket(AF_NETLINK, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, protocol));
+    if (this.fd < 0) throw new KernelError(`netlink socket: errno ${c.errno()}`);
+    const sa = Buffer.alloc(12);
+    sa.writeUInt16LE(AF_NETLINK, 0);
+    const len = Buffer.alloc(4);
+    len.writeUInt32LE(12);
+    if (c.bind(this.fd, sa, 12) !== 0 || c.getsockname(this.fd, sa, len) !== 0) {
+      const e = c.errno();
+      this.close();
+      throw new KernelError(`netlink bind: errno ${e}`);
+    }
+    this.port = sa.readUInt32LE(4);
+    // room for a burst (root may exceed rmem_max)
+    const size = Buffer.alloc(4);
+    size.writeInt32LE(receiveBuffer);
+    c.setsockopt(this.fd, SOL_SOCKET, SO_RCVBUFFORCE, size, 4);
+  }
+
+  /** Receive a multicast group's messages (or stop). */
+  membership(group: number, on: boolean): void {
+    const g = Buffer.alloc(4);
+    g.writeInt32LE(group);
+    if (this.c.setsockopt(this.fd, SOL_NETLINK, on ? NETLINK_ADD_MEMBERSHIP : NETLINK_DROP_MEMBERSHIP, g, 4) !== 0) throw new KernelError(`netlink membership: errno ${this.c.errno()}`);
+  }
+
+  send(msg: Buffer): void {
+    if (Number(this.c.send(this.fd, msg, msg.length, 0)) !== msg.length) throw new KernelError(`netlink send: errno ${this.c.errno()}`);
+  }
+
+  /** every queued message to fn; 'empty' when nothing was queued */
+  drain(fn: (m: NetlinkMessage) => void): 'read' | 'empty' {
+    let any = false;
+    for (;;) {
+      const n = Number(this.c.recv(this.fd, this.buf, this.buf.length, MSG_DONTWAIT));
+      if (n < 0) {
+        const e = this.c.errno();
+        if (e === ENOBUFS) {
+          this.lost = true;
+          continue;
+        }
+        if (e === EAGAIN) return any ? 'read' : 'empty';
+        throw new KernelError(`netlink recv: errno ${e}`);
+      }
+      any = true;
+      for (let off = 0; off + 16 <= n; ) {
+        const len = this.buf.readUInt32LE(off);
+        if (len < 16 || off + len > n) break;
+        fn(new NetlinkMessage(this.buf, off, len));
+        off += (len + 3) & ~3;
+      }
+    }
+  }
+
+  /** waits (at most ms, blocking this thread) until answered() or nothing more comes; what is not an answer goes to other */
+  await(answered: () => boolean, onMessage: (m: NetlinkMessage) => void, ms = 10_000): void {
+    const end = Date.now() + ms;
+    while (!answered()) {
+      if (this.drain(onMessage) === 'empty' && !answered()) {
+        if (Date.now() > end) throw new KernelError('no answer from the kernel');
+        Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 1);
+      }
+    }
+  }
+
+  close(): void {
+    if (this.fd >= 0) this.c.close(this.fd);
+    this.fd = -1;
+  }
+}
+
+/** Builds netlink messages: a header, a 4-byte family header, attributes (nested ones too). */
+export class NetlinkWriter {
+  private parts: Buffer[] = [];
+  private size = 0;
+  private readonly starts: number[] = [];
+
+  /** starts a message; end() finishes it */
+  begin(type: number, flags: number, seq: number, head: [number, number, number]): this {
+    this.starts.push(this.size);
+    const h = Buffer.alloc(20);
+    h.writeUInt16LE(type, 4);
+    h.writeUInt16LE(flags, 6);
+    h.writeUInt32LE(seq, 8);
+    h.writeUInt8(head[0], 16);
+    h.writeUInt8(head[1], 17);
+    h.writeUInt16BE(head[2], 18);
+    return this.push(h);
+  }
+
+  attr(type: number, value: Buffer): this {
+    const h = Buffer.alloc(4);
+    h.writeUInt16LE(4 + value.length, 0);
+    h.writeUInt16LE(type, 2);
+    this.push(h).push(value);
+    const pad = (4 - (value.length % 4)) % 4;
+    return pad ? this.push(Buffer.alloc(pad)) : this;
+  }
+  u16(type: number, v: number): this {
+    const b = Buffer.alloc(2);
+    b.writeUInt16LE(v);
+    return this.attr(type, b);
+  }
+  be16(type: number, v: number): this {
+    const b = Buffer.alloc(2);
+    b.writeUInt16BE(v);
+    return this.attr(type, b);
+  }
+  u32(type: number, v: number): this {
+    const b = Buffer.alloc(4);
+    b.writeUInt32LE(v >>> 0);
+    return this.attr(type, b);
+  }
+  be32(type: number, v: number): this {
+    const b = Buffer.alloc(4);
+    b.writeUInt32BE(v >>> 0);
+    return this.attr(type, b);
+  }
+  string(type: number, v: string): this {
+    return this.attr(type, Buffer.from(v + '\0', 'latin1'));
+  }
+
+  /** a nested attribute: fill() adds its attributes */
+  nest(type: number, fill: (w: NetlinkWriter) => void): this {
+    const inner = new NetlinkWriter();
+    fill(inner);
+    const body = Buffer.concat(inner.parts);
+    const h = Buffer.alloc(4);
+    h.writeUInt16LE(4 + body.length, 0);
+    h.writeUInt16LE(type | 0x8000 /* NLA_F_NESTED */, 2);
+    return this.push(h).push(body);
+  }
+
+  end(): this {
+    const start = this.starts.pop()!;
+    this.lengths.push([start, this.size - start]);
+    return this;
+  }
+
+  private readonly lengths: [number, number][] = [];
+
+  /** the messages, lengths filled in */
+  take(): Buffer {
+    const out = Buffer.concat(this.parts);
+    for (const [at, len] of this.lengths) out.writeUInt32LE(len, at);
+    this.parts = [];
+    this.size = 0;
+    this.lengths.length = 0;
+    return out;
+  }
+
+  private push(b: Buffer): this {
+    this.parts.push(b);
+    this.size += b.length;
+    return this;
+  }
+}
+
 // --- nftables over netlink
 
 const NFNL_SUBSYS_NFTABLES = 10;
 const NFT_MSG_NEWGEN = 15;
 const NFT_MSG_GETGEN = 16;
 const NFNLGRP_NFTABLES = 7;
-const NLMSG_ERROR = 2;
 
 /** A change event: which table (and, for rules and chains, which chain) it touched. */
 export interface NftEvent {
@@ -119,71 +384,42 @@ export interface NftGeneration {
 
 /** A netlink socket to nftables: the generation id, and (subscribed) the change events of every transaction. */
 export class NftNetlink {
-  private readonly c: Libc;
-  private fd: number;
-  /** this socket's netlink port id: answers to its requests carry it */
-  private readonly port: number;
+  private readonly nl: NetlinkSocket;
   private seq = 0;
-  private readonly buf = Buffer.alloc(1 << 20);
   private subscribed = false;
   /** events read while waiting for an answer, for the next read() */
   private queued: ({ e: NftEvent } | { g: NftGeneration })[] = [];
-  private lost = false;
 
   constructor(netns?: string) {
-    this.c = lib();
-    const c = this.c;
-    this.fd = inNetns(netns, () => c.socket(AF_NETLINK, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, NETLINK_NETFILTER));
-    if (this.fd < 0) throw new KernelError(`netlink socket: errno ${c.errno()}`);
-    const sa = Buffer.alloc(12);
-    sa.writeUInt16LE(AF_NETLINK, 0);
-    const len = Buffer.alloc(4);
-    len.writeUInt32LE(12);
-    if (c.bind(this.fd, sa, 12) !== 0 || c.getsockname(this.fd, sa, len) !== 0) {
-      const e = c.errno();
-      this.close();
-      throw new KernelError(`netlink bind: errno ${e}`);
-    }
-    this.port = sa.readUInt32LE(4);
-    // room for a burst of events between two checks (root may exceed rmem_max)
-    const size = Buffer.alloc(4);
-    size.writeInt32LE(32 << 20);
-    c.setsockopt(this.fd, SOL_SOCKET, SO_RCVBUFFORCE, size, 4);
+    // room for a burst of events between two checks
+    this.nl = new NetlinkSocket(NETLINK_NETFILTER, netns, 32 << 20);
   }
 
   /** Receive every transaction's change events (or stop). */
   subscribe(on: boolean): void {
     if (on === this.subscribed) return;
-    const g = Buffer.alloc(4);
-    g.writeInt32LE(NFNLGRP_NFTABLES);
-    if (this.c.setsockopt(this.fd, SOL_NETLINK, on ? NETLINK_ADD_MEMBERSHIP : NETLINK_DROP_MEMBERSHIP, g, 4) !== 0) throw new KernelError(`netlink membership: errno ${this.c.errno()}`);
+    this.nl.membership(NFNLGRP_NFTABLES, on);
     this.subscribed = on;
   }
 
   /** The ruleset's current generation (every committed transaction adds one). */
   generation(): number {
     const seq = ++this.seq;
-    const msg = Buffer.alloc(20);
-    msg.writeUInt32LE(20, 0);
-    msg.writeUInt16LE((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN, 4);
-    msg.writeUInt16LE(1 /* NLM_F_REQUEST */, 6);
-    msg.writeUInt32LE(seq, 8);
-    if (Number(this.c.send(this.fd, msg, 20, 0)) !== 20) throw new KernelError(`netlink send: errno ${this.c.errno()}`);
+    this.nl.send(new NetlinkWriter().begin((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN, NLM_F_REQUEST, seq, [0, 0, 0]).end().take());
     // the answer (a NEWGEN to this port) comes at once; events may be queued before it
     let id: number | undefined;
-    for (let tries = 0; id === undefined && tries < 1000; tries++) {
-      const r = this.drain((m) => {
-        if (m.pid === this.port && m.seq === seq) {
-          if (m.type === NLMSG_ERROR) throw new KernelError('GETGEN refused');
-          if (m.type === NFT_MSG_NEWGEN) id = m.attrU32(1);
+    this.nl.await(
+      () => id !== undefined,
+      (m) => {
+        if (m.pid === this.nl.port && m.seq === seq) {
+          if (m.isError) throw new KernelError(`GETGEN refused: errno ${m.errno}`);
+          if ((m.type & 0xff) === NFT_MSG_NEWGEN) id = m.u32BE(m.attrs().get(1));
           return;
         }
         this.queue(m);
-      });
-      if (r === 'empty' && id === undefined) Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 1);
-    }
-    if (id === undefined) throw new KernelError('no answer to GETGEN');
-    return id;
+      },
+    );
+    return id!;
   }
 
   /**
@@ -191,92 +427,26 @@ export class NftNetlink {
    * 'lost' when the kernel dropped events (the buffer was full).
    */
   read(onEvent: (e: NftEvent) => void, onGeneration: (g: NftGeneration) => void): 'ok' | 'lost' {
-    this.drain((m) => (m.pid === this.port ? undefined : this.queue(m)));
+    this.nl.drain((m) => (m.pid === this.nl.port ? undefined : this.queue(m)));
     const list = this.queued;
     this.queued = [];
     for (const x of list) ('e' in x ? onEvent(x.e) : onGeneration(x.g));
-    const lost = this.lost;
-    this.lost = false;
+    const lost = this.nl.lost;
+    this.nl.lost = false;
     return lost ? 'lost' : 'ok';
   }
 
   close(): void {
-    if (this.fd >= 0) this.c.close(this.fd);
-    this.fd = -1;
+    this.nl.close();
   }
 
-  private queue(m: Message): void {
-    if (m.type === NLMSG_ERROR) return;
-    if (m.type === NFT_MSG_NEWGEN) this.queued.push({ g: { id: m.attrU32(1) ?? 0, pid: m.attrU32(2) ?? 0, process: m.attrString(3) ?? '' } });
-    else this.queued.push({ e: { family: m.family, table: m.attrString(1) ?? '', chain: m.type >= 3 && m.type <= 8 ? (m.attrString(m.type <= 5 ? 3 : 2) ?? '') : '' } });
-  }
-
-  /** every queued message to fn; 'empty' when nothing was queued */
-  private drain(fn: (m: Message) => void): 'read' | 'empty' {
-    let any = false;
-    for (;;) {
-      const n = Number(this.c.recv(this.fd, this.buf, this.buf.length, MSG_DONTWAIT));
-      if (n < 0) {
-        const e = this.c.errno();
-        if (e === ENOBUFS) {
-          this.lost = true;
-          continue;
-        }
-        if (e === EAGAIN) return any ? 'read' : 'empty';
-        throw new KernelError(`netlink recv: errno ${e}`);
-      }
-      any = true;
-      for (let off = 0; off + 16 <= n; ) {
-        const len = this.buf.readUInt32LE(off);
-        if (len < 16 || off + len > n) break;
-        const type = this.buf.readUInt16LE(off + 4);
-        if (type >> 8 === NFNL_SUBSYS_NFTABLES || type === NLMSG_ERROR) fn(new Message(this.buf, off, len, type === NLMSG_ERROR ? NLMSG_ERROR : type & 0xff));
-        off += (len + 3) & ~3;
-      }
-    }
-  }
-}
-
-/** One nfnetlink message: header, nfgenmsg, attributes. */
-class Message {
-  readonly seq: number;
-  /** the sender's port (an answer: this socket's) */
-  readonly pid: number;
-  readonly family: number;
-
-  constructor(
-    private readonly buf: Buffer,
-    private readonly off: number,
-    private readonly len: number,
-    readonly type: number,
-  ) {
-    this.seq = buf.readUInt32LE(off + 8);
-    this.pid = buf.readUInt32LE(off + 12);
-    this.family = buf.readUInt8(off + 16);
-  }
-
-  private attr(want: number): [number, number] | undefined {
-    const end = this.off + this.len;
-    for (let a = this.off + 20; a + 4 <= end; ) {
-      const alen = this.buf.readUInt16LE(a);
-      if (alen < 4) return undefined;
-      if ((this.buf.readUInt16LE(a + 2) & 0x7fff) === want) return [a + 4, a + alen];
-      a += (alen + 3) & ~3;
-    }
-    return undefined;
-  }
-
-  attrU32(t: number): number | undefined {
-    const r = this.attr(t);
-    return r && r[1] - r[0] >= 4 ? this.buf.readUInt32BE(r[0]) : undefined;
-  }
-
-  attrString(t: number): string | undefined {
-    const r = this.attr(t);
-    if (!r) return undefined;
-    let end = r[1];
-    while (end > r[0] && this.buf[end - 1] === 0) end--;
-    return this.buf.toString('latin1', r[0], end);
+  private queue(m: NetlinkMessage): void {
+    if (m.isError || m.type >> 8 !== NFNL_SUBSYS_NFTABLES) return;
+    const type = m.type & 0xff;
+    const a = m.attrs();
+    if (type === NFT_MSG_NEWGEN) this.queued.push({ g: { id: m.u32BE(a.get(1)) ?? 0, pid: m.u32BE(a.get(2)) ?? 0, process: m.string(a.get(3)) ?? '' } });
+    // table: attribute 1 of every kind; chain: 3 of a chain event (3-5), 2 of a rule event (6-8)
+    else this.queued.push({ e: { family: m.head0, table: m.string(a.get(1)) ?? '', chain: type >= 3 && type <= 8 ? (m.string(a.get(type <= 5 ? 3 : 2)) ?? '') : '' } });
   }
 }
 
