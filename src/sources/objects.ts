@@ -136,8 +136,11 @@ export function convertObject(o: unknown): Converted {
 
 const SERVICE_TYPES = new Set(['ClusterIP', 'NodePort', 'LoadBalancer', 'ExternalName']);
 
+/** annotations a backend reads (to-ipvs: a scheduler per Service), kept with the Service's labels */
+const KPNG_ANNOTATIONS = ['kpng.io/ipvs-scheduler', 'kpng.io/ipvs-scheduler-flags'];
+
 export function convertService(o: Obj): Converted {
-  const { name, namespace, labels } = meta(o, true, 'label');
+  const { name, namespace, labels, md } = meta(o, true, 'label');
   const spec = obj(o.spec, 'spec', true);
   const type = str(spec.type, 'spec.type', 'ClusterIP');
   if (!SERVICE_TYPES.has(type)) throw new InvalidObject('spec.type', `unknown type ${JSON.stringify(type)}`);
@@ -156,6 +159,8 @@ export function convertService(o: Obj): Converted {
   const ips = svc.IPs!;
   // only the labels that change how kpng treats the service
   for (const k of Object.keys(labels).sort()) if (k.startsWith('service.kubernetes.io/')) svc.Labels[k] = labels[k];
+  const annotations = obj(md.annotations, 'metadata.annotations');
+  for (const k of KPNG_ANNOTATIONS) if (annotations[k] !== undefined) svc.Labels[k] = str(annotations[k], `metadata.annotations[${k}]`);
 
   const clusterIPs = arr(spec.clusterIPs, 'spec.clusterIPs');
   const list = clusterIPs.length ? clusterIPs.map((v, i) => [v, `spec.clusterIPs[${i}]`] as const) : [[spec.clusterIP, 'spec.clusterIP'] as const];

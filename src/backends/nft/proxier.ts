@@ -13,7 +13,7 @@ import { ProxierBase, sameRules, type ApplyRequest, type SyncStats } from '../sh
 import type { DataplaneOptions } from '../shared/backend.js';
 import { servicePorts, normalizeCIDRs } from '../shared/service-ports.js';
 import { detectLocal, nodePortAddresses, serviceCIDRsOf } from '../shared/node-facts.js';
-import { ElementTable } from './elements.js';
+import { ElementTable } from '../shared/nftables/elements.js';
 import { portElements, type Element, type LbRequirement, type Slots } from './service-elements.js';
 import { TABLE, FAMILIES, BASE_CHAINS, setDeclarations, staticChains, lbChains, affinitySetBody, AFFINITY_PREFIX, AFFINITY_SET, type FamilyNames, type StaticInputs } from './ruleset.js';
 import { ProcessNft, SessionNft, type Nft } from '../shared/nftables/nft.js';

@@ -7,17 +7,8 @@ import { safeComment, NFT_COMMENT_MAX } from '../shared/comment.js';
 import { createHash } from 'node:crypto';
 import { AFFINITY_PREFIX, endpointsMapOf, lbChainName, type LbKind, type Proto } from './ruleset.js';
 
-export interface Element {
-  readonly set: string;
-  /** nft element key, e.g. "10.96.0.1 . tcp . 80" */
-  readonly key: string;
-  /** map data ("goto lb-cluster-3", "10.0.0.1 . 8080"), '' for sets */
-  readonly value: string;
-  /** '' for none */
-  readonly comment: string;
-  /** who declared it (set by the element table) */
-  owner: string;
-}
+export type { Element } from '../shared/nftables/elements.js';
+import type { Element } from '../shared/nftables/elements.js';
 
 export interface LbRequirement {
   readonly kind: LbKind;

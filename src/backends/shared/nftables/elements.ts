@@ -4,11 +4,14 @@
 // and never lists the kernel's table. The element objects themselves are
 // stored (desired and committed), so a sync allocates nothing per element
 // beyond what its owner declared.
-import type { Element } from './service-elements.js';
-import type { ElementValue } from '../shared/nftables/transaction.js';
+import type { ElementData, ElementValue } from './transaction.js';
 
 export type { ElementValue };
 
+/** An element an owner declares: its data, and who declared it (set by the table). */
+export interface Element extends ElementData {
+  owner: string;
+}
 
 export interface ElementDiff {
   readonly deletes: readonly Element[];
