@@ -237,6 +237,11 @@ export abstract class ProxierBase implements DecoderHandler {
     return m?.values() ?? [];
   }
 
+  /** true while a Service is shown at its last applied version (held back: refused, or during the search for what is) */
+  protected isHeldBack(key: string): boolean {
+    return this.held.has(key);
+  }
+
   /** the next sync reads the dataplane back (a backend that lost track of it) */
   protected forceFull(): void {
     this.needFull = true;

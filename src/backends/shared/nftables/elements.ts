@@ -175,6 +175,11 @@ export class ElementTable {
     this.pending = 'all';
   }
 
+  /** the keys of a set as committed (adopted from the kernel, or applied) */
+  committedKeys(set: string): IterableIterator<string> {
+    return (this.committed.get(set) ?? new Map<string, ElementValue>()).keys();
+  }
+
   desiredElements(set: string): Map<string, ElementValue> {
     return new Map(this.desired.get(set) ?? []);
   }

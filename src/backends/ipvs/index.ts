@@ -1,0 +1,71 @@
+// to-ipvs: kube-proxy's IPVS mode as a kpng backend (docs/ipvs.md).
+import { LocalSet } from '../../api/model.js';
+import { registerBackend } from '../registry.js';
+import { addDataplaneFlags, dataplaneOptions, proxierInstance } from '../shared/backend.js';
+import { runNft, type NftError } from '../shared/nftables/nft.js';
+import { runTool, type ToolError } from '../shared/tool.js';
+import { IpvsProxier } from './proxier.js';
+import { Ipvs, vsKey } from './ipvs.js';
+import { DUMMY, TABLE } from './ruleset.js';
+
+registerBackend({
+  name: 'ipvs',
+  description: "program this node with IPVS (kube-proxy's IPVS mode: virtual servers, kube-ipvs0; nftables around it)",
+  proxyMode: 'ipvs',
+  syncPeriodMs: (c) => c.ipvs.syncPeriodMs,
+  options(cmd) {
+    addDataplaneFlags(cmd, 'each nft transaction and IPVS operation').option('--nft-path <path>', 'the nft binary', 'nft');
+  },
+  create(opts, ctx) {
+    return proxierInstance(new IpvsProxier({ ...dataplaneOptions(opts, ctx), nftPath: opts.nftPath }), [LocalSet.NodesSet]);
+  },
+  async cleanup(log) {
+    const report = { removed: [] as string[], kept: [] as string[], failed: [] as string[] };
+    // kpng's virtual servers: on an address of kube-ipvs0, or a NodePort server its table recorded
+    let bound = new Set<string>();
+    try {
+      const j = JSON.parse(await runTool('ip', ['-j', 'addr', 'show', 'dev', DUMMY])) as { addr_info?: { local: string }[] }[];
+      bound = new Set(j.flatMap((l) => (l.addr_info ?? []).map((a) => a.local)));
+    } catch {
+      // no kube-ipvs0: no service address of kpng's
+    }
+    const recorded = new Set<string>();
+    for (const family of ['ip', 'ip6'] as const) {
+      try {
+        const out = JSON.parse(await runNft(['-j', 'list', 'set', family, TABLE, 'nodeport-servers'])) as { nftables: { set?: { elem?: { concat: (string | number)[] }[] } }[] };
+        for (const o of out.nftables) for (const e of o.set?.elem ?? []) recorded.add(e.concat.join(' . '));
+      } catch {
+        // no table: nothing recorded
+      }
+    }
+    let ipvs: Ipvs | undefined;
+    try {
+      ipvs = new Ipvs();
+      const mine = ipvs.services().filter((v) => bound.has(v.address) || recorded.has(`${v.address} . ${v.protocol} . ${v.port}`));
+      const results = ipvs.apply(mine.map((vs) => ({ op: 'del-service' as const, vs })));
+      results.forEach((r, i) => (r ? report.failed.push(`IPVS virtual server ${vsKey(mine[i])}: ${r.message}`) : undefined));
+      if (mine.length) report.removed.push(`${mine.length - results.filter(Boolean).length} IPVS virtual servers`);
+    } catch (e) {
+      log.debug({ err: (e as Error).message }, 'cleanup: no IPVS here');
+    } finally {
+      ipvs?.close();
+    }
+    for (const family of ['ip', 'ip6']) {
+      try {
+        await runNft(['delete', 'table', family, TABLE]);
+        report.removed.push(`nftables table ${family} ${TABLE}`);
+      } catch (e) {
+        if (!(e as NftError).isNotFound && (e as NftError).code !== -1) report.failed.push(`nftables table ${family} ${TABLE}: ${(e as Error).message}`);
+      }
+    }
+    try {
+      await runTool('ip', ['link', 'del', DUMMY]);
+      report.removed.push(`interface ${DUMMY}`);
+    } catch (e) {
+      if (!/Cannot find device|does not exist/.test((e as ToolError).stderr ?? '')) report.failed.push(`interface ${DUMMY}: ${(e as Error).message}`);
+    }
+    return report;
+  },
+});
+
+export { IpvsProxier };

@@ -1,0 +1,525 @@
+// The IPVS proxier: kube-proxy's IPVS mode on kpng's node-local state. Every
+// service address (cluster, external, LoadBalancer IPs) is bound to the dummy
+// interface kube-ipvs0 and is an IPVS virtual server per port, NodePorts a
+// virtual server per node address; real servers are the endpoints (NAT).
+// Around IPVS, kpng's own nftables table (ruleset.ts) marks for masquerade,
+// filters LoadBalancer source ranges and masquerades hairpin traffic.
+//
+// Incremental as the other backends: a sync computes only the Services that
+// changed, and sends IPVS only the differences against the state it
+// committed (netlink, ipvs.ts; IPVS has no transactions, so each operation
+// is committed when the kernel acknowledges it). A real server that goes
+// away is drained first (weight 0) and deleted once it has no connection.
+import { networkInterfaces } from 'node:os';
+import { isIPv4 } from 'node:net';
+import { cidrContains, parseCIDR, type Family } from '../../api/ip.js';
+import { ipSetOf } from '../../api/model.js';
+import { ProxierBase, type ApplyRequest, type SyncStats } from '../shared/proxier.js';
+import type { DataplaneOptions } from '../shared/backend.js';
+import { servicePorts, rangesContain, type ServicePort, type Target } from '../shared/service-ports.js';
+import { detectLocal, nodePortAddresses } from '../shared/node-facts.js';
+import { ElementTable, type Element } from '../shared/nftables/elements.js';
+import { ProcessNft, SessionNft, type Nft } from '../shared/nftables/nft.js';
+import { Transaction, type TableRef } from '../shared/nftables/transaction.js';
+import { NftWatch, type DriftSource } from '../shared/nft-watch.js';
+import { runTool, ToolError } from '../shared/tool.js';
+import { metrics } from '../shared/metrics.js';
+import { FLAG_PERSISTENT, FLAG_SCHED1, FLAG_SCHED2, Ipvs, rsKey, vsKey, type IpvsError, type IpvsOp, type RealServer, type VirtualServer } from './ipvs.js';
+import { BASE_CHAINS, DUMMY, FAMILIES, TABLE, chains, sets, type FamilyNames } from './ruleset.js';
+
+/** IPVS's schedulers (ip_vs_<name> modules of Debian's kernel) */
+export const SCHEDULERS = new Set(['rr', 'wrr', 'lc', 'wlc', 'lblc', 'lblcr', 'dh', 'sh', 'sed', 'nq', 'fo', 'ovf', 'mh', 'twos']);
+/** flags of the sh and mh schedulers, as ipvsadm names them */
+const SCHED_FLAGS: Record<string, number> = { 'sh-fallback': FLAG_SCHED1, 'sh-port': FLAG_SCHED2, 'mh-fallback': FLAG_SCHED1, 'mh-port': FLAG_SCHED2 };
+export const SCHEDULER_ANNOTATION = 'kpng.io/ipvs-scheduler';
+export const SCHEDULER_FLAGS_ANNOTATION = 'kpng.io/ipvs-scheduler-flags';
+
+/** What kpng needs of IPVS (ipvs.ts; tests may give another). */
+export interface IpvsApi {
+  services(): VirtualServer[];
+  destinations(vs: VirtualServer): RealServer[];
+  apply(ops: readonly IpvsOp[]): (IpvsError | undefined)[];
+  setTimeouts(tcp: number, tcpFin: number, udp: number): void;
+  close(): void;
+}
+
+export interface IpvsProxierOptions extends DataplaneOptions {
+  readonly nftPath?: string;
+  /** the ip binary */
+  readonly ipPath?: string;
+  readonly sysctlPath?: string;
+  readonly modprobePath?: string;
+  /** how to reach IPVS (default: netlink in this process's network namespace, or netns) */
+  readonly ipvs?: IpvsApi;
+  readonly nft?: Nft;
+  /** the node's interface addresses (NodePorts); default: this process's namespace's, but kube-ipvs0's */
+  readonly interfaceAddresses?: () => string[];
+}
+
+interface DesiredVS {
+  readonly vs: VirtualServer;
+  readonly owner: string;
+  readonly real: Map<string, RealServer>;
+}
+
+interface CommittedVS {
+  vs: VirtualServer;
+  real: Map<string, RealServer>;
+}
+
+/** What one Service wants of IPVS, of the dummy interface and of the table. */
+interface OwnerState {
+  readonly servers: Map<string, DesiredVS>;
+  readonly addresses: string[];
+}
+
+export interface IpvsProxierStats extends SyncStats {
+  /** IPVS operations of the last sync */
+  lastOperations: number;
+  /** real servers draining (weight 0, connections left) */
+  draining: number;
+}
+
+export class IpvsProxier extends ProxierBase {
+  readonly stats: IpvsProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, repairs: 0, lastOperations: 0, draining: 0 };
+  private ipvs?: IpvsApi;
+  private readonly nft: Nft;
+  private readonly watch?: DriftSource;
+  private started = false;
+  private readonly families: Family[];
+  private readonly owners = new Map<string, OwnerState>();
+  /** virtual server -> what is wanted (the first owner by name, when two want one) */
+  private readonly desired = new Map<string, DesiredVS>();
+  /** every owner that wants a virtual server, for taking over when the winner goes */
+  private readonly wanting = new Map<string, DesiredVS[]>();
+  private committed = new Map<string, CommittedVS>();
+  /** virtual servers to compare at the next sync */
+  private touched = new Set<string>();
+  /** "vs|rs" -> a real server going away, kept at weight 0 until its connections end */
+  private readonly draining = new Map<string, { vs: VirtualServer; rs: RealServer }>();
+  /** address -> owners binding it */
+  private readonly addressRefs = new Map<string, number>();
+  private boundAddresses = new Set<string>();
+  private readonly elements = new Map<Family, ElementTable>();
+  private structureKnown = false;
+  /** owners whose IPVS operations the kernel refused in the last sync (what a check then says) */
+  private refusedOwners = new Set<string>();
+
+  constructor(private readonly o: IpvsProxierOptions) {
+    super(o, { minSyncPeriodMs: o.config.ipvs.minSyncPeriodMs, syncPeriodMs: o.config.ipvs.syncPeriodMs });
+    this.families = [...(o.families ?? [4, 6])];
+    for (const f of this.families) this.elements.set(f, new ElementTable());
+    this.nft = o.nft ?? (!o.dryRun && !o.once ? new SessionNft({ path: o.nftPath, onFallback: (m) => this.warnOnce('nft session', m) }) : new ProcessNft({ path: o.nftPath }));
+    if (!o.dryRun && !o.once && o.watch !== false) {
+      const fams = new Set<number>(this.families.map((f) => (f === 4 ? 2 : 10)));
+      this.watch = this.nft.drift?.() ?? new NftWatch({ ours: (e) => e.table === TABLE && fams.has(e.family), ownsPid: (pid) => this.nft.ownsPid(pid), netns: o.netns, log: o.log });
+    }
+  }
+
+  override async close(): Promise<void> {
+    await super.close();
+    this.watch?.close();
+    this.nft.close();
+    this.ipvs?.close();
+  }
+
+  private tool(name: 'ip' | 'sysctl' | 'modprobe'): string {
+    return (name === 'ip' ? this.o.ipPath : name === 'sysctl' ? this.o.sysctlPath : this.o.modprobePath) ?? name;
+  }
+
+  // --- setting up the node
+
+  private async start(): Promise<void> {
+    if (this.started || this.o.dryRun) return;
+    const c = this.o.config.ipvs;
+    // the modules (kube-proxy loads them too); IPVS loads the schedulers itself
+    await runTool(this.tool('modprobe'), ['ip_vs']).catch((e: ToolError) => this.o.log.warn({ err: e.message }, 'ipvs: modprobe ip_vs failed; trying anyway'));
+    this.ipvs = this.o.ipvs ?? new Ipvs(this.o.netns);
+    // IPVS connections through conntrack (masquerading needs it), and kube-proxy's other settings
+    const sysctls: [string, string][] = [
+      ['net.ipv4.vs.conntrack', '1'],
+      ['net.ipv4.vs.expire_nodest_conn', '1'],
+      ['net.ipv4.vs.expire_quiescent_template', '1'],
+      ['net.ipv4.vs.conn_reuse_mode', '0'],
+      ['net.ipv4.ip_forward', '1'],
+    ];
+    if (this.families.includes(6)) sysctls.push(['net.ipv6.conf.all.forwarding', '1']);
+    if (c.strictARP) sysctls.push(['net.ipv4.conf.all.arp_ignore', '1'], ['net.ipv4.conf.all.arp_announce', '2']);
+    for (const [k, v] of sysctls) await runTool(this.tool('sysctl'), ['-qw', `${k}=${v}`]).catch((e: ToolError) => this.o.log.warn({ key: k, err: e.message }, 'ipvs: cannot set sysctl'));
+    if (c.tcpTimeoutMs || c.tcpFinTimeoutMs || c.udpTimeoutMs) this.ipvs.setTimeouts(Math.round(c.tcpTimeoutMs / 1000), Math.round(c.tcpFinTimeoutMs / 1000), Math.round(c.udpTimeoutMs / 1000));
+    // kube-ipvs0: up, so IPv6 addresses work; NOARP: it answers for nothing on the wire
+    await runTool(this.tool('ip'), ['link', 'add', DUMMY, 'type', 'dummy']).catch((e: ToolError) => {
+      if (!e.isExists) throw e;
+    });
+    await runTool(this.tool('ip'), ['link', 'set', DUMMY, 'up']);
+    this.started = true;
+  }
+
+  // --- what to program
+
+  private scheduler(key: string): { scheduler: string; flags: number } {
+    const svc = this.serviceOf(key);
+    const def = this.o.config.ipvs.scheduler || 'rr';
+    const asked = svc?.Labels[SCHEDULER_ANNOTATION];
+    let scheduler = def;
+    if (asked !== undefined) {
+      if (SCHEDULERS.has(asked)) scheduler = asked;
+      else this.warnOnce(`sched ${key} ${asked}`, `ipvs: Service ${key}: ${SCHEDULER_ANNOTATION} ${JSON.stringify(asked)} is not an IPVS scheduler (${[...SCHEDULERS].join(', ')}); using ${def}`);
+    }
+    let flags = 0;
+    for (const f of (svc?.Labels[SCHEDULER_FLAGS_ANNOTATION] ?? '').split(',').map((x) => x.trim()).filter(Boolean)) {
+      if (SCHED_FLAGS[f] && f.startsWith(`${scheduler}-`)) flags |= SCHED_FLAGS[f];
+      else this.warnOnce(`flag ${key} ${f}`, `ipvs: Service ${key}: scheduler flag ${JSON.stringify(f)} does not apply to ${scheduler}; ignored`);
+    }
+    return { scheduler, flags };
+  }
+
+  /** the node addresses NodePorts are served on (nodePortAddresses; default: every address of the node but kube-ipvs0's) */
+  private nodePortIPs(family: Family): string[] {
+    const list = this.o.config.nodePortAddresses;
+    const np = nodePortAddresses(list.length ? list : ['all'], this.node, family);
+    const local = (this.o.interfaceAddresses?.() ?? interfaceAddresses()).filter((ip) => (family === 4 ? isIPv4(ip) : !isIPv4(ip)) && !this.boundAddresses.has(ip) && !this.addressRefs.has(ip));
+    const usable = (ip: string) => !ip.startsWith('127.') && ip !== '::1' && !ip.startsWith('fe80:');
+    if (np.all) return local.filter(usable).sort();
+    const out = new Set<string>(np.primary);
+    if (np.cidrs.length) {
+      const cidrs = np.cidrs.map((c) => parseCIDR(c)!);
+      for (const ip of local) if (cidrs.some((c) => cidrContains(c, ip))) out.add(ip);
+    }
+    return [...out].filter(usable).sort();
+  }
+
+  private static real(targets: readonly Target[]): Map<string, RealServer> {
+    const out = new Map<string, RealServer>();
+    for (const t of targets) out.set(rsKey({ address: t.ip, port: t.port }), { address: t.ip, port: t.port, weight: 1 });
+    return out;
+  }
+
+  /** What one service port wants, into state. */
+  private portState(key: string, owner: string, sp: ServicePort, state: OwnerState, elements: Element[], nodeIPs: readonly string[]): void {
+    const { scheduler, flags: schedFlags } = this.scheduler(key);
+    const persist = sp.affinitySeconds > 0;
+    const vsOf = (address: string, port: number): VirtualServer => ({ address, protocol: sp.protocol, port, scheduler, flags: schedFlags | (persist ? FLAG_PERSISTENT : 0), timeout: persist ? sp.affinitySeconds : 0 });
+    const add = (vs: VirtualServer, targets: readonly Target[]) => state.servers.set(vsKey(vs), { vs, owner, real: IpvsProxier.real(targets) });
+    const el = (set: string, k: string) => elements.push({ set, key: k, value: '', comment: '', owner: '' });
+    const P = sp.port.Port;
+    // the cluster IP: internal traffic policy
+    add(vsOf(sp.clusterIP, P), sp.internal);
+    state.addresses.push(sp.clusterIP);
+    el('cluster-ips', sp.clusterIP);
+    // external and LoadBalancer IPs: external traffic policy (Local: this node's endpoints, the source kept)
+    const lbIPs = new Set(sp.loadBalancerIPs);
+    for (const vip of new Set([...sp.externalIPs, ...sp.loadBalancerIPs])) {
+      add(vsOf(vip, P), sp.externalLocal ? sp.external : sp.cluster);
+      state.addresses.push(vip);
+      const k = `${vip} . ${sp.protocol} . ${P}`;
+      if (!sp.externalLocal) el('external-cluster', k);
+      if (lbIPs.has(vip) && sp.sourceRanges.length) {
+        el('firewall-ips', k);
+        for (const r of sp.sourceRanges) el('firewall-allow', `${k} . ${r}`);
+        // traffic from the node itself may come from an LB IP
+        if (nodeIPs.some((ip) => rangesContain(sp.sourceRanges, ip))) for (const l of sp.loadBalancerIPs) if (!rangesContain(sp.sourceRanges, l)) el('firewall-allow', `${k} . ${l}`);
+      }
+    }
+    // NodePort: a virtual server on each node address
+    if (sp.nodePort) {
+      for (const ip of this.nodePortIPs(sp.family)) {
+        add(vsOf(ip, sp.nodePort), sp.externalLocal ? sp.external : sp.cluster);
+        el('nodeport-servers', `${ip} . ${sp.protocol} . ${sp.nodePort}`);
+      }
+      if (!sp.externalLocal) el('nodeports-cluster', `${sp.protocol} . ${sp.nodePort}`);
+    }
+    // hairpin: endpoints that can be on this node
+    for (const list of [sp.internal, sp.external, sp.cluster]) for (const t of list) if (t.local || t.nodeName === '') el('hairpin', `${t.ip} . ${t.ip}`);
+  }
+
+  private recompute(keys: readonly string[], flows: boolean): void {
+    this.trackServices(keys);
+    for (const key of keys) {
+      const owner = `svc:${key}`;
+      const svc = this.serviceOf(key);
+      const state: OwnerState = { servers: new Map(), addresses: [] };
+      for (const family of this.families) {
+        const elements: Element[] = [];
+        const ports = svc ? servicePorts(svc, this.endpointsOf(key), family) : [];
+        const nodeIPs = ipSetOf(this.node?.IPs, family);
+        for (const sp of ports) this.portState(key, owner, sp, state, elements, nodeIPs);
+        this.elements.get(family)!.setOwner(owner, dedupe(elements));
+        const stale = this.staleFlows.update(family, owner, ports);
+        if (flows) this.pendingFlows.push(...stale);
+      }
+      this.setOwner(owner, state);
+    }
+  }
+
+  /** replaces what an owner wants of IPVS and of kube-ipvs0 */
+  private setOwner(owner: string, state: OwnerState): void {
+    const before = this.owners.get(owner);
+    for (const [k] of before?.servers ?? []) {
+      const list = (this.wanting.get(k) ?? []).filter((d) => d.owner !== owner);
+      if (list.length) this.wanting.set(k, list);
+      else this.wanting.delete(k);
+      this.touched.add(k);
+    }
+    for (const a of before?.addresses ?? []) this.addressRefs.set(a, (this.addressRefs.get(a) ?? 1) - 1);
+    for (const [k, d] of state.servers) {
+      this.wanting.set(k, [...(this.wanting.get(k) ?? []), d]);
+      this.touched.add(k);
+    }
+    for (const a of new Set(state.addresses)) this.addressRefs.set(a, (this.addressRefs.get(a) ?? 0) + 1);
+    for (const [a, n] of this.addressRefs) if (n <= 0) this.addressRefs.delete(a);
+    if (state.servers.size || state.addresses.length) this.owners.set(owner, state);
+    else this.owners.delete(owner);
+    for (const k of this.touched) {
+      const list = this.wanting.get(k);
+      if (!list?.length) this.desired.delete(k);
+      else {
+        // the first owner by name wins a virtual server two want (reported once)
+        const win = list.reduce((a, b) => (b.owner < a.owner ? b : a));
+        if (list.length > 1) this.warnOnce(`conflict ${k}`, `ipvs: ${list.map((d) => d.owner.slice(4)).join(' and ')} want the virtual server ${k}; ${win.owner.slice(4)} (first by name) has it`);
+        this.desired.set(k, win);
+      }
+    }
+  }
+
+  // --- applying
+
+  /** the IPVS operations that bring the touched virtual servers to what is wanted */
+  private operations(all: boolean): { ops: IpvsOp[]; owners: string[] } {
+    const ops: IpvsOp[] = [];
+    const owners: string[] = [];
+    const push = (op: IpvsOp, owner: string) => (ops.push(op), owners.push(owner));
+    const keys = all ? new Set([...this.desired.keys(), ...this.committed.keys()]) : this.touched;
+    for (const k of keys) {
+      const want = this.desired.get(k);
+      const have = this.committed.get(k);
+      if (!want) {
+        if (have) push({ op: 'del-service', vs: have.vs }, '');
+        continue;
+      }
+      if (!have) {
+        push({ op: 'add-service', vs: want.vs }, want.owner);
+        for (const rs of want.real.values()) push({ op: 'add-dest', vs: want.vs, rs }, want.owner);
+        continue;
+      }
+      const v = want.vs;
+      if (v.scheduler !== have.vs.scheduler || v.flags !== have.vs.flags || v.timeout !== have.vs.timeout) push({ op: 'set-service', vs: v }, want.owner);
+      for (const [rk, rs] of want.real) {
+        const cur = have.real.get(rk);
+        if (!cur) push({ op: 'add-dest', vs: v, rs }, want.owner);
+        else if (cur.weight !== rs.weight) push({ op: 'set-dest', vs: v, rs }, want.owner);
+      }
+      // gone: drained first (weight 0), deleted once it has no connection
+      for (const [rk, cur] of have.real) if (!want.real.has(rk) && cur.weight !== 0) push({ op: 'set-dest', vs: v, rs: { ...cur, weight: 0 } }, want.owner);
+    }
+    return { ops, owners };
+  }
+
+  protected async apply(req: ApplyRequest): Promise<{ changes: number }> {
+    const t0 = Date.now();
+    await this.start();
+    if (req.full && !req.check) await this.adopt();
+    this.recompute(req.keys, !req.check);
+    const tx = this.render(req.full || req.check || !this.structureKnown);
+    const { ops, owners } = this.operations(req.full && !req.check);
+    if (req.check) {
+      // IPVS cannot check without applying: what it refused in the last sync is what it refuses
+      if (!this.o.dryRun) await this.nft.run(tx.tx, { check: true });
+      const refused = [...this.refusedOwners].map((o) => o.slice('svc:'.length)).filter((k) => !this.isHeldBack(k));
+      if (refused.length) throw new Error(`IPVS refused ${refused.join(', ')}`);
+      return { changes: 0 };
+    }
+    if (this.o.dryRun) {
+      const out = this.o.out ?? process.stdout;
+      const text = tx.tx.render();
+      if (text) out.write(text);
+      for (const o of ops) out.write(`ipvs ${o.op} ${vsKey(o.vs)}${'rs' in o ? ` -> ${rsKey(o.rs)} weight ${o.rs.weight}` : ` ${o.vs.scheduler}${o.vs.timeout ? ` persistent ${o.vs.timeout}s` : ''}`}\n`);
+      tx.commit();
+      this.commitOps(ops, ops.map(() => undefined));
+      this.touched.clear();
+      return { changes: ops.length };
+    }
+    // the table first (masquerading ready before traffic arrives), then IPVS, then the addresses
+    await this.nft.run(tx.tx);
+    tx.commit();
+    this.structureKnown = true;
+    const results = this.ipvs!.apply(ops);
+    this.commitOps(ops, results);
+    this.touched.clear();
+    await this.bindAddresses();
+    await this.drain();
+    this.stats.lastOperations = ops.length;
+    metrics.stageDuration.observe({ stage: 'apply' }, (Date.now() - t0) / 1000);
+    const failed = results.map((r, i) => (r ? owners[i] : '')).filter(Boolean);
+    this.refusedOwners = new Set(failed);
+    if (failed.length) {
+      // what failed is not committed: compared again at the next sync
+      results.forEach((r, i) => r && this.touched.add(vsKey(ops[i].vs)));
+      throw new Error(`IPVS refused ${failed.length} operation(s): ${results.find(Boolean)!.message}`);
+    }
+    this.o.log.debug({ full: req.full, ms: Date.now() - t0, operations: ops.length }, 'ipvs: synced');
+    return { changes: ops.length + tx.tx.elementCount };
+  }
+
+  /** records what the kernel acknowledged */
+  private commitOps(ops: readonly IpvsOp[], results: readonly (IpvsError | undefined)[]): void {
+    ops.forEach((o, i) => {
+      if (results[i]) return;
+      const k = vsKey(o.vs);
+      switch (o.op) {
+        case 'add-service':
+          this.committed.set(k, { vs: o.vs, real: new Map() });
+          break;
+        case 'set-service':
+          this.committed.get(k)!.vs = o.vs;
+          break;
+        case 'del-service':
+          this.committed.delete(k);
+          for (const d of [...this.draining.keys()]) if (d.startsWith(`${k}|`)) this.draining.delete(d);
+          break;
+        case 'add-dest':
+        case 'set-dest':
+          this.committed.get(k)?.real.set(rsKey(o.rs), o.rs);
+          if (o.rs.weight === 0 && !this.desired.get(k)?.real.has(rsKey(o.rs))) this.draining.set(`${k}|${rsKey(o.rs)}`, { vs: o.vs, rs: o.rs });
+          else this.draining.delete(`${k}|${rsKey(o.rs)}`);
+          break;
+        case 'del-dest':
+          this.committed.get(k)?.real.delete(rsKey(o.rs));
+          this.draining.delete(`${k}|${rsKey(o.rs)}`);
+          break;
+      }
+    });
+    this.stats.draining = this.draining.size;
+  }
+
+  /** deletes the drained real servers that have no connection left */
+  private async drain(): Promise<void> {
+    if (!this.draining.size || !this.ipvs) return;
+    const byVS = new Map<string, VirtualServer>();
+    for (const d of this.draining.values()) byVS.set(vsKey(d.vs), d.vs);
+    const dels: IpvsOp[] = [];
+    for (const [k, vs] of byVS) {
+      let list: RealServer[];
+      try {
+        list = this.ipvs.destinations(vs);
+      } catch {
+        continue;
+      }
+      for (const r of list) {
+        const d = this.draining.get(`${k}|${rsKey(r)}`);
+        if (d && !r.activeConns && !r.inactiveConns) dels.push({ op: 'del-dest', vs, rs: d.rs });
+      }
+    }
+    this.commitOps(dels, this.ipvs.apply(dels));
+  }
+
+  /** binds and unbinds the service addresses on kube-ipvs0 */
+  private async bindAddresses(): Promise<void> {
+    const want = new Set(this.addressRefs.keys());
+    const add = [...want].filter((a) => !this.boundAddresses.has(a));
+    const del = [...this.boundAddresses].filter((a) => !want.has(a));
+    if (!add.length && !del.length) return;
+    const line = (verb: string, a: string) => `address ${verb} ${a}/${isIPv4(a) ? 32 : 128} dev ${DUMMY}${verb === 'add' && !isIPv4(a) ? ' nodad' : ''}`;
+    // -force: one address that cannot be changed does not stop the others
+    await runTool(this.tool('ip'), ['-force', '-batch', '-'], { input: [...del.map((a) => line('del', a)), ...add.map((a) => line('add', a))].join('\n') + '\n' }).catch((e: ToolError) =>
+      this.o.log.warn({ err: e.message }, 'ipvs: some service addresses could not be bound or unbound; the next full sync tries again'),
+    );
+    this.boundAddresses = await this.readAddresses();
+  }
+
+  private async readAddresses(): Promise<Set<string>> {
+    const out = await runTool(this.tool('ip'), ['-j', 'addr', 'show', 'dev', DUMMY]).catch(() => '[]');
+    const j = JSON.parse(out || '[]') as { addr_info?: { local: string }[] }[];
+    return new Set(j.flatMap((l) => (l.addr_info ?? []).map((a) => a.local)));
+  }
+
+  /** Reads what IPVS, kube-ipvs0 and the table have: what a previous kpng left. */
+  private async adopt(): Promise<void> {
+    this.watch?.start();
+    this.structureKnown = false;
+    this.boundAddresses = this.o.dryRun ? new Set() : await this.readAddresses();
+    for (const f of this.families) {
+      const listing = this.o.dryRun ? undefined : await this.nft.list(FAMILIES[f].table, TABLE);
+      this.elements.get(f)!.adopt(listing?.elements ?? new Map());
+    }
+    this.committed = new Map();
+    this.draining.clear();
+    if (this.o.dryRun || !this.ipvs) return;
+    // kpng's virtual servers: on an address of kube-ipvs0, or a NodePort server it recorded
+    const recorded = new Set<string>();
+    for (const f of this.families) for (const k of this.elements.get(f)!.committedKeys('nodeport-servers')) recorded.add(k);
+    for (const vs of this.ipvs.services()) {
+      const nodePort = recorded.has(`${vs.address} . ${vs.protocol} . ${vs.port}`);
+      if (!this.boundAddresses.has(vs.address) && !nodePort) continue;
+      const real = new Map(this.ipvs.destinations(vs).map((r) => [rsKey(r), { address: r.address, port: r.port, weight: r.weight }]));
+      const k = vsKey(vs);
+      this.committed.set(k, { vs, real });
+      for (const [rk, r] of real) if (r.weight === 0) this.draining.set(`${k}|${rk}`, { vs, rs: r });
+    }
+  }
+
+  private render(header: boolean): { tx: Transaction; commit(): void } {
+    const tx = new Transaction();
+    const commits: (() => void)[] = [];
+    for (const f of this.families) {
+      const names = FAMILIES[f];
+      const table: TableRef = { family: names.table, name: TABLE };
+      if (header) {
+        tx.add({ kind: 'table', ...table, comment: 'rules around IPVS for kpng' });
+        for (const [name, body] of Object.entries(sets(names))) tx.add({ kind: 'set', table, name, body });
+        const ch = chains(names, this.staticInputs(names));
+        for (const name of ch.keys()) tx.add({ kind: 'chain', table, name, hook: BASE_CHAINS[name] });
+        for (const [name, rules] of ch) {
+          tx.flush({ kind: 'chain', table, name });
+          for (const rule of rules) tx.add({ kind: 'rule', table, chain: name, rule });
+        }
+      }
+      const diff = this.elements.get(f)!.diff();
+      tx.elements('delete', table, diff.deletes).elements('add', table, diff.adds);
+      commits.push(() => this.elements.get(f)!.commit(diff));
+    }
+    return { tx, commit: () => commits.forEach((c) => c()) };
+  }
+
+  private staticInputs(f: FamilyNames) {
+    const c = this.o.config;
+    const mark = `0x${(1 << c.iptables.masqueradeBit).toString(16)}`;
+    const local = detectLocal(c, this.node, f.family, (m) => this.warnOnce(`detect-local-${f.family}`, m));
+    let notPodSource: string | undefined;
+    if (local?.kind === 'cidrs') notPodSource = `${f.ip} saddr != ${local.cidrs.length === 1 ? local.cidrs[0] : `{ ${local.cidrs.join(', ')} }`}`;
+    else if (local?.kind === 'interface') notPodSource = `iifname != "${local.prefix ? `${local.name}*` : local.name}"`;
+    return { mark, masqueradeAll: c.iptables.masqueradeAll, notPodSource };
+  }
+
+  /** the periodic check: nftables' events for the table, IPVS's virtual servers and kube-ipvs0's addresses against what kpng committed; drains real servers */
+  protected override async checkDrift(): Promise<string | undefined> {
+    if (!this.ipvs || this.o.dryRun) return undefined;
+    await this.drain();
+    const nftDrift = this.watch?.check();
+    if (nftDrift) return nftDrift;
+    const seen = new Map(this.ipvs.services().map((v) => [vsKey(v), v]));
+    for (const [k, c] of this.committed) {
+      const v = seen.get(k);
+      if (!v) return `IPVS virtual server ${k} is gone`;
+      if (v.scheduler !== c.vs.scheduler || v.flags !== c.vs.flags || v.timeout !== c.vs.timeout) return `IPVS virtual server ${k} was changed`;
+    }
+    const bound = await this.readAddresses();
+    for (const a of this.boundAddresses) if (!bound.has(a)) return `${a} is no longer on ${DUMMY}`;
+    return undefined;
+  }
+}
+
+function dedupe(list: Element[]): Element[] {
+  const seen = new Set<string>();
+  return list.filter((e) => {
+    const k = `${e.set}\0${e.key}`;
+    if (seen.has(k)) return false;
+    seen.add(k);
+    return true;
+  });
+}
+
+function interfaceAddresses(): string[] {
+  return Object.values(networkInterfaces()).flatMap((l) => (l ?? []).map((a) => a.address.replace(/%.*$/, '')));
+}
+
