@@ -5,7 +5,7 @@
 // half (when run as a script) runs the jobs one lab at a time.
 import { fileURLToPath } from 'node:url';
 import { Lab } from '../../src/lab/index.js';
-import { applyOnce, backendLabUnsupported, backendTag, type LabBackend } from './lab-kpng.js';
+import { applyOnce, backendLabUnsupported, backendTag, proxyMode, type LabBackend } from './lab-kpng.js';
 import { checkFlow, configFor, labSpecFor, loadScenario, serveScenario, stateFor } from './lab-flows.js';
 import { guestMain, isMain, runScriptInVm } from './kernel-lab.js';
 
@@ -64,7 +64,7 @@ async function guest(jobs: FlowJob[]): Promise<[string, FlowJobResult][]> {
         s,
         job.flows.map((i) => s.flows[i]),
       );
-      const kpngMs = await applyOnce(b, lab, stateFor(s).items, configFor(s));
+      const kpngMs = await applyOnce(b, lab, stateFor(s).items, configFor(s, proxyMode(b)));
       const t1 = Date.now();
       const checked = await Promise.all(job.flows.map((i) => checkFlow(lab!, s, s.flows[i], GUEST_FLOW_TIMEOUT_MS)));
       checked.forEach((c, k) => out.set(resultKey(b, job.file, job.flows[k]), { problems: c.problems }));

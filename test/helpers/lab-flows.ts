@@ -5,7 +5,7 @@ import { readFileSync, readdirSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { canonicalIP, cidrContains, ipFamily, parseCIDR } from '../../src/api/ip.js';
 import { describeOutcome, hostPort, kernelHasSCTP, seenSource, spread, verdict, type Lab, type LabSpec, type Outcome } from '../../src/lab/index.js';
-import { kubeProxyConfig, list } from './lab-kpng.js';
+import { kubeProxyConfig, list, type ProxyMode } from './lab-kpng.js';
 
 type Obj = Record<string, any>;
 
@@ -43,7 +43,7 @@ export interface Scenario {
   notes?: string[];
 }
 
-export function scenarioFiles(mode: 'nftables' | 'iptables'): string[] {
+export function scenarioFiles(mode: 'nftables' | 'iptables' | 'ipvs'): string[] {
   return readdirSync(FLOWS_DIR)
     .filter((f) => f.startsWith(`${mode}_`) && f.endsWith('.json'))
     .sort();
@@ -104,9 +104,10 @@ export function stateFor(s: Scenario): Obj {
   return list([node, ...cidrs, ...s.services, ...s.endpointSlices]);
 }
 
-export function configFor(s: Scenario): Obj {
+/** kube-proxy's configuration for the scenario, in its own mode or another (a scenario of nftables run with to-ipvs). */
+export function configFor(s: Scenario, mode: ProxyMode = s.config.proxyMode): Obj {
   return kubeProxyConfig({
-    mode: s.config.proxyMode,
+    mode,
     localhostNodePorts: (s.config as { localhostNodePorts?: boolean }).localhostNodePorts,
     clusterCIDR: s.config.detectLocal === 'ClusterCIDR' ? (s.config.clusterCIDR ?? '') : '',
     nodePortAddresses: s.config.nodePortAddresses,

@@ -4,7 +4,8 @@
 // following a state directory the test rewrites), and bounded polling on real
 // traffic.
 import { describe } from 'node:test';
-import { mkdirSync, mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Lab, describeOutcome, labUnsupported, poll, type LabSpec, type KpngProcess, type Outcome } from '../../src/lab/index.js';
@@ -34,24 +35,36 @@ export async function kpngCapabilities(): Promise<{ fileNodeName: boolean; backe
   return caps;
 }
 
-/** A backend kpng programs in a lab: to-nft, or to-iptables with iptables-nft or iptables-legacy. */
-export type LabBackend = { name: 'nft' } | { name: 'iptables'; mode: IptablesMode };
+/** A backend kpng programs in a lab: to-nft, to-iptables with iptables-nft or iptables-legacy, or to-ipvs (kernel lab only). */
+export type LabBackend = { name: 'nft' } | { name: 'iptables'; mode: IptablesMode } | { name: 'ipvs' };
 
-/** Every backend the shared lab cases run for. */
-export const BACKENDS: readonly LabBackend[] = [{ name: 'nft' }, { name: 'iptables', mode: 'nft' }, { name: 'iptables', mode: 'legacy' }];
+/** The backends this machine's kernel runs. */
+export type HostBackend = Exclude<LabBackend, { name: 'ipvs' }>;
+
+/** Every backend the shared lab cases run for on the host (to-ipvs needs the kernel lab: test/vm). */
+export const BACKENDS: readonly HostBackend[] = [{ name: 'nft' }, { name: 'iptables', mode: 'nft' }, { name: 'iptables', mode: 'legacy' }];
 
 /** nftables, iptables-nft, iptables-legacy */
-export const backendLabel = (b: LabBackend): string => (b.name === 'nft' ? 'nftables' : `iptables-${b.mode}`);
+export const backendLabel = (b: LabBackend): string => (b.name === 'iptables' ? `iptables-${b.mode}` : b.name === 'nft' ? 'nftables' : 'ipvs');
 
 /** A short lab tag suffix (namespace names are kpng-<tag>-...): nft, iptn, iptl */
-export const backendTag = (b: LabBackend): string => (b.name === 'nft' ? 'nft' : `ipt${b.mode[0]}`);
+export const backendTag = (b: LabBackend): string => (b.name === 'iptables' ? `ipt${b.mode[0]}` : b.name);
 
 /** The KubeProxyConfiguration `mode` (and config section) of a backend. */
-export const proxyMode = (b: LabBackend): 'nftables' | 'iptables' => (b.name === 'nft' ? 'nftables' : 'iptables');
+export const proxyMode = (b: LabBackend): ProxyMode => (b.name === 'nft' ? 'nftables' : b.name);
+
+export type ProxyMode = 'nftables' | 'iptables' | 'ipvs';
+
+/** Why this kernel cannot run IPVS (this machine's has none: the kernel lab's has), or undefined. */
+export function ipvsUnsupported(): string | undefined {
+  if (existsSync('/proc/net/ip_vs')) return undefined;
+  spawnSync('modprobe', ['ip_vs'], { stdio: 'ignore' });
+  return existsSync('/proc/net/ip_vs') ? undefined : 'this kernel has no IPVS (the kernel lab has: test/vm)';
+}
 
 /** Why lab tests of this backend cannot run here, or undefined. */
 export async function backendLabUnsupported(b: LabBackend): Promise<string | undefined> {
-  const why = skipOrFailInCI(labUnsupported()) ?? (b.name === 'iptables' ? iptablesUnsupported(b.mode) : undefined);
+  const why = skipOrFailInCI(labUnsupported()) ?? (b.name === 'iptables' ? iptablesUnsupported(b.mode) : b.name === 'ipvs' ? skipOrFailInCI(ipvsUnsupported()) : undefined);
   if (why) return why;
   const c = await kpngCapabilities();
   if (c.error) return skipOrFailInCI(`kpng's command line does not load: ${c.error}`);
@@ -64,7 +77,7 @@ export async function backendLabUnsupported(b: LabBackend): Promise<string | und
  * cases of one backend one at a time (they share its lab). A backend that
  * cannot run here is skipped with the reason.
  */
-export async function describeBackends<B extends LabBackend = LabBackend>(title: string, body: (b: B) => void, backends: readonly B[] = BACKENDS as readonly B[]): Promise<void> {
+export async function describeBackends<B extends LabBackend = HostBackend>(title: string, body: (b: B) => void, backends: readonly B[] = BACKENDS as readonly B[]): Promise<void> {
   const skips = await Promise.all(backends.map(backendLabUnsupported));
   describe(title, { concurrency: 2 }, () => {
     backends.forEach((b, i) => describe(backendLabel(b), { skip: skips[i], concurrency: 1 }, () => body(b)));
@@ -78,7 +91,7 @@ export async function describeBackends<B extends LabBackend = LabBackend>(title:
  * which has it; known once backendLabUnsupported or kpngCapabilities ran.)
  */
 export function kpngArgs(b: LabBackend, state: string, node: string, config: string, opts: { once?: boolean; pre?: string[]; extra?: string[] } = {}): string[] {
-  const backend = b.name === 'nft' ? ['to-nft'] : ['to-iptables', '--iptables-mode', b.mode];
+  const backend = b.name === 'iptables' ? ['to-iptables', '--iptables-mode', b.mode] : [`to-${b.name}`];
   const tail = ['--config', config, ...(opts.once ? ['--once'] : []), ...(opts.extra ?? [])];
   return caps?.fileNodeName
     ? [...(opts.pre ?? []), 'file', '--input', state, '--node-name', node, 'to-local', ...backend, ...tail]
@@ -99,8 +112,10 @@ export interface ProxyConfigOptions {
   localhostNodePorts?: boolean;
 }
 
-export function kubeProxyConfig(c: ProxyConfigOptions & { mode?: 'nftables' | 'iptables' } = {}): Obj {
+export function kubeProxyConfig(c: ProxyConfigOptions & { mode?: ProxyMode; ipvs?: Obj } = {}): Obj {
   const mode = c.mode ?? 'nftables';
+  // ipvs mode takes masquerading from the iptables section, as kube-proxy
+  const periods = { ...(c.syncPeriod ? { syncPeriod: c.syncPeriod } : {}), ...(c.minSyncPeriod ? { minSyncPeriod: c.minSyncPeriod } : {}) };
   return {
     apiVersion: 'kubeproxy.config.k8s.io/v1alpha1',
     kind: 'KubeProxyConfiguration',
@@ -108,13 +123,13 @@ export function kubeProxyConfig(c: ProxyConfigOptions & { mode?: 'nftables' | 'i
     clusterCIDR: c.clusterCIDR ?? '',
     detectLocalMode: 'ClusterCIDR',
     ...(c.nodePortAddresses?.length ? { nodePortAddresses: c.nodePortAddresses } : {}),
-    [mode]: {
+    [mode === 'ipvs' ? 'iptables' : mode]: {
       masqueradeAll: c.masqueradeAll ?? false,
       masqueradeBit: 14,
-      ...(c.syncPeriod ? { syncPeriod: c.syncPeriod } : {}),
-      ...(c.minSyncPeriod ? { minSyncPeriod: c.minSyncPeriod } : {}),
+      ...(mode === 'ipvs' ? {} : periods),
       ...(mode === 'iptables' && c.localhostNodePorts !== undefined ? { localhostNodePorts: c.localhostNodePorts } : {}),
     },
+    ...(mode === 'ipvs' ? { ipvs: { ...periods, ...c.ipvs } } : {}),
   };
 }
 

@@ -7,7 +7,7 @@ import { it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { describeOutcome, verdict, type LabConnection, type Outcome } from '../../src/lab/index.js';
 import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
-import { KpngLab, answeredBy, backendConfig, backendLabel, backendTag, describeBackends, pollUntil, type LabBackend } from '../helpers/lab-kpng.js';
+import { KpngLab, answeredBy, backendConfig, backendLabel, backendTag, describeBackends, pollUntil, type HostBackend } from '../helpers/lab-kpng.js';
 
 const VIP = '10.96.0.10';
 const A = '10.244.1.10';
@@ -29,7 +29,7 @@ const state = (ips: string[]) => [
  * nftables changes no set or map element (its chains are declared again in
  * the same atomic transaction), iptables writes and deletes no chain.
  */
-function adoption(b: LabBackend): { kept: string[]; keptOk: (r: { code: number | null; stdout: string }) => void; synced: RegExp; nothingRewritten: RegExp; what: string } {
+function adoption(b: HostBackend): { kept: string[]; keptOk: (r: { code: number | null; stdout: string }) => void; synced: RegExp; nothingRewritten: RegExp; what: string } {
   return b.name === 'nft'
     ? {
         kept: ['nft', 'list', 'table', 'ip', 'kpng'],

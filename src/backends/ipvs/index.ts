@@ -17,7 +17,7 @@ registerBackend({
     addDataplaneFlags(cmd, 'each nft transaction and IPVS operation').option('--nft-path <path>', 'the nft binary', 'nft');
   },
   create(opts, ctx) {
-    return proxierInstance(new IpvsProxier({ ...dataplaneOptions(opts, ctx), nftPath: opts.nftPath }), [LocalSet.NodesSet]);
+    return proxierInstance(new IpvsProxier({ ...dataplaneOptions(opts, ctx), nftPath: opts.nftPath }), [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet]);
   },
   async cleanup(log) {
     const report = { removed: [] as string[], kept: [] as string[], failed: [] as string[] };

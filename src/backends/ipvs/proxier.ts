@@ -17,7 +17,8 @@ import { ipSetOf } from '../../api/model.js';
 import { ProxierBase, type ApplyRequest, type SyncStats } from '../shared/proxier.js';
 import type { DataplaneOptions } from '../shared/backend.js';
 import { servicePorts, rangesContain, type ServicePort, type Target } from '../shared/service-ports.js';
-import { detectLocal, nodePortAddresses } from '../shared/node-facts.js';
+import { detectLocal, nodePortAddresses, serviceCIDRsOf } from '../shared/node-facts.js';
+import { podSourceMatches, singleAddress } from '../shared/nftables/match.js';
 import { ElementTable, type Element } from '../shared/nftables/elements.js';
 import { ProcessNft, SessionNft, type Nft } from '../shared/nftables/nft.js';
 import { Transaction, type TableRef } from '../shared/nftables/transaction.js';
@@ -25,7 +26,7 @@ import { NftWatch, type DriftSource } from '../shared/nft-watch.js';
 import { runTool, ToolError } from '../shared/tool.js';
 import { metrics } from '../shared/metrics.js';
 import { FLAG_PERSISTENT, FLAG_SCHED1, FLAG_SCHED2, Ipvs, rsKey, vsKey, type IpvsError, type IpvsOp, type RealServer, type VirtualServer } from './ipvs.js';
-import { BASE_CHAINS, DUMMY, FAMILIES, TABLE, chains, sets, type FamilyNames } from './ruleset.js';
+import { BASE_CHAINS, DUMMY, FAMILIES, TABLE, chains, sets, type FamilyNames, type StaticInputs } from './ruleset.js';
 
 /** IPVS's schedulers (ip_vs_<name> modules of Debian's kernel) */
 export const SCHEDULERS = new Set(['rr', 'wrr', 'lc', 'wlc', 'lblc', 'lblcr', 'dh', 'sh', 'sed', 'nq', 'fo', 'ovf', 'mh', 'twos']);
@@ -102,6 +103,10 @@ export class IpvsProxier extends ProxierBase {
   private boundAddresses = new Set<string>();
   private readonly elements = new Map<Family, ElementTable>();
   private structureKnown = false;
+  /** Services programmed with NodePorts or source ranges (what the node's addresses change) */
+  private readonly nodeDependent = new Set<string>();
+  /** the NodePort addresses the last sync served on */
+  private nodePortAddressesSeen = '';
   /** owners whose IPVS operations the kernel refused in the last sync (what a check then says) */
   private refusedOwners = new Set<string>();
 
@@ -199,21 +204,37 @@ export class IpvsProxier extends ProxierBase {
   private portState(key: string, owner: string, sp: ServicePort, state: OwnerState, elements: Element[], nodeIPs: readonly string[]): void {
     const { scheduler, flags: schedFlags } = this.scheduler(key);
     const persist = sp.affinitySeconds > 0;
-    const vsOf = (address: string, port: number): VirtualServer => ({ address, protocol: sp.protocol, port, scheduler, flags: schedFlags | (persist ? FLAG_PERSISTENT : 0), timeout: persist ? sp.affinitySeconds : 0 });
-    const add = (vs: VirtualServer, targets: readonly Target[]) => state.servers.set(vsKey(vs), { vs, owner, real: IpvsProxier.real(targets) });
-    const el = (set: string, k: string) => elements.push({ set, key: k, value: '', comment: '', owner: '' });
     const P = sp.port.Port;
+    const el = (set: string, k: string, value = '') => elements.push({ set, key: k, value, comment: '', owner: '' });
+    const vipKey = (address: string, port: number) => `${address} . ${sp.protocol} . ${port}`;
+    /** a virtual server; without real servers, traffic to it is rejected (no endpoint anywhere) or dropped */
+    const add = (address: string, port: number, targets: readonly Target[]) => {
+      const vs: VirtualServer = { address, protocol: sp.protocol, port, scheduler, flags: schedFlags | (persist ? FLAG_PERSISTENT : 0), timeout: persist ? sp.affinitySeconds : 0 };
+      state.servers.set(vsKey(vs), { vs, owner, real: IpvsProxier.real(targets) });
+      if (!targets.length) el(sp.hasEndpoints ? 'no-endpoints-drop' : 'no-endpoints-reject', vipKey(address, port));
+    };
+    /** an address on kube-ipvs0 and its virtual server */
+    const bind = (address: string, targets: readonly Target[]) => {
+      add(address, P, targets);
+      state.addresses.push(address);
+      el('service-addresses', address);
+      el('virtual-servers', vipKey(address, P));
+    };
+    // externalTrafficPolicy Local: pods and the node go to the cluster IP instead (all endpoints)
+    const shortcut = (k: string) => {
+      el('external-local', k);
+      el('external-local-shortcut', k, `${sp.clusterIP} . ${P}`);
+    };
     // the cluster IP: internal traffic policy
-    add(vsOf(sp.clusterIP, P), sp.internal);
-    state.addresses.push(sp.clusterIP);
+    bind(sp.clusterIP, sp.internal);
     el('cluster-ips', sp.clusterIP);
     // external and LoadBalancer IPs: external traffic policy (Local: this node's endpoints, the source kept)
     const lbIPs = new Set(sp.loadBalancerIPs);
     for (const vip of new Set([...sp.externalIPs, ...sp.loadBalancerIPs])) {
-      add(vsOf(vip, P), sp.externalLocal ? sp.external : sp.cluster);
-      state.addresses.push(vip);
-      const k = `${vip} . ${sp.protocol} . ${P}`;
-      if (!sp.externalLocal) el('external-cluster', k);
+      bind(vip, sp.externalLocal ? sp.external : sp.cluster);
+      const k = vipKey(vip, P);
+      if (sp.externalLocal) shortcut(k);
+      else el('external-cluster', k);
       if (lbIPs.has(vip) && sp.sourceRanges.length) {
         el('firewall-ips', k);
         for (const r of sp.sourceRanges) el('firewall-allow', `${k} . ${r}`);
@@ -224,13 +245,32 @@ export class IpvsProxier extends ProxierBase {
     // NodePort: a virtual server on each node address
     if (sp.nodePort) {
       for (const ip of this.nodePortIPs(sp.family)) {
-        add(vsOf(ip, sp.nodePort), sp.externalLocal ? sp.external : sp.cluster);
-        el('nodeport-servers', `${ip} . ${sp.protocol} . ${sp.nodePort}`);
+        add(ip, sp.nodePort, sp.externalLocal ? sp.external : sp.cluster);
+        const k = vipKey(ip, sp.nodePort);
+        el('nodeport-servers', k);
+        if (sp.externalLocal) shortcut(k);
       }
       if (!sp.externalLocal) el('nodeports-cluster', `${sp.protocol} . ${sp.nodePort}`);
     }
     // hairpin: endpoints that can be on this node
     for (const list of [sp.internal, sp.external, sp.cluster]) for (const t of list) if (t.local || t.nodeName === '') el('hairpin', `${t.ip} . ${t.ip}`);
+  }
+
+  /** The Services to recompute besides keys: with the node, its addresses or the ServiceCIDRs changed, those they concern. */
+  private nodeKeys(keys: readonly string[]): string[] {
+    const out = new Set(keys);
+    if (this.cidrsDirty) for (const f of this.families) this.elements.get(f)!.setOwner('service-cidrs', serviceCIDRsOf(this.cidrs.values(), f).map((c) => ({ set: 'service-cidrs', key: singleAddress(c), value: '', comment: '', owner: '' })));
+    const addresses = this.nodePortSignature();
+    if (this.nodeDirty || addresses !== this.nodePortAddressesSeen) {
+      this.nodePortAddressesSeen = addresses;
+      for (const k of this.nodeDependent) out.add(k);
+      for (const [k, svc] of this.services) if (svc.Ports.some((p) => p.NodePort) || svc.IPFilters.length) out.add(k);
+    }
+    return [...out];
+  }
+
+  private nodePortSignature(): string {
+    return this.families.map((f) => this.nodePortIPs(f).join(',')).join('|');
   }
 
   private recompute(keys: readonly string[], flows: boolean): void {
@@ -239,11 +279,13 @@ export class IpvsProxier extends ProxierBase {
       const owner = `svc:${key}`;
       const svc = this.serviceOf(key);
       const state: OwnerState = { servers: new Map(), addresses: [] };
+      this.nodeDependent.delete(key);
       for (const family of this.families) {
         const elements: Element[] = [];
         const ports = svc ? servicePorts(svc, this.endpointsOf(key), family) : [];
         const nodeIPs = ipSetOf(this.node?.IPs, family);
         for (const sp of ports) this.portState(key, owner, sp, state, elements, nodeIPs);
+        if (ports.some((sp) => sp.nodePort || sp.sourceRanges.length)) this.nodeDependent.add(key);
         this.elements.get(family)!.setOwner(owner, dedupe(elements));
         const stale = this.staleFlows.update(family, owner, ports);
         if (flows) this.pendingFlows.push(...stale);
@@ -319,8 +361,8 @@ export class IpvsProxier extends ProxierBase {
     const t0 = Date.now();
     await this.start();
     if (req.full && !req.check) await this.adopt();
-    this.recompute(req.keys, !req.check);
-    const tx = this.render(req.full || req.check || !this.structureKnown);
+    this.recompute(this.nodeKeys(req.keys), !req.check);
+    const tx = this.render(req.full || req.check || !this.structureKnown || this.nodeDirty);
     const { ops, owners } = this.operations(req.full && !req.check);
     if (req.check) {
       // IPVS cannot check without applying: what it refused in the last sync is what it refuses
@@ -466,7 +508,7 @@ export class IpvsProxier extends ProxierBase {
       const table: TableRef = { family: names.table, name: TABLE };
       if (header) {
         tx.add({ kind: 'table', ...table, comment: 'rules around IPVS for kpng' });
-        for (const [name, body] of Object.entries(sets(names))) tx.add({ kind: 'set', table, name, body });
+        for (const [name, body] of Object.entries(sets(names))) tx.add({ kind: body.includes(' : ') ? 'map' : 'set', table, name, body });
         const ch = chains(names, this.staticInputs(names));
         for (const name of ch.keys()) tx.add({ kind: 'chain', table, name, hook: BASE_CHAINS[name] });
         for (const [name, rules] of ch) {
@@ -481,20 +523,17 @@ export class IpvsProxier extends ProxierBase {
     return { tx, commit: () => commits.forEach((c) => c()) };
   }
 
-  private staticInputs(f: FamilyNames) {
+  private staticInputs(f: FamilyNames): StaticInputs {
     const c = this.o.config;
-    const mark = `0x${(1 << c.iptables.masqueradeBit).toString(16)}`;
     const local = detectLocal(c, this.node, f.family, (m) => this.warnOnce(`detect-local-${f.family}`, m));
-    let notPodSource: string | undefined;
-    if (local?.kind === 'cidrs') notPodSource = `${f.ip} saddr != ${local.cidrs.length === 1 ? local.cidrs[0] : `{ ${local.cidrs.join(', ')} }`}`;
-    else if (local?.kind === 'interface') notPodSource = `iifname != "${local.prefix ? `${local.name}*` : local.name}"`;
-    return { mark, masqueradeAll: c.iptables.masqueradeAll, notPodSource };
+    return { mark: `0x${(1 << c.iptables.masqueradeBit).toString(16)}`, masqueradeAll: c.iptables.masqueradeAll, ...podSourceMatches(local, f.ip) };
   }
 
   /** the periodic check: nftables' events for the table, IPVS's virtual servers and kube-ipvs0's addresses against what kpng committed; drains real servers */
   protected override async checkDrift(): Promise<string | undefined> {
     if (!this.ipvs || this.o.dryRun) return undefined;
     await this.drain();
+    if (this.nodePortSignature() !== this.nodePortAddressesSeen) return "the node's addresses changed (NodePorts)";
     const nftDrift = this.watch?.check();
     if (nftDrift) return nftDrift;
     const seen = new Map(this.ipvs.services().map((v) => [vsKey(v), v]));

@@ -3,8 +3,11 @@
 // number of sets and chains; every Service is elements. IPVS does the load
 // balancing; the table marks for masquerading what kube-proxy masquerades,
 // drops LoadBalancer traffic from outside loadBalancerSourceRanges before
-// IPVS sees it, masquerades hairpin traffic, and records which NodePort
-// virtual servers are kpng's (IPVS keeps no owner).
+// IPVS sees it, masquerades hairpin traffic, short-circuits pods and the
+// node to externalTrafficPolicy Local Services, rejects or drops what has no
+// endpoint and what reaches a service address on no Service port, drops
+// unallocated ServiceCIDR addresses, and records which NodePort virtual
+// servers are kpng's (IPVS keeps no owner).
 import type { Family } from '../../api/ip.js';
 
 export const TABLE = 'kpng-ipvs';
@@ -26,12 +29,24 @@ export const FAMILIES: Record<Family, FamilyNames> = {
 export function sets(f: FamilyNames): Record<string, string> {
   const vip = `${f.addr} . inet_proto . inet_service`;
   return {
+    // every address bound to kube-ipvs0, and its virtual servers: anything
+    // else sent there is refused (the host's own sockets are not exposed)
+    'service-addresses': `type ${f.addr} ;`,
+    'virtual-servers': `type ${vip} ;`,
     // every cluster IP: traffic from outside the cluster is masqueraded
     'cluster-ips': `type ${f.addr} ;`,
+    // ServiceCIDRs: an address in them that no Service has is dropped
+    'service-cidrs': `type ${f.addr} ; flags interval ;`,
     // external and LoadBalancer IPs of externalTrafficPolicy Cluster Services: masqueraded
     'external-cluster': `type ${vip} ;`,
     // NodePorts of externalTrafficPolicy Cluster Services: masqueraded
     'nodeports-cluster': 'type inet_proto . inet_service ;',
+    // externalTrafficPolicy Local: pods and the node itself short-circuit to the cluster IP
+    'external-local': `type ${vip} ;`,
+    'external-local-shortcut': `type ${vip} : ${f.addr} . inet_service ;`,
+    // virtual servers without a real server: REJECT (no endpoint anywhere) or DROP (none for this traffic here)
+    'no-endpoints-reject': `type ${vip} ;`,
+    'no-endpoints-drop': `type ${vip} ;`,
     // loadBalancerSourceRanges
     'firewall-ips': `type ${vip} ;`,
     'firewall-allow': `type ${vip} . ${f.addr} ; flags interval ;`,
@@ -46,12 +61,19 @@ export interface StaticInputs {
   /** 1 << masqueradeBit, hex */
   readonly mark: string;
   readonly masqueradeAll: boolean;
-  /** nft match for "the source is not a pod" (detect-local), undefined without a detector */
+  /** nft matches for "the source is (not) a pod" (detect-local), undefined without a detector */
+  readonly podSource?: string;
   readonly notPodSource?: string;
 }
 
 export const BASE_CHAINS: Record<string, string> = {
+  // source ranges are checked before the externalTrafficPolicy Local short-circuit rewrites the address (as kube-proxy's nftables mode)
+  'filter-prerouting-pre-dnat': 'type filter hook prerouting priority -110 ;',
+  'filter-output-pre-dnat': 'type filter hook output priority -110 ;',
+  // before IPVS, which takes packets at LOCAL_IN priority 98
   'filter-input': 'type filter hook input priority 0 ;',
+  'filter-forward': 'type filter hook forward priority 0 ;',
+  'filter-output': 'type filter hook output priority 0 ;',
   'nat-prerouting': 'type nat hook prerouting priority -100 ;',
   'nat-output': 'type nat hook output priority -100 ;',
   'nat-postrouting': 'type nat hook postrouting priority 100 ;',
@@ -63,15 +85,35 @@ export function chains(f: FamilyNames, s: StaticInputs): Map<string, string[]> {
   const vipKey = `${ip} daddr . meta l4proto . th dport`;
   const mark = `meta mark set meta mark or ${s.mark}`;
   const toClusterIP = s.masqueradeAll ? [`${ip} daddr @cluster-ips ${mark}`] : s.notPodSource ? [`${ip} daddr @cluster-ips ${s.notPodSource} ${mark}`] : [];
+  const shortcut = `dnat ${ip} to ${vipKey} map @external-local-shortcut`;
   return new Map([
-    // before IPVS (at LOCAL_IN, priority 98): LoadBalancer source ranges
-    ['filter-input', [`${vipKey} . ${ip} saddr @firewall-allow return`, `${vipKey} @firewall-ips drop`]],
-    ['nat-prerouting', ['jump mark-masquerade']],
-    ['nat-output', ['jump mark-masquerade']],
+    ['filter-prerouting-pre-dnat', ['ct state new jump firewall-check']],
+    ['filter-output-pre-dnat', ['ct state new jump firewall-check']],
+    ['firewall-check', [`${vipKey} . ${ip} saddr @firewall-allow return`, `${vipKey} @firewall-ips drop`]],
     [
-      'mark-masquerade',
-      [...toClusterIP, `${vipKey} @external-cluster ${mark}`, `fib daddr type local meta l4proto . th dport @nodeports-cluster ${mark}`],
+      'filter-input',
+      [
+        `ct state new ${vipKey} @no-endpoints-drop drop`,
+        `ct state new ${vipKey} @no-endpoints-reject reject`,
+        `ct state new meta l4proto { tcp, udp, sctp } ${ip} daddr @service-addresses ${vipKey} != @virtual-servers reject`,
+      ],
     ],
+    ['filter-forward', ['ct state new jump cluster-ips-check']],
+    ['filter-output', ['ct state new jump cluster-ips-check']],
+    ['cluster-ips-check', [`${ip} daddr @service-cidrs ${ip} daddr != @service-addresses drop`]],
+    ['nat-prerouting', ['jump services']],
+    ['nat-output', ['jump services']],
+    [
+      'services',
+      [
+        ...toClusterIP,
+        `${vipKey} @external-cluster ${mark}`,
+        `fib daddr type local meta l4proto . th dport @nodeports-cluster ${mark}`,
+        `${vipKey} @external-local jump external-local`,
+      ],
+    ],
+    // externalTrafficPolicy Local, pods and the node itself: to the cluster IP (all endpoints), the node masqueraded
+    ['external-local', [...(s.podSource ? [`${s.podSource} ${shortcut}`] : []), `fib saddr type local ${mark} ${shortcut}`]],
     // IPVS's connections pass here with net.ipv4.vs.conntrack=1
     ['nat-postrouting', [`meta mark & ${s.mark} != 0 meta mark set meta mark xor ${s.mark} masquerade fully-random`, `${ip} saddr . ${ip} daddr @hairpin masquerade fully-random`]],
   ]);

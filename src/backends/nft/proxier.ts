@@ -13,6 +13,7 @@ import { ProxierBase, sameRules, type ApplyRequest, type SyncStats } from '../sh
 import type { DataplaneOptions } from '../shared/backend.js';
 import { servicePorts, normalizeCIDRs } from '../shared/service-ports.js';
 import { detectLocal, nodePortAddresses, serviceCIDRsOf } from '../shared/node-facts.js';
+import { podSourceMatches, singleAddress } from '../shared/nftables/match.js';
 import { ElementTable } from '../shared/nftables/elements.js';
 import { portElements, type Element, type LbRequirement, type Slots } from './service-elements.js';
 import { TABLE, FAMILIES, BASE_CHAINS, setDeclarations, staticChains, lbChains, affinitySetBody, AFFINITY_PREFIX, AFFINITY_SET, type FamilyNames, type StaticInputs } from './ruleset.js';
@@ -127,18 +128,7 @@ export class NftProxier extends ProxierBase {
   private staticInputs(f: FamilyNames): StaticInputs {
     const c = this.o.config;
     const mark = `0x${(1 << c.nftables.masqueradeBit).toString(16)}`;
-    let podSource: string | undefined;
-    let notPodSource: string | undefined;
-    const local = detectLocal(c, this.node, f.family, (msg) => this.warnOnce(`detect-local-${f.family}`, msg));
-    if (local?.kind === 'cidrs') {
-      const set = local.cidrs.length === 1 ? local.cidrs[0] : `{ ${local.cidrs.join(', ')} }`;
-      podSource = `${f.ip} saddr ${set}`;
-      notPodSource = `${f.ip} saddr != ${set}`;
-    } else if (local?.kind === 'interface') {
-      const name = local.prefix ? `${local.name}*` : local.name;
-      podSource = `iifname "${name}"`;
-      notPodSource = `iifname != "${name}"`;
-    }
+    const { podSource, notPodSource } = podSourceMatches(detectLocal(c, this.node, f.family, (msg) => this.warnOnce(`detect-local-${f.family}`, msg)), f.ip);
     return { mark, masqueradeAll: c.nftables.masqueradeAll || c.iptables.masqueradeAll, podSource, notPodSource, nodePortsOnAllAddresses: this.nodePortAddresses(f.family) === 'all' };
   }
 
@@ -509,7 +499,4 @@ function lbKey(r: LbRequirement): string {
 }
 
 /** interval set elements: nft lists a /32 (/128) as the bare address */
-function singleAddress(cidr: string): string {
-  return cidr.endsWith('/32') || cidr.endsWith('/128') ? cidr.slice(0, cidr.lastIndexOf('/')) : cidr;
-}
 
