@@ -8,6 +8,16 @@ import { LocalSet } from '../../src/api/model.js';
 import type { LocalOp } from '../../src/diff/ops.js';
 import type { SyncResult } from '../../src/backends/shared/runner.js';
 import { ProgrammingLatency } from '../../src/sinks/local/agent.js';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import '../../src/sinks/index.js';
+import { registeredSinks } from '../../src/sinks/registry.js';
+import { registerBackend } from '../../src/backends/registry.js';
+import { runLocal } from '../../src/sinks/local/remote.js';
+import { ServiceViews } from '../../src/localstate/views.js';
+import { freePort } from '../helpers/port.js';
+import { quiet, smallCluster, startServer, syncedStore } from '../api/helpers.js';
 
 const setService = (path: string): LocalOp => ({ kind: 'set', set: LocalSet.ServicesSet, path, value: undefined as never, bytes: new Uint8Array() });
 const delEndpoint = (path: string): LocalOp => ({ kind: 'delete', set: LocalSet.EndpointsSet, path });
@@ -112,3 +122,60 @@ test('while syncs fail, the changes kept per Service are bounded', () => {
   assert.ok(seen.length <= 8, `${seen.length} observations`);
   assert.equal(seen[0], 3, 'the oldest change is timed from its start');
 });
+
+// --- the agent's lifetime: its health and metrics servers go with it
+
+async function answers(url: string): Promise<boolean> {
+  return fetch(url).then(
+    (r) => r.ok || r.status === 503,
+    () => false,
+  );
+}
+
+// a dataplane backend (it has a proxy mode: health and metrics servers) whose syncs always succeed
+registerBackend({
+  name: 'agent-test',
+  description: 'a dataplane that takes everything',
+  proxyMode: 'test',
+  create: (_opts, ctx) => ({
+    sink: {
+      send(op) {
+        const t = Date.now();
+        if (op.kind === 'sync') ctx.report(result(t, t));
+      },
+    },
+  }),
+});
+
+for (const mode of ['to-local', 'kpng local'] as const) {
+  test(`${mode}: the health and metrics servers are closed when the agent stops`, { timeout: 30_000 }, async (t) => {
+    const store = syncedStore(smallCluster());
+    const views = new ServiceViews(store);
+    const [metricsPort, healthzPort] = [await freePort(), await freePort()];
+    const backends = [{ name: 'agent-test', opts: { nodeName: 'node-a', metricsBindAddress: `127.0.0.1:${metricsPort}`, healthzBindAddress: `127.0.0.1:${healthzPort}`, minSyncPeriod: '0s' } }];
+    const ac = new AbortController();
+    t.after(() => ac.abort());
+    let running: Promise<void>;
+    if (mode === 'to-local') {
+      running = registeredSinks().find((s) => s.name === 'to-local')!.run({}, { store, views, log: quiet, signal: ac.signal }, backends);
+    } else {
+      const dir = mkdtempSync(join(tmpdir(), 'kpng-agent-'));
+      t.after(() => rmSync(dir, { recursive: true, force: true }));
+      const server = await startServer(store, `unix://${join(dir, 'kpng.sock')}`, {}, views);
+      t.after(() => server.stop());
+      running = runLocal({ api: server.address, errorDelay: 50, maxErrorDelay: 200 }, backends, quiet, ac.signal);
+    }
+    running.catch(() => {});
+    const metrics = `http://127.0.0.1:${metricsPort}/metrics`;
+    const healthz = `http://127.0.0.1:${healthzPort}/healthz`;
+    const end = Date.now() + 10_000;
+    while (!((await answers(metrics)) && (await answers(healthz)))) {
+      if (Date.now() > end) assert.fail('the servers never answered');
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    ac.abort();
+    await running;
+    assert.equal(await answers(metrics), false, '/metrics still answers');
+    assert.equal(await answers(healthz), false, '/healthz still answers');
+  });
+}
