@@ -45,9 +45,9 @@ export function toLocalOp(item: OpItem): LocalOp | string {
     case 'Set': {
       const set = op.value.Ref?.Set ?? LocalSet.UnknownSet;
       const path = op.value.Ref?.Path ?? '';
-      const problem = localPathProblem(set, path);
-      if (problem) return `local: ignoring a Set of ${LocalSet[set] ?? set} ${JSON.stringify(path)} (${problem})`;
-      const decode = DECODERS[set]!;
+      const decode = DECODERS[set];
+      const problem = localPathProblem(set, path) ?? (decode ? undefined : 'no decoder');
+      if (problem || !decode) return `local: ignoring a Set of ${LocalSet[set] ?? set} ${JSON.stringify(path)} (${problem})`;
       const bytes = op.value.Bytes;
       let value: LocalValue | undefined;
       return {
