@@ -4,7 +4,7 @@
 // are checked here before anything uses them. Each check names the first
 // field that is wrong ("IPs.ClusterIPs.V4[0]: ..."), or returns undefined.
 import type { EndpointInfo, Node as GlobalNode } from './gen/api/globalv1/api_pb.js';
-import { Protocol, type Endpoint, type IPSet, type LocalNode, type PortMapping, type Service, type ServiceCIDR } from './model.js';
+import { LocalSet, Protocol, type Endpoint, type IPSet, type LocalNode, type PortMapping, type Service, type ServiceCIDR } from './model.js';
 import { canonicalIP, ipFamily, parseCIDR } from './ip.js';
 
 const DNS_LABEL = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
@@ -97,4 +97,65 @@ export function nodeProblem(n: LocalNode | GlobalNode): string | undefined {
 export function serviceCIDRProblem(c: ServiceCIDR): string | undefined {
   for (const [i, x] of c.CIDRs.entries()) if (!parseCIDR(x)) return `CIDRs[${i}]: ${quote(x)} is not a CIDR`;
   return undefined;
+}
+
+// --- paths: what names an object on the wire, checked before its value is looked at
+
+const setName = (set: LocalSet) => LocalSet[set] ?? `set ${set}`;
+
+/**
+ * The path of an op of /localv1.Sets/Watch: a Service "ns/name", an endpoint
+ * "ns/name/key", the node and a ServiceCIDR "name".
+ */
+export function localPathProblem(set: LocalSet, path: string): string | undefined {
+  const parts = path.split('/');
+  const shape = (want: string, n: number) => (parts.length === n && parts.every((p) => p !== '') ? undefined : `path: not ${want}`);
+  switch (set) {
+    case LocalSet.ServicesSet:
+      return shape('ns/name', 2) ?? label(parts[0], 'path (namespace)') ?? label(parts[1], 'path (name)');
+    case LocalSet.EndpointsSet:
+      return shape('ns/name/key', 3) ?? label(parts[0], 'path (namespace)') ?? label(parts[1], 'path (service name)');
+    case LocalSet.NodesSet:
+    case LocalSet.ServiceCIDRsSet:
+      return shape('a name', 1) ?? subdomain(path, 'path (name)');
+    default:
+      return `${setName(set)} is not a set of the node-local stream`;
+  }
+}
+
+/** A path of /globalv1.Sets/Watch, "Namespace|Name|Source|Key", split. */
+export interface GlobalPath {
+  readonly namespace: string;
+  readonly name: string;
+  readonly source: string;
+  readonly key: string;
+}
+
+/**
+ * The path of an op of /globalv1.Sets/Watch (kpng's KV paths): a node and a
+ * ServiceCIDR "|name||", a Service "ns|name||", an endpoint "ns|svc|slice|key"
+ * (by service) or "ns||slice|key" (by slice).
+ */
+export function globalPath(set: LocalSet, path: string): GlobalPath | string {
+  const parts = path.split('|');
+  if (parts.length !== 4) return 'path: not ns|name|source|key';
+  const [namespace, name, source, key] = parts;
+  const p = { namespace, name, source, key };
+  const empty = (v: string, what: string) => (v === '' ? undefined : `path (${what}): ${quote(v)} should be empty`);
+  let problem: string | undefined;
+  switch (set) {
+    case LocalSet.GlobalNodeInfos:
+    case LocalSet.GlobalServiceCIDRInfos:
+      problem = empty(namespace, 'namespace') ?? subdomain(name, 'path (name)') ?? empty(source, 'source') ?? empty(key, 'key');
+      break;
+    case LocalSet.GlobalServiceInfos:
+      problem = label(namespace, 'path (namespace)') ?? label(name, 'path (name)') ?? empty(source, 'source') ?? empty(key, 'key');
+      break;
+    case LocalSet.GlobalEndpointInfos:
+      problem = label(namespace, 'path (namespace)') ?? label(name, 'path (service name)', true) ?? subdomain(source, 'path (slice name)') ?? (key === '' ? 'path (key): empty' : undefined);
+      break;
+    default:
+      problem = `${setName(set)} is not a set of the global stream`;
+  }
+  return problem ?? p;
 }

@@ -14,12 +14,12 @@ import { node, service, slice } from '../helpers/k8s.js';
 const dir = mkdtempSync(join(tmpdir(), 'kpng-npl-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
 
-/** "local" has internalTrafficPolicy Local and its only endpoint on another node: node-a's view of it has no endpoint */
-function write(input: string, remoteIP: string, webIP: string) {
+/** "local" has internalTrafficPolicy Local and its endpoints on another node (but localIP, on node-a): node-a's view of it has none */
+function write(input: string, remoteIP: string, webIP: string, localIP?: string) {
   const items = [
     node('node-a', undefined, ['192.168.0.2']),
     service('demo', 'local', { clusterIP: '10.96.0.11', internalTrafficPolicy: 'Local' }),
-    slice('demo', 'local-1', 'local', [{ ip: remoteIP, node: 'node-b' }]),
+    slice('demo', 'local-1', 'local', [{ ip: remoteIP, node: 'node-b' }, ...(localIP ? [{ ip: localIP, node: 'node-a' }] : [])]),
     service('demo', 'web', { clusterIP: '10.96.0.10' }),
     slice('demo', 'web-1', 'web', [{ ip: webIP, node: 'node-a' }]),
   ];
@@ -27,10 +27,13 @@ function write(input: string, remoteIP: string, webIP: string) {
   renameSync(join(dir, 'tmp.json'), join(input, 'state.json'));
 }
 
-async function observations(port: number): Promise<number> {
+async function histogram(port: number): Promise<{ count: number; sum: number }> {
   const m = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
-  return Number(/^kubeproxy_network_programming_duration_seconds_count\{ip_family=""\} (\d+)/m.exec(m)?.[1] ?? 'NaN');
+  const read = (what: string) => Number(new RegExp(`^kubeproxy_network_programming_duration_seconds_${what}\\{ip_family=""\\} ([0-9.e+-]+)`, 'm').exec(m)?.[1] ?? 'NaN');
+  return { count: read('count'), sum: read('sum') };
 }
+
+const observations = async (port: number) => (await histogram(port)).count;
 
 async function until(what: string, cond: () => Promise<boolean>, ms = 15_000) {
   const end = Date.now() + ms;
@@ -56,13 +59,19 @@ for (const mode of ['to-local', 'kpng local'] as const) {
       await until('the first sync', async () => (await observations(metricsPort).catch(() => NaN)) === 2);
       // the remote endpoint of the Local Service moves: node-a's view does not change
       write(input, '10.244.2.6', '10.244.1.10');
-      await new Promise((r) => setTimeout(r, 1500));
-      assert.equal(await observations(metricsPort), 2);
-      // web's endpoint changes: one more
-      write(input, '10.244.2.6', '10.244.1.11');
+      await new Promise((r) => setTimeout(r, 2500));
+      const before = await histogram(metricsPort);
+      assert.equal(before.count, 2);
+      // an endpoint of it comes to node-a: timed from this change, not from the one node-a never saw
+      write(input, '10.244.2.6', '10.244.1.10', '10.244.1.20');
       await until('the change to be timed', async () => (await observations(metricsPort)) === 3);
+      const after = await histogram(metricsPort);
+      assert.ok(after.sum - before.sum < 1.5, `timed ${after.sum - before.sum} s`);
+      // web's endpoint changes: one more
+      write(input, '10.244.2.6', '10.244.1.11', '10.244.1.20');
+      await until('the change to be timed', async () => (await observations(metricsPort)) === 4);
       await new Promise((r) => setTimeout(r, 500));
-      assert.equal(await observations(metricsPort), 3);
+      assert.equal(await observations(metricsPort), 4);
     } finally {
       for (const p of procs.reverse()) await p.stop();
     }

@@ -8,6 +8,7 @@ import { LocalSet } from '../../api/model.js';
 import { splitEndpointPath } from '../../diff/fullstate.js';
 import type { LocalOp, LocalSink } from '../../diff/ops.js';
 import { startBackends, type BackendSpec, type StartedBackend } from '../../backends/run.js';
+import type { SyncResult } from '../../backends/shared/runner.js';
 import { metrics } from '../../backends/shared/metrics.js';
 
 export interface NodeAgentOptions {
@@ -16,13 +17,11 @@ export interface NodeAgentOptions {
   readonly log: Logger;
   readonly signal: AbortSignal;
   /**
-   * When a Service's change was first seen upstream (to-local: the store);
-   * without it, or when it does not know, the time the node received the
-   * change's first op.
+   * When the change the current diff carries for this Service was first seen
+   * upstream (to-local: the store); asked once per Service and diff. Without
+   * it, or when it does not know: when the node received the change's first op.
    */
   readonly changedAt?: (serviceKey: string) => number | undefined;
-  /** observed: forget the upstream time of this change */
-  readonly observed?: (serviceKey: string, since: number) => void;
   /** feeds the ops to sink until the signal aborts (or the backend is done, with --once) */
   feed(sink: LocalSink, signal: AbortSignal, backend: StartedBackend): Promise<void>;
 }
@@ -35,36 +34,91 @@ export function serviceOfOp(op: LocalOp): string | undefined {
   return undefined;
 }
 
+/** One diff's change to one Service, on its way to the dataplane. */
+interface Change {
+  /** when the change started (the latency's start) */
+  readonly since: number;
+  /** when its diff's Sync reached the backends (Infinity before): a sync that started later applied it */
+  delivered: number;
+  /** the dataplane backends that have not applied it yet */
+  waiting: Set<number>;
+}
+
+/** changes kept per Service while syncs fail; beyond, the newest absorbs the next ones */
+const MAX_CHANGES_PER_SERVICE = 8;
+
+/**
+ * Times each Service's changes, diff by diff, from their start to the end of
+ * the first successful sync of every dataplane backend that began after the
+ * change was delivered. A Service a sync left out (the dataplane refused it:
+ * SyncResult.skipped) is not programmed, so it stays pending.
+ */
+export class ProgrammingLatency {
+  private readonly pending = new Map<string, Change[]>();
+  /** Services the current diff already has a change for */
+  private readonly inDiff = new Map<string, Change>();
+
+  constructor(
+    private readonly reporting: readonly number[],
+    private readonly changedAt?: (serviceKey: string) => number | undefined,
+    private readonly observe = (seconds: number) => metrics.networkProgramming.observe({ ip_family: '' }, seconds),
+    private readonly now = () => Date.now(),
+  ) {}
+
+  /** Services with changes not yet programmed (for tests) */
+  get size(): number {
+    return this.pending.size;
+  }
+
+  /** an op is about to reach the backends */
+  delivering(op: LocalOp): void {
+    if (op.kind === 'sync') {
+      // the diff is complete: a sync that starts from now on applies all of it
+      const now = this.now();
+      for (const c of this.inDiff.values()) c.delivered = now;
+      return this.inDiff.clear();
+    }
+    const key = serviceOfOp(op);
+    if (key === undefined || !this.reporting.length || this.inDiff.has(key)) return;
+    let list = this.pending.get(key);
+    if (!list) this.pending.set(key, (list = []));
+    let c = list[list.length - 1];
+    if (list.length < MAX_CHANGES_PER_SERVICE) list.push((c = { since: this.changedAt?.(key) ?? this.now(), delivered: Infinity, waiting: new Set(this.reporting) }));
+    else (c.delivered = Infinity), (c.waiting = new Set(this.reporting));
+    this.inDiff.set(key, c);
+  }
+
+  /** a sync of backend (its index) ended */
+  synced(r: SyncResult, backend: number): void {
+    if (!r.ok) return;
+    const started = r.endedAt - r.durationMs;
+    const skipped = r.skipped.length ? new Set(r.skipped) : undefined;
+    for (const [key, list] of this.pending) {
+      if (skipped?.has(key)) continue; // its last applied version stays: not programmed
+      const left = list.filter((c) => {
+        if (c.delivered > started) return true; // delivered while this sync ran: the next one applies it
+        c.waiting.delete(backend);
+        if (c.waiting.size) return true; // another backend has still to apply it
+        this.observe((r.endedAt - c.since) / 1000);
+        return false;
+      });
+      if (!left.length) this.pending.delete(key);
+      else if (left.length < list.length) this.pending.set(key, left);
+    }
+  }
+}
+
 export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
   const b = await startBackends(o.backends, o.log, o.signal);
   const stop = new AbortController();
   const onAbort = () => stop.abort();
   o.signal.addEventListener('abort', onAbort, { once: true });
   void b.done.then(() => stop.abort());
-  // the Services delivered and not yet applied by every dataplane backend:
-  // when their change started, when delivered, which backends still have to
-  const pending = new Map<string, { since: number; delivered: number; waiting: Set<number> }>();
-  const unsubscribe = b.onResult((r, backend) => {
-    if (!r.ok) return;
-    const started = r.endedAt - r.durationMs;
-    for (const [k, p] of pending) {
-      if (p.delivered > started) continue; // came after this sync began: the next one applies it
-      p.waiting.delete(backend);
-      if (p.waiting.size) continue;
-      metrics.networkProgramming.observe({ ip_family: '' }, (r.endedAt - p.since) / 1000);
-      o.observed?.(k, p.since);
-      pending.delete(k);
-    }
-  });
+  const latency = new ProgrammingLatency(b.reporting, o.changedAt);
+  const unsubscribe = b.onResult((r, backend) => latency.synced(r, backend));
   const sink: LocalSink = {
     send: (op: LocalOp) => {
-      const key = serviceOfOp(op);
-      if (key !== undefined && b.reporting.length) {
-        const now = Date.now();
-        const p = pending.get(key);
-        if (p) p.waiting = new Set(b.reporting); // changed again: every backend has to apply it
-        else pending.set(key, { since: o.changedAt?.(key) ?? now, delivered: now, waiting: new Set(b.reporting) });
-      }
+      latency.delivering(op);
       return b.sink.send(op);
     },
   };

@@ -1,6 +1,6 @@
 // to-local: runs a backend in this process on this node's diff stream,
 // computed from this process's store (the node agent: agent.ts).
-import { LocalDiff, runLocalDiff } from '../../diff/local-diff.js';
+import { LocalDiff } from '../../diff/local-diff.js';
 import { metrics } from '../../backends/shared/metrics.js';
 import { registerSink } from '../registry.js';
 import { runNodeAgent, serviceOfOp } from './agent.js';
@@ -19,37 +19,42 @@ registerSink({
       const t = Date.now();
       for (const k of c.services) if (!changed.has(k)) changed.set(k, t);
     });
+    /** when the store first saw the change each Service of the current diff carries */
+    let since = new Map<string, number>();
     try {
       await runNodeAgent({
         backends: backends.map((b, i) => (i === 0 ? { ...b, opts: { ...b.opts, nodeName: b.opts.nodeName ?? ctx.nodeName } } : b)),
         log: ctx.log,
         signal: ctx.signal,
-        changedAt: (k) => changed.get(k),
-        observed: (k, since) => changed.get(k) === since && changed.delete(k),
+        changedAt: (k) => since.get(k),
         async feed(sink, signal, b) {
           ctx.log.info({ node: b.nodeName, backends: backends.map((x) => x.name).join(',') }, 'to-local: starting');
           const diff = new LocalDiff(ctx.store, ctx.views, b.nodeName, { sets: b.sets });
-          // a change the diff saw and did not carry is not this node's: it is not timed
-          let diffStart = 0;
-          const carried = new Set<string>();
-          await runLocalDiff(
-            diff,
-            {
-              send: async (op) => {
-                diffStart ||= Date.now();
-                const key = serviceOfOp(op);
-                if (key !== undefined) carried.add(key);
-                await sink.send(op);
-                if (op.kind !== 'sync') return;
-                for (const [k, t] of changed) if (t < diffStart && !carried.has(k)) changed.delete(k);
-                carried.clear();
-                diffStart = 0;
-                metrics.apiEvents.set(ctx.store.events);
-                metrics.revisions.set(ctx.store.rev);
-              },
-            },
-            signal,
-          );
+          const onAbort = () => diff.close();
+          signal.addEventListener('abort', onAbort, { once: true });
+          try {
+            while (!signal.aborted) {
+              await diff.changed();
+              if (signal.aborted) break;
+              const ops = diff.next();
+              // every change noted so far was looked at by this diff: what it
+              // carries is timed from its store time, the rest is not this node's
+              since = new Map();
+              for (const op of ops) {
+                const k = serviceOfOp(op);
+                const t = k === undefined ? undefined : changed.get(k);
+                if (t !== undefined) since.set(k!, t);
+              }
+              changed.clear();
+              for (const op of ops) await sink.send(op);
+              if (!ops.length) continue;
+              metrics.apiEvents.set(ctx.store.events);
+              metrics.revisions.set(ctx.store.rev);
+            }
+          } finally {
+            signal.removeEventListener('abort', onAbort);
+            diff.close();
+          }
         },
       });
     } finally {

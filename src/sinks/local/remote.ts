@@ -9,7 +9,7 @@ import { create } from '@bufbuild/protobuf';
 import type { Command } from 'commander';
 import { WatchReqSchema, type OpItem } from '../../api/gen/api/localv1/api_pb.js';
 import { LocalSet, decodeEndpoint, decodeLocalNode, decodeService, decodeServiceCIDR, type Endpoint, type LocalNode, type Service, type ServiceCIDR } from '../../api/model.js';
-import { endpointProblem, nodeProblem, serviceCIDRProblem, serviceProblem } from '../../api/validate.js';
+import { endpointProblem, localPathProblem, nodeProblem, serviceCIDRProblem, serviceProblem } from '../../api/validate.js';
 import { DEFAULT_API } from '../../api/grpc/address.js';
 import { runWatch, type WatchClientOptions } from '../../api/grpc/client.js';
 import { addClientTLSOptions, clientTLSFromOpts } from '../../api/grpc/tls.js';
@@ -31,17 +31,23 @@ const DECODERS: Partial<Record<LocalSet, (b: Uint8Array) => LocalValue>> = {
 const RESET: LocalOp = { kind: 'reset' };
 const SYNC: LocalOp = { kind: 'sync' };
 
-/** An OpItem as a LocalOp; the value is decoded only if someone reads it (FilterResetSink drops most resent ones). Undefined for sets this side does not know. */
-export function toLocalOp(item: OpItem): LocalOp | undefined {
+/**
+ * An OpItem as a LocalOp, or why it is refused (a set this side does not
+ * know, a path of the wrong shape: nothing the node could have, so it is
+ * refused before FilterResetSink). The value is decoded only if someone
+ * reads it (FilterResetSink drops most resent ones).
+ */
+export function toLocalOp(item: OpItem): LocalOp | string {
   const op = item.Op;
   switch (op.case) {
     case 'Sync': return SYNC;
     case 'Reset': return RESET;
     case 'Set': {
       const set = op.value.Ref?.Set ?? LocalSet.UnknownSet;
-      const decode = DECODERS[set];
-      if (!decode) return undefined;
       const path = op.value.Ref?.Path ?? '';
+      const decode = DECODERS[set];
+      const problem = localPathProblem(set, path) ?? (decode ? undefined : 'no decoder');
+      if (problem || !decode) return `local: ignoring a Set of ${LocalSet[set] ?? set} ${JSON.stringify(path)} (${problem})`;
       const bytes = op.value.Bytes;
       let value: LocalValue | undefined;
       return {
@@ -55,12 +61,13 @@ export function toLocalOp(item: OpItem): LocalOp | undefined {
       };
     }
     case 'Delete': {
-      const set = op.value.Set;
-      if (!DECODERS[set]) return undefined;
-      return { kind: 'delete', set, path: op.value.Path };
+      const { Set: set, Path: path } = op.value;
+      const problem = localPathProblem(set, path);
+      if (problem) return `local: ignoring a Delete of ${LocalSet[set] ?? set} ${JSON.stringify(path)} (${problem})`;
+      return { kind: 'delete', set, path };
     }
     default:
-      return undefined;
+      return 'local: ignoring an op of an unknown kind';
   }
 }
 
@@ -92,14 +99,19 @@ export class QuietResyncSink implements LocalSink {
   }
 }
 
-/** Watches one node's state until the signal aborts, reconnecting as needed; ops go to sink as they arrive. */
+/**
+ * Watches one node's state until the signal aborts, reconnecting as needed;
+ * ops go to sink as they arrive, but for those refused by toLocalOp (one
+ * log line each).
+ */
 export async function watchLocalApi(opts: WatchClientOptions, nodeName: string, sets: readonly LocalSet[], sink: LocalSink): Promise<void> {
   const req = create(WatchReqSchema, { NodeName: nodeName, Sets: [...sets] });
   await runWatch(opts, localWatchMethod, {
     request: () => req,
     op: (item) => {
       const op = toLocalOp(item);
-      if (op) return sink.send(op);
+      if (typeof op !== 'string') return sink.send(op);
+      opts.log.warn(op);
     },
   });
 }
@@ -107,8 +119,9 @@ export async function watchLocalApi(opts: WatchClientOptions, nodeName: string, 
 /**
  * A value from a brain that does not decode, or is not valid (src/api/validate.ts),
  * never reaches the backend: one log line naming it and the field; the
- * backend keeps what it had (the Set is dropped, it is not a Delete).
- * Paths that are not ns/name (ns/name/key for endpoints) likewise.
+ * backend keeps what it had (the Set is dropped, it is not a Delete). It sits
+ * behind FilterResetSink, which thus counts a refused value as resent: the
+ * last good one is not deleted after a reconnect.
  */
 export class ValidatingSink implements LocalSink {
   constructor(
@@ -117,27 +130,24 @@ export class ValidatingSink implements LocalSink {
   ) {}
 
   send(op: LocalOp): void | Promise<void> {
-    if (op.kind === 'set' || op.kind === 'delete') {
+    if (op.kind === 'set') {
       const problem = this.problem(op);
       if (problem) {
-        this.log.warn({ set: LocalSet[op.set], path: op.path, problem }, `local: ignoring an invalid ${op.kind === 'set' ? 'value' : 'delete'} of ${LocalSet[op.set]} ${op.path} (${problem}); the last good one stays`);
+        this.log.warn({ set: LocalSet[op.set], path: op.path, problem }, `local: ignoring an invalid value of ${LocalSet[op.set]} ${op.path} (${problem}); the last good one stays`);
         return;
       }
     }
     return this.inner.send(op);
   }
 
-  private problem(op: Extract<LocalOp, { kind: 'set' | 'delete' }>): string | undefined {
-    const parts = op.path.split('/');
-    const want = op.set === LocalSet.EndpointsSet ? 3 : op.set === LocalSet.ServicesSet ? 2 : 1;
-    if (parts.length !== want || parts.some((p) => p === '')) return `the path is not ${['name', 'ns/name', 'ns/name/key'][want - 1]}`;
-    if (op.kind === 'delete') return undefined;
+  private problem(op: Extract<LocalOp, { kind: 'set' }>): string | undefined {
     let value: LocalValue;
     try {
       value = op.value;
     } catch (e) {
       return `does not decode: ${(e as Error).message}`;
     }
+    const named = (name: string) => (name === op.path ? undefined : `Name ${JSON.stringify(name)} is not its path`);
     switch (op.set) {
       case LocalSet.ServicesSet: {
         const svc = value as Service;
@@ -146,9 +156,9 @@ export class ValidatingSink implements LocalSink {
       case LocalSet.EndpointsSet:
         return endpointProblem(value as Endpoint);
       case LocalSet.NodesSet:
-        return nodeProblem(value as LocalNode);
+        return nodeProblem(value as LocalNode) ?? named((value as LocalNode).Name);
       case LocalSet.ServiceCIDRsSet:
-        return serviceCIDRProblem(value as ServiceCIDR);
+        return serviceCIDRProblem(value as ServiceCIDR) ?? named((value as ServiceCIDR).Name);
     }
     return undefined;
   }

@@ -11,7 +11,7 @@ import type * as L from '../../api/gen/api/localv1/api_pb.js';
 import * as G from '../../api/gen/api/globalv1/api_pb.js';
 import { fromBinary } from '@bufbuild/protobuf';
 import { LocalSet } from '../../api/model.js';
-import { endpointInfoProblem, nodeProblem, serviceCIDRProblem, serviceProblem } from '../../api/validate.js';
+import { endpointInfoProblem, globalPath, nodeProblem, serviceCIDRProblem, serviceProblem } from '../../api/validate.js';
 import { runWatch } from '../../api/grpc/client.js';
 import { clientTLSFromOpts, type ClientTLS } from '../../api/grpc/tls.js';
 import { GLOBAL_SETS_HEADER, globalWatchMethod } from '../../api/grpc/wire.js';
@@ -106,14 +106,18 @@ export class ApiSource {
         continue;
       }
       const cur = this.mirror;
-      const set = op.case === 'Set' ? (op.value.Ref?.Set ?? LocalSet.UnknownSet) : op.case === 'Delete' ? op.value.Set : LocalSet.UnknownSet;
-      const path = op.case === 'Set' ? (op.value.Ref?.Path ?? '') : op.case === 'Delete' ? op.value.Path : '';
-      const parts = path.split('|');
-      if (parts.length !== 4) {
-        this.log.warn({ set: LocalSet[set] ?? set, path }, 'api: ignoring an op with a path that is not ns|name|source|key');
+      if (op.case !== 'Set' && op.case !== 'Delete') {
+        this.log.warn('api: ignoring an op of an unknown kind');
         continue;
       }
-      const [ns, name, source, key] = parts;
+      const set = op.case === 'Set' ? (op.value.Ref?.Set ?? LocalSet.UnknownSet) : op.value.Set;
+      const path = op.case === 'Set' ? (op.value.Ref?.Path ?? '') : op.value.Path;
+      const parsed = globalPath(set, path);
+      if (typeof parsed === 'string') {
+        this.log.warn({ set: LocalSet[set] ?? set, path, problem: parsed }, `api: ignoring a ${op.case} of ${LocalSet[set] ?? set} ${JSON.stringify(path)} (${parsed})`);
+        continue;
+      }
+      const { namespace: ns, name, source, key } = parsed;
       const bytes = op.case === 'Set' ? op.value.Bytes : undefined;
       /** a value that does not decode or is not valid: one line; the last good one (from before a Reset too) stays */
       const refuse = (what: string, problem: string, keepLast: () => void) => {
@@ -127,11 +131,15 @@ export class ApiSource {
           return e as Error;
         }
       };
+      /** why a decoded value is refused: it does not decode, is invalid, or names another object than its path */
+      const problemOf = <T>(v: T | Error | undefined, check: (v: T) => string | undefined): string | undefined =>
+        v instanceof Error ? `does not decode: ${v.message}` : v === undefined ? (bytes ? 'no value' : undefined) : check(v);
+      const same = (what: string, got: string, want: string) => (got === want ? undefined : `${what} ${JSON.stringify(got)} is not its path's ${JSON.stringify(want)}`);
       switch (set) {
         case LocalSet.GlobalNodeInfos: {
           nodes.add(name);
           const node = bytes && decode(() => fromBinary(G.NodeInfoSchema, bytes).Node);
-          const problem = node instanceof Error ? `does not decode: ${node.message}` : node ? nodeProblem(node) : undefined;
+          const problem = problemOf(node, (n) => nodeProblem(n) ?? same('Name', n.Name, name));
           if (problem) refuse(`Node ${name}`, problem, () => (m.nodes.has(name) ? cur.nodes.set(name, m.nodes.get(name)!) : undefined));
           else if (node && !(node instanceof Error)) cur.nodes.set(name, node);
           else cur.nodes.delete(name);
@@ -141,7 +149,7 @@ export class ApiSource {
           const k = `${ns}/${name}`;
           services.add(k);
           const svc = bytes && decode(() => fromBinary(G.ServiceInfoSchema, bytes).Service);
-          const problem = svc instanceof Error ? `does not decode: ${svc.message}` : svc ? serviceProblem(svc) : undefined;
+          const problem = problemOf(svc, (s) => serviceProblem(s) ?? same('Namespace/Name', `${s.Namespace}/${s.Name}`, k));
           if (problem) refuse(`Service ${k}`, problem, () => (m.services.has(k) ? cur.services.set(k, m.services.get(k)!) : undefined));
           else if (svc && !(svc instanceof Error)) cur.services.set(k, svc);
           else cur.services.delete(k);
@@ -154,9 +162,9 @@ export class ApiSource {
           let s = cur.slices.get(sk);
           if (bytes) {
             const info = decode(() => fromBinary(G.EndpointInfoSchema, bytes));
-            const problem = info instanceof Error ? `does not decode: ${info.message}` : endpointInfoProblem(info);
+            const problem = problemOf(info, (i) => endpointInfoProblem(i) ?? same('Namespace', i.Namespace, ns) ?? (i.SourceName === '' ? undefined : same('SourceName', i.SourceName, source)));
             if (problem || info instanceof Error) {
-              refuse(`endpoint of EndpointSlice ${sk}`, problem ?? 'does not decode', () => {
+              refuse(`endpoint ${key} of EndpointSlice ${sk}`, problem ?? 'does not decode', () => {
                 const last = m.slices.get(sk)?.endpoints.get(key);
                 if (!last) return;
                 if (!s) cur.slices.set(sk, (s = { namespace: ns, name: source, endpoints: new Map() }));
@@ -176,14 +184,12 @@ export class ApiSource {
         case LocalSet.GlobalServiceCIDRInfos: {
           cidrs.add(name);
           const c = bytes && decode(() => fromBinary(G.ServiceCIDRInfoSchema, bytes).ServiceCIDR);
-          const problem = c instanceof Error ? `does not decode: ${c.message}` : c ? serviceCIDRProblem(c) : undefined;
+          const problem = problemOf(c, (x) => serviceCIDRProblem(x) ?? same('Name', x.Name, name));
           if (problem) refuse(`ServiceCIDR ${name}`, problem, () => (m.cidrs.has(name) ? cur.cidrs.set(name, m.cidrs.get(name)!) : undefined));
           else if (c && !(c instanceof Error)) cur.cidrs.set(name, c);
           else cur.cidrs.delete(name);
           break;
         }
-        default:
-          this.log.debug({ set, path }, 'api: ignoring an op of an unknown set');
       }
     }
 
