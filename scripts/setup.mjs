@@ -4,7 +4,7 @@
 //  - npm packages, when node_modules is missing (npm ci);
 //  - nftables, iptables, ipset, conntrack, iproute2, procps from Debian, and
 //    on x86-64 the kernel lab's qemu-system-x86, busybox-static, cpio, kmod,
-//    python3 (docs/kernel-lab.md), when running as root on a machine with
+//    python3 and ipvsadm (docs/kernel-lab.md), when running as root on a machine with
 //    apt-get and one of them is missing;
 //  - the kernel lab itself, once (scripts/vmlab-setup.mjs; quick when ready).
 //    Not prepared is no setup failure: the tests that need it say why.
@@ -19,7 +19,7 @@ const has = (tool) => ['/usr/sbin', '/sbin', '/usr/bin', '/bin'].some((d) => exi
 
 const kernelLab = process.platform === 'linux' && process.arch === 'x64';
 const tools = { nft: 'nftables', iptables: 'iptables', 'iptables-legacy': 'iptables', ipset: 'ipset', conntrack: 'conntrack', ip: 'iproute2', ps: 'procps' };
-if (kernelLab) Object.assign(tools, { 'qemu-system-x86_64': 'qemu-system-x86', cpio: 'cpio', depmod: 'kmod', modprobe: 'kmod', python3: 'python3' });
+if (kernelLab) Object.assign(tools, { 'qemu-system-x86_64': 'qemu-system-x86', cpio: 'cpio', depmod: 'kmod', modprobe: 'kmod', python3: 'python3', ipvsadm: 'ipvsadm' });
 const missing = [...new Set(Object.entries(tools).filter(([t]) => !has(t)).map(([, p]) => p))];
 // the initrd needs a static busybox; Debian's busybox package is not
 const installed = (pkg) => spawnSync('dpkg-query', ['-W', '-f=${Status}', pkg], { encoding: 'utf8' }).stdout?.includes('install ok installed');

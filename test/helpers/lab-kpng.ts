@@ -190,9 +190,9 @@ export class KpngLab {
    * Starts kpng and waits until probe is answered by an endpoint, not by the
    * world (a ClusterIP not programmed yet is routed there); throws if never.
    */
-  async startAndWait(probe: () => Promise<Outcome>, opts: { pre?: string[]; extra?: string[] } = {}): Promise<KpngProcess> {
+  async startAndWait(probe: () => Promise<Outcome>, opts: { pre?: string[]; extra?: string[]; timeoutMs?: number } = {}): Promise<KpngProcess> {
     const kpng = this.start(opts);
-    const ready = await pollUntil(probe, (o) => o.kind === 'answered' && o.by !== 'world', 20_000);
+    const ready = await pollUntil(probe, (o) => o.kind === 'answered' && o.by !== 'world', opts.timeoutMs ?? 20_000);
     if (!ready.ok) throw new Error(`kpng never programmed the Service: ${describeOutcome(ready.value)}\n${kpng.stderr.slice(-3000)}`);
     return kpng;
   }

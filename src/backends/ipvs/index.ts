@@ -3,10 +3,10 @@ import { LocalSet } from '../../api/model.js';
 import { registerBackend } from '../registry.js';
 import { addDataplaneFlags, dataplaneOptions, proxierInstance } from '../shared/backend.js';
 import { runNft, type NftError } from '../shared/nftables/nft.js';
-import { runTool, type ToolError } from '../shared/tool.js';
 import { IpvsProxier } from './proxier.js';
 import { Ipvs, vsKey } from './ipvs.js';
 import { DUMMY, TABLE } from './ruleset.js';
+import { ToolNode } from './node.js';
 
 registerBackend({
   name: 'ipvs',
@@ -22,13 +22,8 @@ registerBackend({
   async cleanup(log) {
     const report = { removed: [] as string[], kept: [] as string[], failed: [] as string[] };
     // kpng's virtual servers: on an address of kube-ipvs0, or a NodePort server its table recorded
-    let bound = new Set<string>();
-    try {
-      const j = JSON.parse(await runTool('ip', ['-j', 'addr', 'show', 'dev', DUMMY])) as { addr_info?: { local: string }[] }[];
-      bound = new Set(j.flatMap((l) => (l.addr_info ?? []).map((a) => a.local)));
-    } catch {
-      // no kube-ipvs0: no service address of kpng's
-    }
+    const node = new ToolNode();
+    const bound = await node.addresses();
     const recorded = new Set<string>();
     for (const family of ['ip', 'ip6'] as const) {
       try {
@@ -59,10 +54,9 @@ registerBackend({
       }
     }
     try {
-      await runTool('ip', ['link', 'del', DUMMY]);
-      report.removed.push(`interface ${DUMMY}`);
+      if (await node.remove()) report.removed.push(`interface ${DUMMY}`);
     } catch (e) {
-      if (!/Cannot find device|does not exist/.test((e as ToolError).stderr ?? '')) report.failed.push(`interface ${DUMMY}: ${(e as Error).message}`);
+      report.failed.push(`interface ${DUMMY}: ${(e as Error).message}`);
     }
     return report;
   },

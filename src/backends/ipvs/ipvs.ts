@@ -31,6 +31,8 @@ export const FLAG_PERSISTENT = 0x1;
 /** mh: IP_VS_SVC_F_SCHED1 (mh-fallback), IP_VS_SVC_F_SCHED2 (mh-port) */
 export const FLAG_SCHED1 = 0x8;
 export const FLAG_SCHED2 = 0x10;
+/** the flags a user sets (persistent, one-packet, sched1-3); the kernel adds its own (HASHED, 0x2) */
+const USER_FLAGS = 0x1 | 0x4 | 0x8 | 0x10 | 0x20;
 
 /** A virtual server: what a service address and port is. */
 export interface VirtualServer {
@@ -288,7 +290,7 @@ export class Ipvs {
       protocol,
       port: m.be16(s.get(SVC.PORT)) ?? 0,
       scheduler: m.string(s.get(SVC.SCHED_NAME)) ?? '',
-      flags: flags ? flags.readUInt32LE(0) : 0,
+      flags: flags ? flags.readUInt32LE(0) & USER_FLAGS : 0,
       timeout: m.u32(s.get(SVC.TIMEOUT)) ?? 0,
     };
   }

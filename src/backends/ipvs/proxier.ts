@@ -23,9 +23,9 @@ import { ElementTable, type Element } from '../shared/nftables/elements.js';
 import { ProcessNft, SessionNft, type Nft } from '../shared/nftables/nft.js';
 import { Transaction, type TableRef } from '../shared/nftables/transaction.js';
 import { NftWatch, type DriftSource } from '../shared/nft-watch.js';
-import { runTool, ToolError } from '../shared/tool.js';
 import { metrics } from '../shared/metrics.js';
 import { FLAG_PERSISTENT, FLAG_SCHED1, FLAG_SCHED2, Ipvs, rsKey, vsKey, type IpvsError, type IpvsOp, type RealServer, type VirtualServer } from './ipvs.js';
+import { ToolNode, type IpvsNode } from './node.js';
 import { BASE_CHAINS, DUMMY, FAMILIES, TABLE, chains, sets, type FamilyNames, type StaticInputs } from './ruleset.js';
 
 /** IPVS's schedulers (ip_vs_<name> modules of Debian's kernel) */
@@ -46,14 +46,12 @@ export interface IpvsApi {
 
 export interface IpvsProxierOptions extends DataplaneOptions {
   readonly nftPath?: string;
-  /** the ip binary */
-  readonly ipPath?: string;
-  readonly sysctlPath?: string;
-  readonly modprobePath?: string;
+  /** kube-ipvs0, sysctls, modules (default: through ip, sysctl, modprobe) */
+  readonly node?: IpvsNode;
   /** how to reach IPVS (default: netlink in this process's network namespace, or netns) */
   readonly ipvs?: IpvsApi;
   readonly nft?: Nft;
-  /** the node's interface addresses (NodePorts); default: this process's namespace's, but kube-ipvs0's */
+  /** the node's interface addresses (NodePorts); default: this process's namespace's, but kube-ipvs0's (service addresses) */
   readonly interfaceAddresses?: () => string[];
 }
 
@@ -71,7 +69,7 @@ interface CommittedVS {
 /** What one Service wants of IPVS, of the dummy interface and of the table. */
 interface OwnerState {
   readonly servers: Map<string, DesiredVS>;
-  readonly addresses: string[];
+  readonly addresses: Set<string>;
 }
 
 export interface IpvsProxierStats extends SyncStats {
@@ -85,6 +83,7 @@ export class IpvsProxier extends ProxierBase {
   readonly stats: IpvsProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, repairs: 0, lastOperations: 0, draining: 0 };
   private ipvs?: IpvsApi;
   private readonly nft: Nft;
+  private readonly host: IpvsNode;
   private readonly watch?: DriftSource;
   private started = false;
   private readonly families: Family[];
@@ -101,6 +100,8 @@ export class IpvsProxier extends ProxierBase {
   /** address -> owners binding it */
   private readonly addressRefs = new Map<string, number>();
   private boundAddresses = new Set<string>();
+  /** addresses bound or unbound by the last sync */
+  private addressChanges = 0;
   private readonly elements = new Map<Family, ElementTable>();
   private structureKnown = false;
   /** Services programmed with NodePorts or source ranges (what the node's addresses change) */
@@ -114,6 +115,7 @@ export class IpvsProxier extends ProxierBase {
     super(o, { minSyncPeriodMs: o.config.ipvs.minSyncPeriodMs, syncPeriodMs: o.config.ipvs.syncPeriodMs });
     this.families = [...(o.families ?? [4, 6])];
     for (const f of this.families) this.elements.set(f, new ElementTable());
+    this.host = o.node ?? new ToolNode();
     this.nft = o.nft ?? (!o.dryRun && !o.once ? new SessionNft({ path: o.nftPath, onFallback: (m) => this.warnOnce('nft session', m) }) : new ProcessNft({ path: o.nftPath }));
     if (!o.dryRun && !o.once && o.watch !== false) {
       const fams = new Set<number>(this.families.map((f) => (f === 4 ? 2 : 10)));
@@ -128,35 +130,14 @@ export class IpvsProxier extends ProxierBase {
     this.ipvs?.close();
   }
 
-  private tool(name: 'ip' | 'sysctl' | 'modprobe'): string {
-    return (name === 'ip' ? this.o.ipPath : name === 'sysctl' ? this.o.sysctlPath : this.o.modprobePath) ?? name;
-  }
-
   // --- setting up the node
 
   private async start(): Promise<void> {
     if (this.started || this.o.dryRun) return;
     const c = this.o.config.ipvs;
-    // the modules (kube-proxy loads them too); IPVS loads the schedulers itself
-    await runTool(this.tool('modprobe'), ['ip_vs']).catch((e: ToolError) => this.o.log.warn({ err: e.message }, 'ipvs: modprobe ip_vs failed; trying anyway'));
+    await this.host.prepare({ ipv6: this.families.includes(6), strictARP: c.strictARP, warn: (msg, err) => this.o.log.warn({ err }, msg) });
     this.ipvs = this.o.ipvs ?? new Ipvs(this.o.netns);
-    // IPVS connections through conntrack (masquerading needs it), and kube-proxy's other settings
-    const sysctls: [string, string][] = [
-      ['net.ipv4.vs.conntrack', '1'],
-      ['net.ipv4.vs.expire_nodest_conn', '1'],
-      ['net.ipv4.vs.expire_quiescent_template', '1'],
-      ['net.ipv4.vs.conn_reuse_mode', '0'],
-      ['net.ipv4.ip_forward', '1'],
-    ];
-    if (this.families.includes(6)) sysctls.push(['net.ipv6.conf.all.forwarding', '1']);
-    if (c.strictARP) sysctls.push(['net.ipv4.conf.all.arp_ignore', '1'], ['net.ipv4.conf.all.arp_announce', '2']);
-    for (const [k, v] of sysctls) await runTool(this.tool('sysctl'), ['-qw', `${k}=${v}`]).catch((e: ToolError) => this.o.log.warn({ key: k, err: e.message }, 'ipvs: cannot set sysctl'));
     if (c.tcpTimeoutMs || c.tcpFinTimeoutMs || c.udpTimeoutMs) this.ipvs.setTimeouts(Math.round(c.tcpTimeoutMs / 1000), Math.round(c.tcpFinTimeoutMs / 1000), Math.round(c.udpTimeoutMs / 1000));
-    // kube-ipvs0: up, so IPv6 addresses work; NOARP: it answers for nothing on the wire
-    await runTool(this.tool('ip'), ['link', 'add', DUMMY, 'type', 'dummy']).catch((e: ToolError) => {
-      if (!e.isExists) throw e;
-    });
-    await runTool(this.tool('ip'), ['link', 'set', DUMMY, 'up']);
     this.started = true;
   }
 
@@ -183,7 +164,7 @@ export class IpvsProxier extends ProxierBase {
   private nodePortIPs(family: Family): string[] {
     const list = this.o.config.nodePortAddresses;
     const np = nodePortAddresses(list.length ? list : ['all'], this.node, family);
-    const local = (this.o.interfaceAddresses?.() ?? interfaceAddresses()).filter((ip) => (family === 4 ? isIPv4(ip) : !isIPv4(ip)) && !this.boundAddresses.has(ip) && !this.addressRefs.has(ip));
+    const local = (this.o.interfaceAddresses?.() ?? interfaceAddresses()).filter((ip) => (family === 4 ? isIPv4(ip) : !isIPv4(ip)));
     const usable = (ip: string) => !ip.startsWith('127.') && ip !== '::1' && !ip.startsWith('fe80:');
     if (np.all) return local.filter(usable).sort();
     const out = new Set<string>(np.primary);
@@ -216,7 +197,7 @@ export class IpvsProxier extends ProxierBase {
     /** an address on kube-ipvs0 and its virtual server */
     const bind = (address: string, targets: readonly Target[]) => {
       add(address, P, targets);
-      state.addresses.push(address);
+      state.addresses.add(address);
       el('service-addresses', address);
       el('virtual-servers', vipKey(address, P));
     };
@@ -278,7 +259,7 @@ export class IpvsProxier extends ProxierBase {
     for (const key of keys) {
       const owner = `svc:${key}`;
       const svc = this.serviceOf(key);
-      const state: OwnerState = { servers: new Map(), addresses: [] };
+      const state: OwnerState = { servers: new Map(), addresses: new Set() };
       this.nodeDependent.delete(key);
       for (const family of this.families) {
         const elements: Element[] = [];
@@ -308,9 +289,9 @@ export class IpvsProxier extends ProxierBase {
       this.wanting.set(k, [...(this.wanting.get(k) ?? []), d]);
       this.touched.add(k);
     }
-    for (const a of new Set(state.addresses)) this.addressRefs.set(a, (this.addressRefs.get(a) ?? 0) + 1);
+    for (const a of state.addresses) this.addressRefs.set(a, (this.addressRefs.get(a) ?? 0) + 1);
     for (const [a, n] of this.addressRefs) if (n <= 0) this.addressRefs.delete(a);
-    if (state.servers.size || state.addresses.length) this.owners.set(owner, state);
+    if (state.servers.size || state.addresses.size) this.owners.set(owner, state);
     else this.owners.delete(owner);
     for (const k of this.touched) {
       const list = this.wanting.get(k);
@@ -351,8 +332,13 @@ export class IpvsProxier extends ProxierBase {
         if (!cur) push({ op: 'add-dest', vs: v, rs }, want.owner);
         else if (cur.weight !== rs.weight) push({ op: 'set-dest', vs: v, rs }, want.owner);
       }
-      // gone: drained first (weight 0), deleted once it has no connection
-      for (const [rk, cur] of have.real) if (!want.real.has(rk) && cur.weight !== 0) push({ op: 'set-dest', vs: v, rs: { ...cur, weight: 0 } }, want.owner);
+      // gone: TCP drained first (weight 0), deleted once it has no connection;
+      // UDP and SCTP at once (expire_nodest_conn ends their flows), as kube-proxy
+      for (const [rk, cur] of have.real) {
+        if (want.real.has(rk)) continue;
+        if (v.protocol !== 'tcp') push({ op: 'del-dest', vs: v, rs: cur }, want.owner);
+        else if (cur.weight !== 0) push({ op: 'set-dest', vs: v, rs: { ...cur, weight: 0 } }, want.owner);
+      }
     }
     return { ops, owners };
   }
@@ -360,8 +346,9 @@ export class IpvsProxier extends ProxierBase {
   protected async apply(req: ApplyRequest): Promise<{ changes: number }> {
     const t0 = Date.now();
     await this.start();
-    if (req.full && !req.check) await this.adopt();
+    const found = req.full && !req.check ? await this.adopt() : undefined;
     this.recompute(this.nodeKeys(req.keys), !req.check);
+    if (found) this.adoptServers(found);
     const tx = this.render(req.full || req.check || !this.structureKnown || this.nodeDirty);
     const { ops, owners } = this.operations(req.full && !req.check);
     if (req.check) {
@@ -399,7 +386,7 @@ export class IpvsProxier extends ProxierBase {
       results.forEach((r, i) => r && this.touched.add(vsKey(ops[i].vs)));
       throw new Error(`IPVS refused ${failed.length} operation(s): ${results.find(Boolean)!.message}`);
     }
-    this.o.log.debug({ full: req.full, ms: Date.now() - t0, operations: ops.length }, 'ipvs: synced');
+    this.o.log.debug({ full: req.full, ms: Date.now() - t0, operations: ops.length, elementChanges: tx.tx.elementCount, addresses: this.addressChanges }, 'ipvs: synced');
     return { changes: ops.length + tx.tx.elementCount };
   }
 
@@ -460,23 +447,19 @@ export class IpvsProxier extends ProxierBase {
     const want = new Set(this.addressRefs.keys());
     const add = [...want].filter((a) => !this.boundAddresses.has(a));
     const del = [...this.boundAddresses].filter((a) => !want.has(a));
+    this.addressChanges = add.length + del.length;
     if (!add.length && !del.length) return;
-    const line = (verb: string, a: string) => `address ${verb} ${a}/${isIPv4(a) ? 32 : 128} dev ${DUMMY}${verb === 'add' && !isIPv4(a) ? ' nodad' : ''}`;
-    // -force: one address that cannot be changed does not stop the others
-    await runTool(this.tool('ip'), ['-force', '-batch', '-'], { input: [...del.map((a) => line('del', a)), ...add.map((a) => line('add', a))].join('\n') + '\n' }).catch((e: ToolError) =>
-      this.o.log.warn({ err: e.message }, 'ipvs: some service addresses could not be bound or unbound; the next full sync tries again'),
-    );
+    const failed = await this.host.change(add, del);
+    if (failed.length) this.o.log.warn({ failed: failed.join('; ') }, 'ipvs: some service addresses could not be bound or unbound; the next sync tries again');
     this.boundAddresses = await this.readAddresses();
   }
 
-  private async readAddresses(): Promise<Set<string>> {
-    const out = await runTool(this.tool('ip'), ['-j', 'addr', 'show', 'dev', DUMMY]).catch(() => '[]');
-    const j = JSON.parse(out || '[]') as { addr_info?: { local: string }[] }[];
-    return new Set(j.flatMap((l) => (l.addr_info ?? []).map((a) => a.local)));
+  private readAddresses(): Promise<Set<string>> {
+    return this.host.addresses();
   }
 
-  /** Reads what IPVS, kube-ipvs0 and the table have: what a previous kpng left. */
-  private async adopt(): Promise<void> {
+  /** Reads what kube-ipvs0 and the table have (what a previous kpng left), and IPVS's virtual servers (see adoptServers). */
+  private async adopt(): Promise<VirtualServer[]> {
     this.watch?.start();
     this.structureKnown = false;
     this.boundAddresses = this.o.dryRun ? new Set() : await this.readAddresses();
@@ -486,15 +469,22 @@ export class IpvsProxier extends ProxierBase {
     }
     this.committed = new Map();
     this.draining.clear();
-    if (this.o.dryRun || !this.ipvs) return;
-    // kpng's virtual servers: on an address of kube-ipvs0, or a NodePort server it recorded
+    return this.o.dryRun || !this.ipvs ? [] : this.ipvs.services();
+  }
+
+  /**
+   * Takes the virtual servers that are kpng's as committed: on an address of
+   * kube-ipvs0, a NodePort server its table recorded, or one a Service wants
+   * now (a server left behind when its address was lost is taken over, not
+   * refused as existing).
+   */
+  private adoptServers(found: readonly VirtualServer[]): void {
     const recorded = new Set<string>();
     for (const f of this.families) for (const k of this.elements.get(f)!.committedKeys('nodeport-servers')) recorded.add(k);
-    for (const vs of this.ipvs.services()) {
-      const nodePort = recorded.has(`${vs.address} . ${vs.protocol} . ${vs.port}`);
-      if (!this.boundAddresses.has(vs.address) && !nodePort) continue;
-      const real = new Map(this.ipvs.destinations(vs).map((r) => [rsKey(r), { address: r.address, port: r.port, weight: r.weight }]));
+    for (const vs of found) {
       const k = vsKey(vs);
+      if (!this.boundAddresses.has(vs.address) && !recorded.has(`${vs.address} . ${vs.protocol} . ${vs.port}`) && !this.desired.has(k)) continue;
+      const real = new Map(this.ipvs!.destinations(vs).map((r) => [rsKey(r), { address: r.address, port: r.port, weight: r.weight }]));
       this.committed.set(k, { vs, real });
       for (const [rk, r] of real) if (r.weight === 0) this.draining.set(`${k}|${rk}`, { vs, rs: r });
     }
@@ -559,6 +549,7 @@ function dedupe(list: Element[]): Element[] {
 }
 
 function interfaceAddresses(): string[] {
-  return Object.values(networkInterfaces()).flatMap((l) => (l ?? []).map((a) => a.address.replace(/%.*$/, '')));
+  return Object.entries(networkInterfaces())
+    .filter(([name]) => name !== DUMMY)
+    .flatMap(([, l]) => (l ?? []).map((a) => a.address.replace(/%.*$/, '')));
 }
-
