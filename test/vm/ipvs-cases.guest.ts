@@ -19,7 +19,7 @@ const A6 = 'fd00:10::a';
 const B6 = 'fd00:10::b';
 const CLIENT = '10.244.1.50';
 const CLIENT6 = 'fd00:10::50';
-const VIP = { rr: '10.96.0.10', sh: '10.96.0.11', mh: '10.96.0.12', bogus: '10.96.0.13', sticky: '10.96.0.14', drain: '10.96.0.15' };
+const VIP = { rr: '10.96.0.10', sh: '10.96.0.11', mh: '10.96.0.12', bogus: '10.96.0.13', sticky: '10.96.0.14', drain: '10.96.0.15', sctp: '10.96.0.16' };
 const VIP6 = 'fd00:96::10';
 // TCG: the guest is 10-30 times slower than the host
 const timeoutMs = 5000;
@@ -54,6 +54,8 @@ function state(over: { rr?: string[]; drain?: string[] } = {}): Obj[] {
     slice('demo', 'sticky', 'sticky', eps([A, B, C])),
     service('demo', 'drain', { clusterIP: VIP.drain, ports: [http()] }),
     slice('demo', 'drain', 'drain', eps(over.drain ?? [A, B, C])),
+    service('demo', 'sctp', { type: 'NodePort', clusterIP: VIP.sctp, ports: [{ name: 'sig', port: 9000, protocol: 'SCTP', targetPort: 9000, nodePort: 30900 }] }),
+    slice('demo', 'sctp', 'sctp', eps([A, B]), [{ name: 'sig', port: 9000, protocol: 'SCTP' }]),
   ];
 }
 
@@ -63,9 +65,11 @@ async function ipvsadm(kl: KpngLab): Promise<Map<string, { options: string; real
   if (r.code !== 0) throw new Error(`ipvsadm -Sn: ${r.stderr}`);
   const out = new Map<string, { options: string; real: Map<string, number> }>();
   for (const line of r.stdout.split('\n')) {
-    let m = /^-A (-[tus] \S+) ?(.*)$/.exec(line);
+    // ipvsadm saves SCTP as --sctp-service: kept as -s here (the -t/-u of the others)
+    const l = line.replace(/--sctp-service/g, '-s');
+    let m = /^-A (-[tus] \S+) ?(.*)$/.exec(l);
     if (m) out.set(m[1], { options: m[2].trim(), real: new Map() });
-    m = /^-a (-[tus] \S+) -r (\S+) .*-w (\d+)/.exec(line);
+    m = /^-a (-[tus] \S+) -r (\S+) .*-w (\d+)/.exec(l);
     if (m) out.get(m[1])?.real.set(m[2], Number(m[3]));
   }
   return out;
@@ -114,7 +118,7 @@ async function cases(): Promise<IpvsCases> {
   const check = (p: string[], ok: boolean, what: string) => (ok ? undefined : p.push(what));
 
   try {
-    await Promise.all([...['web-a', 'web-b', 'web-c'].map((w) => lab.serve(w, { tcp: [8080], udp: [5353] })), lab.serve('node-a', { tcp: [2222] })]);
+    await Promise.all([...['web-a', 'web-b', 'web-c'].map((w) => lab.serve(w, { tcp: [8080], udp: [5353], sctp: [9000] })), lab.serve('node-a', { tcp: [2222] })]);
     await kl.startAndWait(() => lab.connect({ from: CLIENT, to: VIP.rr, port: 80, timeoutMs }), { pre: ['--log-level', 'debug'], timeoutMs: 120_000 });
 
     await run('schedulers per Service', async (p) => {
@@ -191,6 +195,16 @@ async function cases(): Promise<IpvsCases> {
       } finally {
         await conn?.close();
       }
+    });
+
+    await run('SCTP: cluster IP and NodePort', async (p) => {
+      const v = await ipvsadm(kl);
+      const real = [...(v.get(`-s ${VIP.sctp}:9000`)?.real.keys() ?? [])].sort();
+      check(p, real.join() === `${A}:9000,${B}:9000`, `SCTP ${VIP.sctp}:9000 has real servers ${real.join(', ') || 'none'}`);
+      const o = await lab.burst({ from: CLIENT, to: VIP.sctp, port: 9000, protocol: 'SCTP', count: 6, timeoutMs });
+      check(p, answeredBy(o).join() === `${A}:9000,${B}:9000`, `SCTP ${VIP.sctp}:9000 reached ${answeredBy(o).join(', ')}`);
+      const np = await lab.connect({ from: '203.0.113.41', to: NODE_IP, port: 30900, protocol: 'SCTP', timeoutMs });
+      check(p, /^10\.244\.1\.1[01]:9000$/.test(verdict(np, NODE_IP, 30900)), `SCTP NodePort ${NODE_IP}:30900 from outside: ${describeOutcome(np)}`);
     });
 
     await run('drift: a deleted virtual server and a removed address come back', async (p) => {

@@ -3,7 +3,7 @@
 // against upstream's expectation except where IPVS mode differs (stated
 // below, with why), then the IPVS cases (ipvs-cases.guest.ts): scheduler per
 // Service, persistence, graceful termination, restart with connections
-// open, IPv6, drift, cleanup. Two VMs, one for each half.
+// open, IPv6, SCTP, drift, cleanup. Two VMs, one for each half.
 import { describe, it, before } from 'node:test';
 import assert from 'node:assert/strict';
 import { fileURLToPath } from 'node:url';
@@ -78,6 +78,7 @@ describe('to-ipvs cases in the kernel lab', { skip: kernelLabSkip() }, () => {
     'ClientIP affinity as IPVS persistence',
     'IPv6: cluster IP and NodePort',
     'graceful termination: weight 0 while a connection is open',
+    'SCTP: cluster IP and NodePort',
     'drift: a deleted virtual server and a removed address come back',
     'restart with connections open',
     'kpng cleanup removes what is kpng and nothing else',
