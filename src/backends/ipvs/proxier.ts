@@ -46,6 +46,8 @@ export interface IpvsApi {
 
 export interface IpvsProxierOptions extends DataplaneOptions {
   readonly nftPath?: string;
+  /** one long-lived nft process for the table's changes (default: unless once) */
+  readonly session?: boolean;
   /** kube-ipvs0, sysctls, modules (default: through ip, sysctl, modprobe) */
   readonly node?: IpvsNode;
   /** how to reach IPVS (default: netlink in this process's network namespace, or netns) */
@@ -116,7 +118,7 @@ export class IpvsProxier extends ProxierBase {
     this.families = [...(o.families ?? [4, 6])];
     for (const f of this.families) this.elements.set(f, new ElementTable());
     this.host = o.node ?? new ToolNode();
-    this.nft = o.nft ?? (!o.dryRun && !o.once ? new SessionNft({ path: o.nftPath, onFallback: (m) => this.warnOnce('nft session', m) }) : new ProcessNft({ path: o.nftPath }));
+    this.nft = o.nft ?? (!o.dryRun && (o.session ?? !o.once) ? new SessionNft({ path: o.nftPath, onFallback: (m) => this.warnOnce('nft session', m) }) : new ProcessNft({ path: o.nftPath }));
     if (!o.dryRun && !o.once && o.watch !== false) {
       const fams = new Set<number>(this.families.map((f) => (f === 4 ? 2 : 10)));
       this.watch = this.nft.drift?.() ?? new NftWatch({ ours: (e) => e.table === TABLE && fams.has(e.family), ownsPid: (pid) => this.nft.ownsPid(pid), netns: o.netns, log: o.log });
