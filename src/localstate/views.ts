@@ -106,6 +106,11 @@ export class ServiceViews {
     this.freeSlots.push(slot);
   }
 
+  /** services with views kept (for tests and stats) */
+  get entryCount(): number {
+    return this.entries.size;
+  }
+
   /** slots in use (for tests and stats) */
   get slotCount(): number {
     return this.slots.size;
@@ -155,6 +160,11 @@ export class ServiceViews {
 
   view(key: string, node: NodeContext): ServiceView | undefined {
     const version = this.store.serviceVersion(key);
+    // a deleted service has no view; keeping an entry for it would leak one per delete
+    if (version === 0) {
+      this.entries.delete(key);
+      return undefined;
+    }
     let e = this.entries.get(key);
     if (!e || e.version !== version) {
       e = this.newEntry(key, version);

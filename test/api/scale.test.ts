@@ -60,6 +60,7 @@ test('churn: every node follows exactly, and slots of deleted services are reuse
     apply(store, ...cluster(50, nodes, 50 + round * 50));
     followers.forEach((f) => f.step());
     assert.equal(views.slotCount, 100, `round ${round}: slots of deleted services are freed once nobody holds them`);
+    assert.equal(views.entryCount, 100, `round ${round}: views of deleted services are let go of`);
   }
   for (const i of [0, 7, 19]) assert.equal(render(followers[i].state), fresh(store, N(i)), `node ${i}`);
 
