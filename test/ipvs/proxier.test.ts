@@ -100,11 +100,12 @@ class FakeNode implements IpvsNode {
   }
 }
 
-function harness(store: Store, parts: { ipvs: FakeIpvs; node: FakeNode; nft: FakeNft }, o: { scheduler?: string } = {}) {
+function harness(store: Store, parts: { ipvs: FakeIpvs; node: FakeNode; nft: FakeNft }, o: { scheduler?: string; exclude?: string[] } = {}) {
   const config = defaultConfig();
   config.clusterCIDRs = ['10.0.0.0/8'];
   config.ipvs.minSyncPeriodMs = 0;
   if (o.scheduler) config.ipvs.scheduler = o.scheduler;
+  if (o.exclude) config.ipvs.excludeCIDRs = o.exclude;
   const lines: string[] = [];
   const log = pino({ level: 'debug' }, new Writable({ write: (c, _e, cb) => (lines.push(String(c)), cb()) }));
   const proxier = new IpvsProxier({
@@ -298,6 +299,23 @@ test('a virtual server a Service wants, left behind without its address, is take
   assert.ok(!p.ipvs.log.some((l) => l.includes('9999')), 'a virtual server not kpng’s was touched');
   assert.equal(p.ipvs.dump().find((l) => l.startsWith('tcp 172.30.0.10:80 ')), 'tcp 172.30.0.10:80 rr 0 0 -> 10.1.0.1:8080:1 10.1.0.2:8080:1');
   assert.ok(p.ipvs.servers.has('tcp 192.168.0.2:9999'));
+  await h.close();
+});
+
+test('ipvs.excludeCIDRs: a virtual server and an address of kube-ipvs0 there are left alone; elsewhere they are kpng’s', async () => {
+  const store = syncedStore(cluster());
+  const p = parts();
+  // someone else's (e.g. a load-balancer daemon's) address on kube-ipvs0 and its server, and a stale one of kpng's
+  for (const [a, port] of [['10.200.0.1', 443], ['172.30.9.9', 80]] as const) {
+    p.node.bound.add(a);
+    p.ipvs.servers.set(`tcp ${a}:${port}`, { vs: { address: a, protocol: 'tcp', port, scheduler: 'rr', flags: 0, timeout: 0 }, real: new Map() });
+  }
+  const h = harness(store, p, { exclude: ['10.200.0.0/16'] });
+  await h.sync();
+  assert.ok(p.ipvs.servers.has('tcp 10.200.0.1:443'), 'the excluded virtual server was deleted');
+  assert.ok(p.node.bound.has('10.200.0.1'), 'the excluded address was unbound');
+  assert.ok(!p.ipvs.servers.has('tcp 172.30.9.9:80'), 'kpng’s stale virtual server is still there');
+  assert.ok(!p.node.bound.has('172.30.9.9'), 'kpng’s stale address is still bound');
   await h.close();
 });
 

@@ -110,6 +110,8 @@ export class IpvsProxier extends ProxierBase {
   private readonly nodeDependent = new Set<string>();
   /** the NodePort addresses the last sync served on */
   private nodePortAddressesSeen = '';
+  /** ipvs.excludeCIDRs: virtual servers and kube-ipvs0 addresses there are never taken over or removed unless a Service wants them */
+  private readonly excluded: ReturnType<typeof parseCIDR>[];
   /** owners whose IPVS operations the kernel refused in the last sync (what a check then says) */
   private refusedOwners = new Set<string>();
 
@@ -118,6 +120,11 @@ export class IpvsProxier extends ProxierBase {
     this.families = [...(o.families ?? [4, 6])];
     for (const f of this.families) this.elements.set(f, new ElementTable());
     this.host = o.node ?? new ToolNode();
+    this.excluded = o.config.ipvs.excludeCIDRs.map((c) => {
+      const p = parseCIDR(c);
+      if (!p) o.log.warn(`ipvs: excludeCIDRs: ${JSON.stringify(c)} is not a CIDR; ignored`);
+      return p;
+    });
     this.nft = o.nft ?? (!o.dryRun && (o.session ?? !o.once) ? new SessionNft({ path: o.nftPath, onFallback: (m) => this.warnOnce('nft session', m) }) : new ProcessNft({ path: o.nftPath }));
     if (!o.dryRun && !o.once && o.watch !== false) {
       const fams = new Set<number>(this.families.map((f) => (f === 4 ? 2 : 10)));
@@ -448,12 +455,16 @@ export class IpvsProxier extends ProxierBase {
   private async bindAddresses(): Promise<void> {
     const want = new Set(this.addressRefs.keys());
     const add = [...want].filter((a) => !this.boundAddresses.has(a));
-    const del = [...this.boundAddresses].filter((a) => !want.has(a));
+    const del = [...this.boundAddresses].filter((a) => !want.has(a) && !this.isExcluded(a));
     this.addressChanges = add.length + del.length;
     if (!add.length && !del.length) return;
     const failed = await this.host.change(add, del);
     if (failed.length) this.o.log.warn({ failed: failed.join('; ') }, 'ipvs: some service addresses could not be bound or unbound; the next sync tries again');
     this.boundAddresses = await this.readAddresses();
+  }
+
+  private isExcluded(address: string): boolean {
+    return this.excluded.some((c) => c && cidrContains(c, address));
   }
 
   private readAddresses(): Promise<Set<string>> {
@@ -485,7 +496,8 @@ export class IpvsProxier extends ProxierBase {
     for (const f of this.families) for (const k of this.elements.get(f)!.committedKeys('nodeport-servers')) recorded.add(k);
     for (const vs of found) {
       const k = vsKey(vs);
-      if (!this.boundAddresses.has(vs.address) && !recorded.has(`${vs.address} . ${vs.protocol} . ${vs.port}`) && !this.desired.has(k)) continue;
+      const ours = this.boundAddresses.has(vs.address) || recorded.has(`${vs.address} . ${vs.protocol} . ${vs.port}`);
+      if (!this.desired.has(k) && (!ours || this.isExcluded(vs.address))) continue;
       const real = new Map(this.ipvs!.destinations(vs).map((r) => [rsKey(r), { address: r.address, port: r.port, weight: r.weight }]));
       this.committed.set(k, { vs, real });
       for (const [rk, r] of real) if (r.weight === 0) this.draining.set(`${k}|${rk}`, { vs, rs: r });
