@@ -1,7 +1,7 @@
 // to-ipvs against to-nft, side by side in one kernel-lab VM (this machine's
 // kernel has no IPVS, so both run under Debian's kernel in QEMU, and the
 // ratio is fair even though TCG makes every number slower than on a node):
-//   npm run bench -- ipvs [--sizes 1000,10000] [--changes 100]
+//   npm run bench -- ipvs [--sizes 1000,10000] [--changes 100] [--ways ipvs,nft,ipvsadm]
 // For each size (Services x 5 endpoints), each in its own network namespace:
 // the cold sync, and one endpoint change from the store to the kernel
 // (p50/p99), for
@@ -21,6 +21,7 @@ import { defaultConfig } from '../src/backends/shared/config.js';
 import { runInVm } from '../src/lab/vm/run.js';
 import { BenchNamespaces, arg, coldSync, now, pct, prepareNamespace, rssMiB, serveAsChild, syntheticCluster, vip } from './_scale.js';
 
+const f0 = (x: number) => x.toFixed(0);
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const WAYS = ['ipvs', 'nft', 'ipvsadm'] as const;
 type Way = (typeof WAYS)[number];
@@ -31,21 +32,22 @@ export default async function (args: string[]) {
   if (!process.env.KPNG_VMLAB) return host(args);
   const sizes = arg(args, 'sizes', '1000,10000').split(',').map(Number);
   const changes = Number(arg(args, 'changes', '100'));
+  const ways = arg(args, 'ways', WAYS.join(',')).split(',') as Way[];
   execFileSync('modprobe', ['ip_vs']);
   const spaces = new BenchNamespaces('ipvs', 'kpng-bench');
-  const rows: { size: number; way: Way; coldMs: number; change: number[]; rss: number }[] = [];
+  const rows: { size: number; way: Way; coldMs: number; detail: string; change: number[]; rss: number }[] = [];
   try {
     for (const size of sizes) {
-      const kept = WAYS.map((way) => ({ way, c: spaces.keep(spaces.add(), { services: size, way }, `${way} at ${size}`) }));
-      const colds: number[] = [];
+      const kept = ways.map((way) => ({ way, c: spaces.keep(spaces.add(), { services: size, way }, `${way} at ${size}`) }));
+      const colds: { ms: number; detail: string }[] = [];
       for (const { way, c } of kept) {
-        colds.push(await c.ask<number>({ op: 'cold' }));
+        colds.push(await c.ask<{ ms: number; detail: string }>({ op: 'cold' }));
         console.error(`${size} services: ${way} programmed`);
       }
       const change = kept.map(() => [] as number[]);
       for (let i = 0; i < changes; i++) for (const [k, { c }] of kept.entries()) change[k].push(await c.ask<number>({ op: 'change', i }));
       for (const [k, { way, c }] of kept.entries()) {
-        rows.push({ size, way, coldMs: colds[k], change: change[k], rss: await c.ask<number>({ op: 'finish' }) });
+        rows.push({ size, way, coldMs: colds[k].ms, detail: colds[k].detail, change: change[k], rss: await c.ask<number>({ op: 'finish' }) });
         await c.end();
       }
     }
@@ -57,9 +59,9 @@ export default async function (args: string[]) {
   console.log(`ipvs benchmark: services x 5 endpoints, IPv4, each way in a fresh namespace of one VM (kernel ${kernel}, QEMU TCG); ${changes} changes per size; node ${process.version}`);
   console.log('services | way | cold sync | vs to-nft | one endpoint change p50 / p99 | vs to-nft (p50) | RSS');
   for (const r of rows) {
-    const nft = rows.find((x) => x.size === r.size && x.way === 'nft')!;
+    const nft = rows.find((x) => x.size === r.size && x.way === 'nft') ?? r;
     const rss = r.way === 'ipvsadm' ? '-' : `${r.rss.toFixed(0)} MiB`;
-    console.log(`${r.size} | ${r.way} | ${f(r.coldMs)} ms | ${(r.coldMs / nft.coldMs).toFixed(2)}x | ${f(pct(r.change, 50))} / ${f(pct(r.change, 99))} ms | ${(pct(r.change, 50) / pct(nft.change, 50)).toFixed(2)}x | ${rss}`);
+    console.log(`${r.size} | ${r.way} | ${f(r.coldMs)} ms${r.detail ? ` (${r.detail})` : ''} | ${(r.coldMs / nft.coldMs).toFixed(2)}x | ${f(pct(r.change, 50))} / ${f(pct(r.change, 99))} ms | ${(pct(r.change, 50) / pct(nft.change, 50)).toFixed(2)}x | ${rss}`);
   }
 }
 
@@ -90,7 +92,9 @@ async function child(p: { services: number; way: Way }) {
       case 'cold': {
         const cold = await coldSync(cluster, proxier);
         change = cold.change;
-        return cold.coldComputeMs + cold.coldApplyMs;
+        const ph = proxier instanceof IpvsProxier ? proxier.stats.lastPhases : undefined;
+        const detail = ph ? `diff ${f0(cold.coldComputeMs)}, compute ${ph.computeMs}, nft ${ph.nftMs}, IPVS ${ph.ipvsMs}, kube-ipvs0 ${ph.addressMs}` : '';
+        return { ms: cold.coldComputeMs + cold.coldApplyMs, detail };
       }
       case 'change':
         return change!(r.i);
@@ -124,7 +128,7 @@ async function ipvsadmChild(services: number) {
           first.set(s, ip(s * 5));
         }
         restore(lines);
-        return now() - t;
+        return { ms: now() - t, detail: '' };
       }
       case 'change': {
         // syntheticCluster's i-th change: the first endpoint of one Service replaced

@@ -319,6 +319,28 @@ test('ipvs.excludeCIDRs: a virtual server and an address of kube-ipvs0 there are
   await h.close();
 });
 
+test('two Services wanting one virtual server: the first by name has it, named once; when it goes the other takes it over', async () => {
+  const store = syncedStore([
+    ...cluster(),
+    service('ns', 'b-dup', { clusterIP: '172.30.0.30', externalIPs: ['203.0.113.7'] }),
+    slice('ns', 'b-dup-1', 'b-dup', [ep('10.3.0.2')]),
+    service('ns', 'a-dup', { clusterIP: '172.30.0.31', externalIPs: ['203.0.113.7'] }),
+    slice('ns', 'a-dup-1', 'a-dup', [ep('10.3.0.1')]),
+  ]);
+  const p = parts();
+  const h = harness(store, p);
+  await h.sync();
+  const shared = () => p.ipvs.dump().find((l) => l.startsWith('tcp 203.0.113.7:80 '));
+  assert.equal(shared(), 'tcp 203.0.113.7:80 rr 0 0 -> 10.3.0.1:8080:1');
+  assert.equal(h.lines.filter((l) => /ns\/a-dup and ns\/b-dup want the virtual server tcp 203.0.113.7:80/.test(l)).length, 1);
+  store.update((tx) => tx.deleteService('ns', 'a-dup'));
+  await h.sync();
+  assert.equal(shared(), 'tcp 203.0.113.7:80 rr 0 0 -> 10.3.0.2:8080:1', 'b-dup has it (a-dup’s endpoint, without connections, is gone)');
+  assert.ok(p.node.bound.has('203.0.113.7'), 'the shared address stays bound');
+  assert.ok(!p.node.bound.has('172.30.0.31'));
+  await h.close();
+});
+
 test('IPVS timeouts from the config are set once at start', async () => {
   const store = syncedStore(cluster());
   const p = parts();

@@ -79,10 +79,12 @@ export interface IpvsProxierStats extends SyncStats {
   lastOperations: number;
   /** real servers draining (weight 0, connections left) */
   draining: number;
+  /** where the last sync's time went, ms */
+  lastPhases: { computeMs: number; nftMs: number; ipvsMs: number; addressMs: number };
 }
 
 export class IpvsProxier extends ProxierBase {
-  readonly stats: IpvsProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, repairs: 0, lastOperations: 0, draining: 0 };
+  readonly stats: IpvsProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, repairs: 0, lastOperations: 0, draining: 0, lastPhases: { computeMs: 0, nftMs: 0, ipvsMs: 0, addressMs: 0 } };
   private ipvs?: IpvsApi;
   private readonly nft: Nft;
   private readonly host: IpvsNode;
@@ -110,6 +112,12 @@ export class IpvsProxier extends ProxierBase {
   private readonly nodeDependent = new Set<string>();
   /** the NodePort addresses the last sync served on */
   private nodePortAddressesSeen = '';
+  /**
+   * The node's interface addresses, read at a full sync, when the node
+   * changes and at each periodic check: listing them costs as much as
+   * kube-ipvs0 holds addresses (10k: ~20 ms here), too much for every sync.
+   */
+  private localAddresses?: string[];
   /** ipvs.excludeCIDRs: virtual servers and kube-ipvs0 addresses there are never taken over or removed unless a Service wants them */
   private readonly excluded: ReturnType<typeof parseCIDR>[];
   /** owners whose IPVS operations the kernel refused in the last sync (what a check then says) */
@@ -173,7 +181,8 @@ export class IpvsProxier extends ProxierBase {
   private nodePortIPs(family: Family): string[] {
     const list = this.o.config.nodePortAddresses;
     const np = nodePortAddresses(list.length ? list : ['all'], this.node, family);
-    const local = (this.o.interfaceAddresses?.() ?? interfaceAddresses()).filter((ip) => (family === 4 ? isIPv4(ip) : !isIPv4(ip)));
+    this.localAddresses ??= this.o.interfaceAddresses?.() ?? interfaceAddresses();
+    const local = this.localAddresses.filter((ip) => (family === 4 ? isIPv4(ip) : !isIPv4(ip)));
     const usable = (ip: string) => !ip.startsWith('127.') && ip !== '::1' && !ip.startsWith('fe80:');
     if (np.all) return local.filter(usable).sort();
     const out = new Set<string>(np.primary);
@@ -250,6 +259,7 @@ export class IpvsProxier extends ProxierBase {
   private nodeKeys(keys: readonly string[]): string[] {
     const out = new Set(keys);
     if (this.cidrsDirty) for (const f of this.families) this.elements.get(f)!.setOwner('service-cidrs', serviceCIDRsOf(this.cidrs.values(), f).map((c) => ({ set: 'service-cidrs', key: singleAddress(c), value: '', comment: '', owner: '' })));
+    if (this.nodeDirty) this.localAddresses = undefined;
     const addresses = this.nodePortSignature();
     if (this.nodeDirty || addresses !== this.nodePortAddressesSeen) {
       this.nodePortAddressesSeen = addresses;
@@ -287,22 +297,25 @@ export class IpvsProxier extends ProxierBase {
   /** replaces what an owner wants of IPVS and of kube-ipvs0 */
   private setOwner(owner: string, state: OwnerState): void {
     const before = this.owners.get(owner);
+    // the virtual servers this owner wanted or wants: only theirs can change hands (not every touched one: a cold sync would be quadratic)
+    const mine = new Set<string>();
     for (const [k] of before?.servers ?? []) {
       const list = (this.wanting.get(k) ?? []).filter((d) => d.owner !== owner);
       if (list.length) this.wanting.set(k, list);
       else this.wanting.delete(k);
-      this.touched.add(k);
+      mine.add(k);
     }
     for (const a of before?.addresses ?? []) this.addressRefs.set(a, (this.addressRefs.get(a) ?? 1) - 1);
     for (const [k, d] of state.servers) {
       this.wanting.set(k, [...(this.wanting.get(k) ?? []), d]);
-      this.touched.add(k);
+      mine.add(k);
     }
     for (const a of state.addresses) this.addressRefs.set(a, (this.addressRefs.get(a) ?? 0) + 1);
     for (const [a, n] of this.addressRefs) if (n <= 0) this.addressRefs.delete(a);
     if (state.servers.size || state.addresses.size) this.owners.set(owner, state);
     else this.owners.delete(owner);
-    for (const k of this.touched) {
+    for (const k of mine) {
+      this.touched.add(k);
       const list = this.wanting.get(k);
       if (!list?.length) this.desired.delete(k);
       else {
@@ -356,6 +369,7 @@ export class IpvsProxier extends ProxierBase {
     const t0 = Date.now();
     await this.start();
     const found = req.full && !req.check ? await this.adopt() : undefined;
+    if (req.full) this.localAddresses = undefined;
     this.recompute(this.nodeKeys(req.keys), !req.check);
     if (found) this.adoptServers(found);
     const tx = this.render(req.full || req.check || !this.structureKnown || this.nodeDirty);
@@ -378,14 +392,19 @@ export class IpvsProxier extends ProxierBase {
       return { changes: ops.length };
     }
     // the table first (masquerading ready before traffic arrives), then IPVS, then the addresses
+    const t1 = Date.now();
     await this.nft.run(tx.tx);
     tx.commit();
     this.structureKnown = true;
+    const t2 = Date.now();
     const results = this.ipvs!.apply(ops);
     this.commitOps(ops, results);
     this.touched.clear();
+    const t3 = Date.now();
     await this.bindAddresses();
+    const t4 = Date.now();
     await this.drain();
+    const phases = (this.stats.lastPhases = { computeMs: t1 - t0, nftMs: t2 - t1, ipvsMs: t3 - t2, addressMs: t4 - t3 });
     this.stats.lastOperations = ops.length;
     metrics.stageDuration.observe({ stage: 'apply' }, (Date.now() - t0) / 1000);
     const failed = results.map((r, i) => (r ? owners[i] : '')).filter(Boolean);
@@ -395,7 +414,7 @@ export class IpvsProxier extends ProxierBase {
       results.forEach((r, i) => r && this.touched.add(vsKey(ops[i].vs)));
       throw new Error(`IPVS refused ${failed.length} operation(s): ${results.find(Boolean)!.message}`);
     }
-    this.o.log.debug({ full: req.full, ms: Date.now() - t0, operations: ops.length, elementChanges: tx.tx.elementCount, addresses: this.addressChanges }, 'ipvs: synced');
+    this.o.log.debug({ full: req.full, ms: Date.now() - t0, operations: ops.length, elementChanges: tx.tx.elementCount, addresses: this.addressChanges, ...phases }, 'ipvs: synced');
     return { changes: ops.length + tx.tx.elementCount };
   }
 
@@ -537,6 +556,7 @@ export class IpvsProxier extends ProxierBase {
   protected override async checkDrift(): Promise<string | undefined> {
     if (!this.ipvs || this.o.dryRun) return undefined;
     await this.drain();
+    this.localAddresses = undefined;
     if (this.nodePortSignature() !== this.nodePortAddressesSeen) return "the node's addresses changed (NodePorts)";
     const nftDrift = this.watch?.check();
     if (nftDrift) return nftDrift;
