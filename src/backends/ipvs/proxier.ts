@@ -478,7 +478,13 @@ export class IpvsProxier extends ProxierBase {
     this.addressChanges = add.length + del.length;
     if (!add.length && !del.length) return;
     const failed = await this.host.change(add, del);
-    if (failed.length) this.o.log.warn({ failed: failed.join('; ') }, 'ipvs: some service addresses could not be bound or unbound; the next sync tries again');
+    if (!failed.length) {
+      // as asked: no need to list kube-ipvs0 again (at 10k addresses a listing is a megabyte)
+      for (const a of del) this.boundAddresses.delete(a);
+      for (const a of add) this.boundAddresses.add(a);
+      return;
+    }
+    this.o.log.warn({ failed: failed.join('; ') }, 'ipvs: some service addresses could not be bound or unbound; the next sync tries again');
     this.boundAddresses = await this.readAddresses();
   }
 
