@@ -5,6 +5,13 @@ import { agentScript, type AgentRequest, type AgentResponse } from './agent.js';
 
 type RequestBody = AgentRequest extends infer R ? (R extends { id: number } ? Omit<R, 'id'> : never) : never;
 
+/**
+ * How long an agent may take to answer beyond the operation's own time: in
+ * the kernel lab (QEMU without KVM, 10-30 times slower, more on a busy
+ * machine) a node process can need more than 10 s to start.
+ */
+export const AGENT_MARGIN_MS = process.env.KPNG_VMLAB ? 60_000 : 10_000;
+
 export class Agent {
   private proc?: ChildProcess;
   private nextId = 1;
@@ -24,7 +31,7 @@ export class Agent {
   }
 
   /** Starts the agent; resolves once it is ready. */
-  start(timeoutMs = 10_000): Promise<void> {
+  start(timeoutMs = AGENT_MARGIN_MS): Promise<void> {
     // its own process group: a Ctrl-C meant for the lab's owner must not kill
     // it under a running request (the owner stops it; it also exits on EOF)
     const p = spawn('ip', ['netns', 'exec', this.ns, process.execPath, '-e', agentScript(), this.name], { stdio: ['pipe', 'pipe', 'pipe'], detached: true });
@@ -78,7 +85,7 @@ export class Agent {
   }
 
   /** Sends a request; rejects after timeoutMs (the operation's own timeout plus a margin). */
-  request<T = unknown>(body: RequestBody, timeoutMs = 10_000): Promise<T> {
+  request<T = unknown>(body: RequestBody, timeoutMs = AGENT_MARGIN_MS): Promise<T> {
     if (!this.proc || this.exited) return Promise.reject(new Error(`agent ${this.name} is not running`));
     const id = this.nextId++;
     return new Promise<T>((resolve, reject) => {

@@ -28,7 +28,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { canonicalIP, ipFamily, parseCIDR, cidrContains } from '../api/ip.js';
-import { Agent } from './agent-client.js';
+import { AGENT_MARGIN_MS, Agent } from './agent-client.js';
 import type { LabProtocol, Outcome } from './agent.js';
 import { deleteNamespacesSync, ipBatch, labStem, must, pidsIn, removeLeftovers, run, type RunResult } from './netns.js';
 
@@ -417,7 +417,7 @@ export class Lab {
   /** One new connection (one exchange), from o.from's namespace. */
   connect(o: ConnectOptions): Promise<Outcome> {
     const { agent, args } = this.client(o);
-    return agent.request<Outcome>({ op: 'connect', ...args }, args.timeoutMs + 10_000);
+    return agent.request<Outcome>({ op: 'connect', ...args }, args.timeoutMs + AGENT_MARGIN_MS);
   }
 
   /** count new connections at once (each its own source port). */
@@ -430,10 +430,10 @@ export class Lab {
   async open(o: ConnectOptions): Promise<LabConnection> {
     const { agent, args } = this.client(o);
     const cid = `c${++this.cids}`;
-    const first = await agent.request<Outcome>({ op: 'open', cid, ...args }, args.timeoutMs + 10_000);
+    const first = await agent.request<Outcome>({ op: 'open', cid, ...args }, args.timeoutMs + AGENT_MARGIN_MS);
     return {
       first,
-      send: (timeoutMs = args.timeoutMs) => agent.request<Outcome>({ op: 'send', cid, timeoutMs }, timeoutMs + 10_000),
+      send: (timeoutMs = args.timeoutMs) => agent.request<Outcome>({ op: 'send', cid, timeoutMs }, timeoutMs + AGENT_MARGIN_MS),
       close: () => agent.request({ op: 'close', cid }).then(() => undefined),
     };
   }
