@@ -31,17 +31,18 @@ export interface RedirectRules {
 const V = { 4: { ip: 'ip', addr: 'ipv4_addr', sfx: 'v4' }, 6: { ip: 'ip6', addr: 'ipv6_addr', sfx: 'v6' } } as const;
 
 /** The table's whole content as one transaction (it replaces whatever the table had). */
-export function redirectTransaction(name: string, r: RedirectRules, families: readonly Family[] = [4, 6]): Transaction {
+export function redirectTransaction(name: string, r: RedirectRules, families: readonly Family[] = [4, 6], opts: { natPriority?: number; comment?: string } = {}): Transaction {
   const table: TableRef = { family: 'inet', name };
   const tx = new Transaction();
   // add-then-delete: deleting a table that is not there would fail the transaction
   tx.add({ kind: 'table', ...table });
   tx.delete({ kind: 'table', ...table });
-  tx.add({ kind: 'table', ...table, comment: 'kpng: Service traffic to the userspace proxy' });
+  tx.add({ kind: 'table', ...table, comment: opts.comment ?? 'kpng: Service traffic to the userspace proxy' });
+  const nat = opts.natPriority ?? -100;
   const chain = (n: string, hook: string) => tx.add({ kind: 'chain', table, name: n, hook });
   const rule = (c: string, text: string) => tx.add({ kind: 'rule', table, chain: c, rule: text });
-  chain('nat-prerouting', 'type nat hook prerouting priority -100 ;');
-  chain('nat-output', 'type nat hook output priority -100 ;');
+  chain('nat-prerouting', `type nat hook prerouting priority ${nat} ;`);
+  chain('nat-output', `type nat hook output priority ${nat} ;`);
   chain('filter-input', 'type filter hook input priority 0 ;');
   chain('filter-forward', 'type filter hook forward priority 0 ;');
   chain('filter-output', 'type filter hook output priority 0 ;');
