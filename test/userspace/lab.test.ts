@@ -170,6 +170,23 @@ await describeBackends(
         await Promise.all(conns.map((c) => c.close().catch(() => {})));
       }
     });
+
+    it('restart: the rules stay while kpng is down, the listeners come back; connections through the old process are lost', async () => {
+      const held = await kl.lab.open({ from: CLIENT.pod[4], to: VIP[4], port: 80 });
+      try {
+        assert.equal(held.first.kind, 'answered', describeOutcome(held.first));
+        await kl.kpng!.stop();
+        const table = await kl.lab.exec('node-a', ['nft', 'list', 'table', 'inet', 'kpng-userspace']);
+        assert.match(table.stdout, /service-ips-v4/, 'the table went with the process');
+        const lost = await held.send(1500);
+        assert.notEqual(lost.kind, 'answered', `a connection through the stopped process: ${describeOutcome(lost)}`);
+        await kl.startAndWait(() => kl.lab.connect({ from: CLIENT.pod[4], to: VIP[4], port: 80 }));
+        const out = await kl.lab.burst({ from: CLIENT.outside[6], to: NODE6, port: 30053, protocol: 'UDP', count: 6 });
+        assert.equal(new Set(out.map(endpointOf)).size, 2, out.map(describeOutcome).join('\n'));
+      } finally {
+        await held.close().catch(() => {});
+      }
+    });
   },
   [{ name: 'userspace' }],
 );

@@ -16,6 +16,7 @@ registerBackend({
       .option('--udp-max-sessions <n>', 'UDP sessions per listener at most (the oldest is closed to make room)', (v) => Number.parseInt(v, 10), 4096);
   },
   create(opts, ctx) {
+    if (!Number.isInteger(opts.udpMaxSessions) || opts.udpMaxSessions < 1) throw new Error(`--udp-max-sessions: a positive integer, not ${JSON.stringify(opts.udpMaxSessions)}`);
     const p = new UserspaceProxier({ ...dataplaneOptions(opts, ctx), nftPath: opts.nftPath, udpMaxSessions: opts.udpMaxSessions });
     return proxierInstance(p, [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet]);
   },
