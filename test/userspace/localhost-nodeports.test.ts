@@ -66,7 +66,7 @@ const NODE_TCP = [30080, 30081, 30082, 30084, 30086];
 
 /** the endpoints that answered, "" for the node itself, or the failure */
 async function answers(lab: Lab, c: { to: string; port: number; protocol: 'TCP' | 'UDP' }): Promise<{ seen: string[]; out: Outcome[] }> {
-  const out = await lab.burst({ from: c.to, to: c.to, port: c.port, protocol: c.protocol, count: 8, timeoutMs: 1500 });
+  const out = await lab.burst({ from: c.to, to: c.to, port: c.port, protocol: c.protocol, count: 16, timeoutMs: 1500 });
   const seen = [...new Set(out.map((o) => (o.kind !== 'answered' ? o.kind.toUpperCase() : o.by === 'node-a' ? '' : o.local)))].sort();
   return { seen, out };
 }
@@ -124,10 +124,15 @@ describe('localhost NodePorts: to-nft through the userspace proxy, as to-iptable
     assert.deepEqual(seen, ['10.244.1.10:8080', '10.244.2.10:8080'], out.map(describeOutcome).join('\n'));
   });
 
+  // upstream's cases with to-nft's knobs (the gate for --iptables-localhost-nodeports); in each, the node and
+  // outside still reach the NodePort on the node's address
+  const GATE_OFF = { KubeProxyNFTablesLocalhostNodePorts: false };
   for (const [title, cfg, served] of [
-    ['127.0.0.0/8 among other nodePortAddresses CIDRs', { nodePortAddresses: ['192.168.0.0/24', '127.0.0.0/8'] }, true],
+    ['enabled: localhost (127.0.0.0/8) among other nodePortAddresses CIDRs', { nodePortAddresses: ['192.168.0.0/24', '127.0.0.0/8'] }, true],
+    ['disabled: the gate off, localhost named', { nodePortAddresses: ['primary', 'localhost'], featureGates: GATE_OFF }, false],
+    ['disabled, localhost in nodePortAddresses (192.168.0.0/24, 127.0.0.1/32)', { nodePortAddresses: ['192.168.0.0/24', '127.0.0.1/32'], featureGates: GATE_OFF }, false],
+    ['multiple nodePortAddresses without localhost (192.168.0.0/24, 192.168.1.0/24, 2001:db8::/64)', { nodePortAddresses: ['192.168.0.0/24', '192.168.1.0/24', '2001:db8::/64'] }, false],
     ['the default nodePortAddresses (primary) leaves localhost out', {}, false],
-    ['the feature gate off', { nodePortAddresses: ['primary', 'localhost'], featureGates: { KubeProxyNFTablesLocalhostNodePorts: false } }, false],
   ] as const) {
     it(`upstream's TestNodePorts localhost case for to-nft: ${title}`, async () => {
       await nft.kpng?.stop();
@@ -143,7 +148,11 @@ describe('localhost NodePorts: to-nft through the userspace proxy, as to-iptable
         if (seen.join() === want.join()) break;
         await new Promise((r) => setTimeout(r, 250));
       }
-      assert.deepEqual(seen, want, nft.kpng!.stderr.slice(-2000));
+      assert.deepEqual(seen, want, `localhost: ${nft.kpng!.stderr.slice(-2000)}`);
+      const both = ['10.244.1.10:8080', '10.244.2.10:8080'];
+      assert.deepEqual((await answers(nft.lab, { to: NODE4, port: 30080, protocol: 'TCP' })).seen, both, 'node to NodePort');
+      const ext = await nft.lab.burst({ from: '203.0.113.9', to: NODE4, port: 30080, count: 16 });
+      assert.deepEqual([...new Set(ext.map((o) => (o.kind === 'answered' ? o.local : o.kind)))].sort(), both, 'external to NodePort');
     });
   }
 });
