@@ -55,6 +55,14 @@ export function objects(webEndpoints: { 4: readonly string[]; 6: readonly string
     // eTP=Local, its only endpoint on node-b: from outside nothing; from the node, the cluster-wide endpoints
     service('demo', 'far', { type: 'NodePort', clusterIP: '10.96.0.13', externalTrafficPolicy: 'Local', ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: 8080, nodePort: 30081 }] }),
     slice('demo', 'far-1', 'far', [{ ip: '10.244.2.10', node: 'node-b' }]),
+    // loadBalancerSourceRanges: one client in, one out
+    service(
+      'demo',
+      'fw',
+      { type: 'LoadBalancer', clusterIP: '10.96.0.14', loadBalancerSourceRanges: ['203.0.113.0/25'], ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: 8080, nodePort: 30085 }] },
+      { status: { loadBalancer: { ingress: [{ ip: '198.51.100.95' }] } } },
+    ),
+    slice('demo', 'fw-1', 'fw', [{ ip: WEB[4][0], node: 'node-a' }]),
   ];
 }
 
@@ -145,6 +153,13 @@ await describeBackends(
       assert.equal(endpointOf(viaVip), '10.244.2.10:8080', describeOutcome(viaVip));
       const outside = await kl.lab.connect({ from: CLIENT.outside[4], to: NODE4, port: 30081, timeoutMs: 1500 });
       assert.notEqual(outside.kind, 'answered', describeOutcome(outside));
+    });
+
+    it('loadBalancerSourceRanges: a source in the ranges reaches the LB IP, one outside them is dropped', async () => {
+      const inside = await kl.lab.connect({ from: '203.0.113.7', to: '198.51.100.95', port: 80 });
+      assert.equal(endpointOf(inside), '10.244.1.10:8080', describeOutcome(inside));
+      const outside = await kl.lab.connect({ from: '203.0.113.200', to: '198.51.100.95', port: 80, timeoutMs: 1500 });
+      assert.equal(outside.kind, 'timeout', describeOutcome(outside));
     });
 
     it('endpoints change under open connections: they keep their endpoint, new ones follow', async () => {

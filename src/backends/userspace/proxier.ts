@@ -8,7 +8,8 @@
 import { cidrContains, parseCIDR, type Family } from '../../api/ip.js';
 import { ProxierBase, type ApplyRequest, type SyncStats } from '../shared/proxier.js';
 import type { DataplaneOptions } from '../shared/backend.js';
-import { servicePorts, type ServicePort } from '../shared/service-ports.js';
+import { servicePorts, rangesContain, type ServicePort } from '../shared/service-ports.js';
+import { ipSetOf } from '../../api/model.js';
 import { detectLocal, nodePortAddresses } from '../shared/node-facts.js';
 import { ProcessNft, type Nft } from '../shared/nftables/nft.js';
 import { UserspaceEngine, type ListenerSpec } from '../shared/userspace/engine.js';
@@ -34,6 +35,7 @@ interface PortPlan {
   readonly nodePorts: { family: Family; protocol: 'tcp' | 'udp'; nodePort: number; listener: string }[];
   readonly rejectIPs: RedirectRules['rejectIPs'][number][];
   readonly rejectNodePorts: RedirectRules['rejectNodePorts'][number][];
+  readonly firewall: NonNullable<RedirectRules['firewall']>[number][];
 }
 
 export interface UserspaceStats extends SyncStats {
@@ -89,10 +91,18 @@ export class UserspaceProxier extends ProxierBase {
   }
 
   private planPort(sp: ServicePort): PortPlan {
-    const p: PortPlan = { listeners: [], ips: [], nodePorts: [], rejectIPs: [], rejectNodePorts: [] };
+    const p: PortPlan = { listeners: [], ips: [], nodePorts: [], rejectIPs: [], rejectNodePorts: [], firewall: [] };
     const { family, protocol } = sp;
     const port = sp.port.Port;
     const externalAddrs = [...sp.externalIPs, ...sp.loadBalancerIPs];
+    // loadBalancerSourceRanges guard the LB IPs only; when they cover the node, its traffic to an LB IP
+    // (which may carry the LB IP as its source) gets through too, as in to-nft
+    if (sp.sourceRanges.length) {
+      const coversNode = ipSetOf(this.node?.IPs, family).some((ip) => rangesContain(sp.sourceRanges, ip));
+      const lbs = sp.loadBalancerIPs.filter((l) => !rangesContain(sp.sourceRanges, l));
+      const allow = [...sp.sourceRanges, ...(coversNode ? lbs : [])];
+      for (const ip of sp.loadBalancerIPs) p.firewall.push({ family, ip, protocol, port, allow });
+    }
     if (protocol === 'sctp') {
       // node has no SCTP sockets: such a port is refused rather than half served
       this.warnOnce(`sctp ${sp.portName}`, `userspace: ${sp.portName} is SCTP, which the userspace proxy does not serve; it is rejected`);
@@ -134,7 +144,7 @@ export class UserspaceProxier extends ProxierBase {
   }
 
   private rules(): RedirectRules {
-    const r = { serviceIPs: [] as Mutable<'serviceIPs'>, nodePorts: [] as Mutable<'nodePorts'>, rejectIPs: [] as Mutable<'rejectIPs'>, rejectNodePorts: [] as Mutable<'rejectNodePorts'> };
+    const r = { serviceIPs: [] as Mutable<'serviceIPs'>, nodePorts: [] as Mutable<'nodePorts'>, rejectIPs: [] as Mutable<'rejectIPs'>, rejectNodePorts: [] as Mutable<'rejectNodePorts'>, firewall: [] as NonNullable<RedirectRules['firewall']>[number][] };
     for (const plans of this.plans.values()) {
       for (const p of plans) {
         for (const e of p.ips) {
@@ -146,6 +156,7 @@ export class UserspaceProxier extends ProxierBase {
           if (to !== undefined) r.nodePorts.push({ family: e.family, protocol: e.protocol, nodePort: e.nodePort, to });
         }
         r.rejectIPs.push(...p.rejectIPs);
+        r.firewall.push(...p.firewall);
         r.rejectNodePorts.push(...p.rejectNodePorts);
       }
     }
@@ -162,9 +173,12 @@ export class UserspaceProxier extends ProxierBase {
       }
     }
     this.trackServices(req.keys);
+    // a source range covering the node changes with the node's IPs
+    const keys = new Set(req.keys);
+    if (this.nodeDirty) for (const [k, svc] of this.services) if (svc.IPFilters.length) keys.add(k);
     // the plans follow what was asked, applied or not: a failed sync is retried with the same keys,
     // and isolation's checks pass only the Services they toggled
-    for (const key of req.keys) {
+    for (const key of keys) {
       const p = this.plan(key);
       if (p.length) this.plans.set(key, p);
       else this.plans.delete(key);

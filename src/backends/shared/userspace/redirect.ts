@@ -24,6 +24,8 @@ export interface RedirectRules {
   /** Service IP ports without any endpoint: rejected */
   readonly rejectIPs: readonly { family: Family; ip: string; protocol: 'tcp' | 'udp' | 'sctp'; port: number }[];
   readonly rejectNodePorts: readonly { family: Family; protocol: 'tcp' | 'udp' | 'sctp'; nodePort: number }[];
+  /** LoadBalancer IPs with loadBalancerSourceRanges: only these sources (CIDRs) get through, others are dropped */
+  readonly firewall?: readonly { family: Family; ip: string; protocol: 'tcp' | 'udp' | 'sctp'; port: number; allow: readonly string[] }[];
   /** NodePorts on every local address ('all'), or on these addresses/CIDRs only (interval set elements) */
   readonly nodePortAddresses: Record<Family, 'all' | readonly string[]>;
 }
@@ -43,6 +45,9 @@ export function redirectTransaction(name: string, r: RedirectRules, families: re
   const rule = (c: string, text: string) => tx.add({ kind: 'rule', table, chain: c, rule: text });
   chain('nat-prerouting', `type nat hook prerouting priority ${nat} ;`);
   chain('nat-output', `type nat hook output priority ${nat} ;`);
+  // before NAT (priority dstnat - 10), as kube-proxy's firewall check
+  chain('filter-prerouting', 'type filter hook prerouting priority -110 ;');
+  chain('filter-output-pre', 'type filter hook output priority -110 ;');
   chain('filter-input', 'type filter hook input priority 0 ;');
   chain('filter-forward', 'type filter hook forward priority 0 ;');
   chain('filter-output', 'type filter hook output priority 0 ;');
@@ -54,6 +59,8 @@ export function redirectTransaction(name: string, r: RedirectRules, families: re
     set('nodeports', 'type inet_proto . inet_service : inet_service ;', 'map');
     set('no-endpoint-services', `type ${addr} . inet_proto . inet_service ;`);
     set('no-endpoint-nodeports', 'type inet_proto . inet_service ;');
+    set('firewall-ips', `type ${addr} . inet_proto . inet_service ;`);
+    set('firewall-allow', `type ${addr} . inet_proto . inet_service . ${addr} ; flags interval ;`);
     const np = r.nodePortAddresses[f];
     let npDst = 'fib daddr type local';
     if (np !== 'all') {
@@ -62,6 +69,13 @@ export function redirectTransaction(name: string, r: RedirectRules, families: re
       addElements(tx, table, `nodeport-addresses-${sfx}`, np.map((a) => ({ key: a, value: '' })));
     }
     const vip = `${ip} daddr . meta l4proto . th dport`;
+    for (const c of ['filter-prerouting', 'filter-output-pre']) {
+      rule(c, `${vip} . ${ip} saddr @firewall-allow-${sfx} return`);
+      rule(c, `${vip} @firewall-ips-${sfx} drop`);
+    }
+    const fw = (r.firewall ?? []).filter((e) => e.family === f);
+    addElements(tx, table, `firewall-ips-${sfx}`, fw.map((e) => ({ key: `${e.ip} . ${e.protocol} . ${e.port}`, value: '' })));
+    addElements(tx, table, `firewall-allow-${sfx}`, fw.flatMap((e) => e.allow.map((a) => ({ key: `${e.ip} . ${e.protocol} . ${e.port} . ${a}`, value: '' }))));
     rule('nat-prerouting', `${proto} redirect to : ${vip} map @service-ips-${sfx}`);
     rule('nat-prerouting', `${proto} ${npDst} dnat ${ip} to ${ip} daddr : meta l4proto . th dport map @nodeports-${sfx}`);
     rule('nat-output', `${proto} dnat ${ip} to ${ip} saddr : ${vip} map @service-ips-${sfx}`);
