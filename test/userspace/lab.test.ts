@@ -108,7 +108,12 @@ await describeBackends(
         for (const k of kinds(f)) {
           for (const protocol of ['TCP', 'UDP'] as const) {
             it(`IPv${f} ${k.kind} ${protocol} from ${from === 'host' ? 'the node' : from}: balanced over both endpoints`, async () => {
-              const out = await kl.lab.burst({ from: CLIENT[from as From][f], to: k.to, port: k[protocol === 'TCP' ? 'tcp' : 'udp'], protocol, count: 8 });
+              const send = () => kl.lab.burst({ from: CLIENT[from as From][f], to: k.to, port: k[protocol === 'TCP' ? 'tcp' : 'udp'], protocol, count: 8 });
+              let out = await send();
+              // UDP: a client port the kernel hands out again within the conntrack timeout, used before for
+              // another address of this service port, clashes with that flow's NAT entry (the same listener
+              // address and port) and is dropped (docs/userspace.md): once more, with new ports
+              if (protocol === 'UDP' && out.some((o) => o.kind === 'timeout')) out = await send();
               const seen = [...new Set(out.map(endpointOf))].sort();
               const port = protocol === 'TCP' ? 8080 : 5353;
               const want = WEB[f].map((ip) => (f === 6 ? `[${ip}]:${port}` : `${ip}:${port}`)).sort();
@@ -184,6 +189,21 @@ await describeBackends(
       } finally {
         await Promise.all(conns.map((c) => c.close().catch(() => {})));
       }
+    });
+
+    it('health and metrics: /healthz healthy, /proxyMode userspace, per-Service counters', async () => {
+      const get = async (url: string) => {
+        const script = `fetch(${JSON.stringify(url)}).then(async (r) => console.log(r.status + '\\n' + (await r.text())), (e) => console.log('error ' + e.message))`;
+        return (await kl.lab.exec('node-a', [process.execPath, '-e', script])).stdout;
+      };
+      assert.match(await get('http://127.0.0.1:10256/healthz'), /^200\n/);
+      assert.match(await get('http://127.0.0.1:10249/proxyMode'), /^200\nuserspace/);
+      const m = await get('http://127.0.0.1:10249/metrics');
+      const count = (re: RegExp) => Number(re.exec(m)?.[1] ?? 0);
+      assert.ok(count(/^kpng_userspace_connections_total\{service="demo\/web",protocol="tcp"\} (\d+)/m) > 0, m.slice(0, 3000));
+      assert.ok(count(/^kpng_userspace_connections_total\{service="demo\/web",protocol="udp"\} (\d+)/m) > 0);
+      assert.ok(count(/^kpng_userspace_bytes_total\{service="demo\/web",protocol="tcp",direction="to_client"\} (\d+)/m) > 0);
+      assert.ok(count(/^kpng_userspace_errors_total\{service="demo\/far",protocol="tcp",reason="no_endpoints"\} (\d+)/m) > 0, 'eTP=Local from outside, counted');
     });
 
     it('restart: the rules stay while kpng is down, the listeners come back; connections through the old process are lost', async () => {
