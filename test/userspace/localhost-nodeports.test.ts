@@ -85,7 +85,7 @@ describe('localhost NodePorts: to-nft through the userspace proxy, as to-iptable
     for (const c of [...CASES, V6]) iptAnswers.set(c.title, (await answers(ipt, c)).seen);
     await ipt.close();
 
-    nft = await KpngLab.create(NFT, spec('lhnft'), objects, { ...backendConfig(NFT, { clusterCIDR: '10.244.0.0/16,fd00:10::/64', nodePortAddresses: ['primary', 'localhost'] }) });
+    nft = await KpngLab.create(NFT, spec('lhnft'), objects, backendConfig(NFT, { clusterCIDR: '10.244.0.0/16,fd00:10::/64', nodePortAddresses: ['primary', 'localhost'], syncPeriod: '1s' }));
     await Promise.all([nft.lab.serve('web-a', { tcp: [8080], udp: [5353] }), nft.lab.serve('web-b', { tcp: [8080], udp: [5353] }), nft.lab.serve('node-a', { tcp: NODE_TCP, udp: [30053] })]);
     await nft.startAndWait(() => nft.lab.connect({ from: '127.0.0.1', to: '127.0.0.1', port: 30080 }).then((o) => (o.kind === 'answered' && o.by === 'node-a' ? { ...o, by: 'world' } : o)));
   });
@@ -122,6 +122,18 @@ describe('localhost NodePorts: to-nft through the userspace proxy, as to-iptable
   it("the node's own address still goes through to-nft's rules (the proxy only takes loopback)", async () => {
     const { seen, out } = await answers(nft.lab, { to: NODE4, port: 30080, protocol: 'TCP' });
     assert.deepEqual(seen, ['10.244.1.10:8080', '10.244.2.10:8080'], out.map(describeOutcome).join('\n'));
+  });
+
+  it('the periodic check puts the table back when someone deletes it', async () => {
+    const del = await nft.lab.exec('node-a', ['nft', 'delete', 'table', 'inet', 'kpng-localhost-nodeports']);
+    assert.equal(del.code, 0, del.stderr);
+    assert.deepEqual((await answers(nft.lab, CASES[0])).seen, [''], 'the deletion did not take');
+    let seen: string[] = [];
+    for (let i = 0; i < 40 && seen.join() !== '10.244.1.10:8080,10.244.2.10:8080'; i++) {
+      await new Promise((r) => setTimeout(r, 250));
+      seen = (await answers(nft.lab, CASES[0])).seen;
+    }
+    assert.deepEqual(seen, ['10.244.1.10:8080', '10.244.2.10:8080'], nft.kpng!.stderr.slice(-2000));
   });
 
   // upstream's cases with to-nft's knobs (the gate for --iptables-localhost-nodeports); in each, the node and

@@ -21,7 +21,7 @@ import { ProcessNft, SessionNft, type Nft } from '../shared/nftables/nft.js';
 import { Transaction, type TableRef } from '../shared/nftables/transaction.js';
 import { NftWatch, type DriftSource } from '../shared/nft-watch.js';
 import { availableParallelism } from 'node:os';
-import { LocalhostNodePorts, localhostNodePortFamilies, removeLocalhostTable } from '../shared/userspace/localhost.js';
+import { LocalhostNodePorts, localhostNodePortFamilies, removeLocalhostTable, LOCALHOST_TABLE } from '../shared/userspace/localhost.js';
 
 export interface NftProxierOptions extends DataplaneOptions {
   /** the nft binary (when nft is not given) */
@@ -499,7 +499,10 @@ export class NftProxier extends ProxierBase {
 
   /** the drift check: nftables' change events say whether anyone else touched kpng's tables */
   protected override async checkDrift(): Promise<string | undefined> {
-    return this.watch?.check();
+    const why = await this.watch?.check();
+    if (why || !this.localhost) return why;
+    // the localhost NodePorts' table is not watched (another table): it is checked for being there
+    return (await this.localhost.present()) ? undefined : `the table inet ${LOCALHOST_TABLE} is gone`;
   }
 
   /** what is programmed, for introspection and tests */

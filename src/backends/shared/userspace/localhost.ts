@@ -95,6 +95,11 @@ export class LocalhostNodePorts {
     await this.o.nft.run(redirectTransaction(LOCALHOST_TABLE, r, this.o.families, { natPriority: -101, comment: 'kpng: localhost NodePorts to the userspace proxy' }));
   }
 
+  /** false once someone deleted the table (the periodic check repairs it) */
+  async present(): Promise<boolean> {
+    return (await this.o.nft.list('inet', LOCALHOST_TABLE)) !== undefined;
+  }
+
   async close(): Promise<void> {
     await this.engine.close();
     this.o.nft.close();

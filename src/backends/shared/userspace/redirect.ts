@@ -80,7 +80,12 @@ export function redirectTransaction(name: string, r: RedirectRules, families: re
     rule('nat-prerouting', `${proto} ${npDst} dnat ${ip} to ${ip} daddr : meta l4proto . th dport map @nodeports-${sfx}`);
     rule('nat-output', `${proto} dnat ${ip} to ${ip} saddr : ${vip} map @service-ips-${sfx}`);
     rule('nat-output', `${proto} ${npDst} dnat ${ip} to ${ip} saddr : meta l4proto . th dport map @nodeports-${sfx}`);
-    for (const c of ['filter-forward', 'filter-output']) rule(c, `${vip} @no-endpoint-services-${sfx} reject`);
+    // refused: TCP with a reset, the rest with ICMP port unreachable
+    for (const c of ['filter-forward', 'filter-output']) {
+      rule(c, `${vip} @no-endpoint-services-${sfx} meta l4proto tcp reject with tcp reset`);
+      rule(c, `${vip} @no-endpoint-services-${sfx} reject`);
+    }
+    rule('filter-input', `${npDst} meta l4proto . th dport @no-endpoint-nodeports-${sfx} meta l4proto tcp reject with tcp reset`);
     rule('filter-input', `${npDst} meta l4proto . th dport @no-endpoint-nodeports-${sfx} reject`);
     addElements(tx, table, `service-ips-${sfx}`, r.serviceIPs.filter((e) => e.family === f).map((e) => ({ key: `${e.ip} . ${e.protocol} . ${e.port}`, value: String(e.to) })));
     addElements(tx, table, `nodeports-${sfx}`, r.nodePorts.filter((e) => e.family === f).map((e) => ({ key: `${e.protocol} . ${e.nodePort}`, value: String(e.to) })));
