@@ -136,6 +136,22 @@ describe('userspace engine', () => {
     assert.equal(seen.size, 1);
   });
 
+  it('affinity turned on for a Service keeps its listener and takes effect', async () => {
+    const a = await tcpServer((s) => s.end('a'));
+    const b = await tcpServer((s) => s.end('b'));
+    const e = engine();
+    await e.update([spec('t', [a, b])]);
+    const port = e.portOf('t');
+    const seen = new Set<string>();
+    for (let i = 0; i < 4; i++) seen.add((await exchange(port!, '')).data);
+    assert.equal(seen.size, 2);
+    await e.update([spec('t', [a, b], { affinitySeconds: 60 })]);
+    assert.equal(e.portOf('t'), port);
+    seen.clear();
+    for (let i = 0; i < 6; i++) seen.add((await exchange(port!, '')).data);
+    assert.equal(seen.size, 1);
+  });
+
   it('UDP: sessions per client, at most udpMaxSessions, closed after udpIdleMs', async () => {
     const ep = await udpEcho('ep');
     const e = engine({ udpIdleMs: 300, udpMaxSessions: 4 });

@@ -85,7 +85,7 @@ class Listener {
 
   constructor(
     spec: ListenerSpec,
-    readonly affinity: Affinity | undefined,
+    public affinity: Affinity | undefined,
   ) {
     this.spec = spec;
   }
@@ -175,6 +175,11 @@ export class UserspaceEngine {
     for (const [key, s] of want) {
       const l = this.listeners.get(key);
       if (l) {
+        // affinity turned on or off: the listener stays, its table comes or goes
+        if (!!s.affinitySeconds !== !!l.affinity) {
+          this.releaseAffinity(l);
+          l.affinity = this.affinityFor(s);
+        }
         l.spec = s;
         opening.push(this.followAddresses(l));
         continue;
@@ -311,7 +316,12 @@ export class UserspaceEngine {
     }
     l.udp.clear();
     if (all) for (const c of l.tcp) c.destroy();
+    this.releaseAffinity(l);
+  }
+
+  private releaseAffinity(l: Listener): void {
     if (l.affinity && --l.affinity.users <= 0) this.affinities.delete(l.spec.affinityKey ?? l.spec.key);
+    l.affinity = undefined;
   }
 
   /** client addresses of the node itself: its interfaces' addresses (refreshed at each update) */
