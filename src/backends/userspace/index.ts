@@ -17,6 +17,8 @@ registerBackend({
   },
   create(opts, ctx) {
     if (!Number.isInteger(opts.udpMaxSessions) || opts.udpMaxSessions < 1) throw new Error(`--udp-max-sessions: a positive integer, not ${JSON.stringify(opts.udpMaxSessions)}`);
+    // the listeners are this process: with --once they go when it exits, and the redirects lead nowhere
+    if (opts.once && !opts.dryRun) ctx.log.warn('to-userspace --once: the rules stay after kpng exits, but the listeners they redirect to go with it');
     const p = new UserspaceProxier({ ...dataplaneOptions(opts, ctx), nftPath: opts.nftPath, udpMaxSessions: opts.udpMaxSessions });
     return proxierInstance(p, [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet]);
   },
