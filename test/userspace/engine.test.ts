@@ -6,6 +6,7 @@ import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer, connect, type Server, type Socket } from 'node:net';
 import { createSocket, type Socket as UdpSocket } from 'node:dgram';
+import { spawn } from 'node:child_process';
 import { UserspaceEngine, type ListenerSpec } from '../../src/backends/shared/userspace/engine.js';
 import { registry } from '../../src/backends/shared/metrics.js';
 import { createLogger } from '../../src/log.js';
@@ -103,6 +104,23 @@ describe('userspace engine', () => {
     await closers.splice(closers.length - 2, 1)[0]();
     await e.update([spec('rr', [deadPort, b])]);
     for (let i = 0; i < 4; i++) assert.equal((await exchange(e.portOf('rr')!, '')).data, 'b');
+  });
+
+  it('an endpoint that never answers the handshake is given up for the next one', async () => {
+    // a listener whose accept queue is full: Linux drops further SYNs (a blackholed endpoint)
+    const py = spawn('python3', ['-c', 'import socket,sys\ns=socket.socket()\ns.bind(("127.0.0.1",0))\ns.listen(0)\nprint(s.getsockname()[1],flush=True)\nsys.stdin.read()'], { stdio: ['pipe', 'pipe', 'inherit'] });
+    closers.push(() => py.kill('SIGKILL'));
+    const dead = await new Promise<number>((r) => py.stdout!.once('data', (d) => r(Number(String(d).trim()))));
+    const fillers: Socket[] = [];
+    for (let i = 0; i < 3; i++) fillers.push(connect({ host: '127.0.0.1', port: dead }).on('error', () => {}));
+    closers.push(() => fillers.forEach((f) => f.destroy()));
+    await new Promise((r) => setTimeout(r, 300));
+    const good = await tcpServer((s) => s.end('good'));
+    const e = engine({ connectTimeoutsMs: [300, 300, 300] });
+    await e.update([spec('bh', [dead, good], { affinitySeconds: 0 })]);
+    const t0 = Date.now();
+    for (let i = 0; i < 2; i++) assert.equal((await exchange(e.portOf('bh')!, '')).data, 'good');
+    assert.ok(Date.now() - t0 < 3000, `took ${Date.now() - t0} ms`);
   });
 
   it('an endpoint change keeps the listener (same port) and the open connections on their endpoint', async () => {

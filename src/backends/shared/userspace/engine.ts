@@ -49,12 +49,16 @@ export interface EngineOptions {
   readonly udpMaxSessions?: number;
   /** true for a client address that is a pod of this node (detect-local) */
   readonly isPodClient?: (ip: string) => boolean;
-  /** attempts at other endpoints when one refuses a TCP connection */
+  /** attempts at other endpoints when one refuses a TCP connection or does not answer */
   readonly connectAttempts?: number;
+  /** per attempt, how long an endpoint may take to accept (tests) */
+  readonly connectTimeoutsMs?: readonly number[];
 }
 
 /** datagrams queued for an endpoint while its socket connects */
 const UDP_QUEUE = 64;
+/** how long each attempt at an endpoint may take to accept (longer each time): a dead endpoint must not hold the client for the kernel's minutes of SYN retries */
+const CONNECT_TIMEOUTS_MS = [1000, 2000, 4000];
 
 interface Affinity {
   readonly clients: Map<string, { target: string; until: number }>;
@@ -357,8 +361,12 @@ export class UserspaceEngine {
       tried.add(tkey(t));
       const up = connect({ host: t.ip, port: t.port, allowHalfOpen: true });
       let connected = false;
+      up.setTimeout(this.o.connectTimeoutsMs?.[tried.size - 1] ?? CONNECT_TIMEOUTS_MS[Math.min(tried.size - 1, CONNECT_TIMEOUTS_MS.length - 1)], () => {
+        if (!connected) up.destroy(Object.assign(new Error(`no answer from ${t.ip}:${t.port}`), { code: 'ETIMEDOUT' }));
+      });
       up.once('connect', () => {
         connected = true;
+        up.setTimeout(0);
         if (client.destroyed) return void up.resetAndDestroy();
         l.tcp.add(client);
         this.relay(l, client, up);
