@@ -112,21 +112,30 @@ export class UserspaceProxier extends ProxierBase {
     }
     const base = `${sp.service}|${port}|${protocol}|${family}`;
     const affinity = { affinitySeconds: sp.affinitySeconds, affinityKey: base };
-    const internal = `${base}|internal`;
+    // a listener (and port) per address, and one for the NodePort: a client sending from one port to two
+    // addresses of a service port makes two flows; redirected to one listener port they would share one
+    // NAT reply tuple, and the kernel would drop the second
+    const internal = `${base}|${sp.clusterIP}`;
     p.listeners.push({ key: internal, service: sp.service, protocol, family, endpoints: sp.internal, ...affinity });
     if (sp.internal.length) p.ips.push({ family, ip: sp.clusterIP, protocol, port, listener: internal });
     else p.rejectIPs.push({ family, ip: sp.clusterIP, protocol, port });
-    if (!externalAddrs.length && !sp.nodePort) return p;
-    // external traffic: its own listener when a policy makes its endpoints differ from the cluster IP's
-    let external = internal;
-    if (sp.internalLocal || sp.externalLocal) {
-      external = `${base}|external`;
-      // eTP=Local: the node and its pods short-circuit to every endpoint, as kube-proxy does
-      p.listeners.push({ key: external, service: sp.service, protocol, family, endpoints: sp.external, localEndpoints: sp.externalLocal ? sp.cluster : undefined, ...affinity });
+    // external traffic (externalTrafficPolicy); Local: the node and its pods short-circuit to every endpoint, as kube-proxy does
+    const external = { service: sp.service, protocol, family, endpoints: sp.external, localEndpoints: sp.externalLocal ? sp.cluster : undefined, ...affinity };
+    const served = sp.external.length > 0 || (sp.externalLocal && sp.cluster.length > 0);
+    // listeners exist as long as the Service does (an endpoint change opens and closes nothing); only what
+    // the table does with the address (redirect, or reject without endpoints) follows the endpoints
+    for (const ip of externalAddrs) {
+      const key = `${base}|${ip}`;
+      p.listeners.push({ key, ...external });
+      if (served) p.ips.push({ family, ip, protocol, port, listener: key });
+      else p.rejectIPs.push({ family, ip, protocol, port });
     }
-    const served = external === internal ? sp.internal.length > 0 : sp.external.length > 0 || (sp.externalLocal && sp.cluster.length > 0);
-    for (const ip of externalAddrs) (served ? p.ips.push({ family, ip, protocol, port, listener: external }) : p.rejectIPs.push({ family, ip, protocol, port }));
-    if (sp.nodePort) (served ? p.nodePorts.push({ family, protocol, nodePort: sp.nodePort, listener: external }) : p.rejectNodePorts.push({ family, protocol, nodePort: sp.nodePort }));
+    if (sp.nodePort) {
+      const key = `${base}|nodeport`;
+      p.listeners.push({ key, ...external });
+      if (served) p.nodePorts.push({ family, protocol, nodePort: sp.nodePort, listener: key });
+      else p.rejectNodePorts.push({ family, protocol, nodePort: sp.nodePort });
+    }
     return p;
   }
 

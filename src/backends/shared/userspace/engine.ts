@@ -3,9 +3,9 @@
 // to-userspace (every Service address redirected to it) and by to-nft for
 // localhost NodePorts (127.0.0.1 / ::1, which nftables cannot DNAT).
 //
-// One listener per service port, family and kind of traffic; listeners follow
-// the Services (open, close), and an endpoint change only replaces the list a
-// listener picks from: connections already relayed keep their endpoint.
+// Listeners follow the Services (open, close); an endpoint change only
+// replaces the list a listener picks from: connections already relayed keep
+// their endpoint.
 // Memory stays bounded: TCP is piped with pause/resume (a slow side stops the
 // other at the streams' high-water marks), UDP sessions are bounded in number
 // and expire when idle, queued datagrams are bounded per session.
