@@ -39,8 +39,16 @@ const objects = [
   service('demo', 'local-far', { type: 'NodePort', clusterIP: '10.96.0.12', externalTrafficPolicy: 'Local', ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: 8080, nodePort: 30082 }] }),
   slice('demo', 'local-far-1', 'local-far', [{ ip: '10.244.2.10', node: 'node-b' }]),
   service('demo', 'none', { type: 'NodePort', clusterIP: '10.96.0.13', ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: 8080, nodePort: 30084 }] }),
-  service('demo', 'six', { type: 'NodePort', clusterIP: 'fd00:96::10', ipFamilies: ['IPv6'], ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: 8080, nodePort: 30086 }] }),
-  slice('demo', 'six-1', 'six', [{ ip: 'fd00:10::10', node: 'node-a' }]),
+  service('demo', 'six', {
+    type: 'NodePort',
+    clusterIP: 'fd00:96::10',
+    ipFamilies: ['IPv6'],
+    ports: [
+      { name: 'http', port: 80, protocol: 'TCP', targetPort: 8080, nodePort: 30086 },
+      { name: 'dns', port: 53, protocol: 'UDP', targetPort: 5353, nodePort: 30087 },
+    ],
+  }),
+  slice('demo', 'six-1', 'six', [{ ip: 'fd00:10::10', node: 'node-a' }], [{ name: 'http', port: 8080 }, { name: 'dns', port: 5353, protocol: 'UDP' }]),
 ];
 
 const spec = (tag: string) => ({
@@ -61,6 +69,7 @@ const CASES = [
   { title: 'no endpoints', to: '127.0.0.1', port: 30084, protocol: 'TCP' as const },
 ];
 const V6 = { title: 'IPv6 [::1]', to: '::1', port: 30086, protocol: 'TCP' as const };
+const V6UDP = { title: 'IPv6 [::1] UDP', to: '::1', port: 30087, protocol: 'UDP' as const };
 /** every port the node itself also serves: a NodePort kpng leaves alone is answered by the node ("") */
 const NODE_TCP = [30080, 30081, 30082, 30084, 30086];
 
@@ -80,13 +89,13 @@ describe('localhost NodePorts: to-nft through the userspace proxy, as to-iptable
 
   before(async () => {
     ipt = await Lab.create(spec('lhipt'));
-    await Promise.all([ipt.serve('web-a', { tcp: [8080], udp: [5353] }), ipt.serve('web-b', { tcp: [8080], udp: [5353] }), ipt.serve('node-a', { tcp: NODE_TCP, udp: [30053] })]);
+    await Promise.all([ipt.serve('web-a', { tcp: [8080], udp: [5353] }), ipt.serve('web-b', { tcp: [8080], udp: [5353] }), ipt.serve('node-a', { tcp: NODE_TCP, udp: [30053, 30087], udpHosts: ['127.0.0.1', '::1', NODE4, NODE6] })]);
     await applyOnce(IPT, ipt, objects, backendConfig(IPT, { clusterCIDR: '10.244.0.0/16,fd00:10::/64' }));
-    for (const c of [...CASES, V6]) iptAnswers.set(c.title, (await answers(ipt, c)).seen);
+    for (const c of [...CASES, V6, V6UDP]) iptAnswers.set(c.title, (await answers(ipt, c)).seen);
     await ipt.close();
 
     nft = await KpngLab.create(NFT, spec('lhnft'), objects, backendConfig(NFT, { clusterCIDR: '10.244.0.0/16,fd00:10::/64', nodePortAddresses: ['primary', 'localhost'], syncPeriod: '1s' }));
-    await Promise.all([nft.lab.serve('web-a', { tcp: [8080], udp: [5353] }), nft.lab.serve('web-b', { tcp: [8080], udp: [5353] }), nft.lab.serve('node-a', { tcp: NODE_TCP, udp: [30053] })]);
+    await Promise.all([nft.lab.serve('web-a', { tcp: [8080], udp: [5353] }), nft.lab.serve('web-b', { tcp: [8080], udp: [5353] }), nft.lab.serve('node-a', { tcp: NODE_TCP, udp: [30053, 30087], udpHosts: ['127.0.0.1', '::1', NODE4, NODE6] })]);
     await nft.startAndWait(() => nft.lab.connect({ from: '127.0.0.1', to: '127.0.0.1', port: 30080 }).then((o) => (o.kind === 'answered' && o.by === 'node-a' ? { ...o, by: 'world' } : o)));
   });
   after(async () => {
@@ -112,11 +121,14 @@ describe('localhost NodePorts: to-nft through the userspace proxy, as to-iptable
     assert.deepEqual(iptAnswers.get('no endpoints'), ['REFUSED']);
     // IPv6: iptables leaves ::1 alone
     assert.deepEqual(iptAnswers.get(V6.title), ['']);
+    assert.deepEqual(iptAnswers.get(V6UDP.title), ['']);
   });
 
-  it('IPv6: [::1]:<nodePort> reaches the endpoint with to-nft (iptables cannot)', async () => {
+  it('IPv6: [::1]:<nodePort> reaches the endpoint with to-nft, TCP and UDP (iptables cannot)', async () => {
     const { seen, out } = await answers(nft.lab, V6);
     assert.deepEqual(seen, ['[fd00:10::10]:8080'], out.map(describeOutcome).join('\n'));
+    const udp = await answers(nft.lab, V6UDP);
+    assert.deepEqual(udp.seen, ['[fd00:10::10]:5353'], udp.out.map(describeOutcome).join('\n'));
   });
 
   it("the node's own address still goes through to-nft's rules (the proxy only takes loopback)", async () => {
