@@ -246,17 +246,31 @@ export class UserspaceEngine {
   private async openUdp(l: Listener): Promise<void> {
     const addrs = l.spec.host ? [l.spec.host] : this.addressesOf(l.spec.family);
     for (let attempt = 0; ; attempt++) {
-      try {
-        l.port = await this.bindUdp(l, addrs[0], 0);
-        for (const a of addrs.slice(1)) await this.bindUdp(l, a, l.port);
-        return;
-      } catch (e) {
-        for (const sock of l.udp.values()) sock.close();
-        l.udp.clear();
-        l.port = 0;
-        // another socket holds the port on one of the addresses: try another port
-        if ((e as NodeJS.ErrnoException).code !== 'EADDRINUSE' || attempt >= 5) throw e;
+      let port = 0;
+      let clash = false;
+      for (const a of addrs) {
+        try {
+          const got = await this.bindUdp(l, a, port);
+          port ||= got;
+        } catch (e) {
+          closeQuietly(l.udp.get(a));
+          l.udp.delete(a);
+          // another socket holds the port on this address: all again on another port
+          if ((e as NodeJS.ErrnoException).code === 'EADDRINUSE' && port) {
+            clash = true;
+            break;
+          }
+          // an address that cannot be bound (still tentative, going away): without it; the next sync tries again
+          this.o.log.debug({ service: l.spec.service, address: a, err: (e as Error).message }, 'userspace proxy: UDP listener skips an address');
+        }
       }
+      if (!clash && port) {
+        l.port = port;
+        return;
+      }
+      for (const sock of l.udp.values()) closeQuietly(sock);
+      l.udp.clear();
+      if (!clash || attempt >= 5) throw new Error(clash ? 'no port free on every node address' : 'no node address to listen on');
     }
   }
 
@@ -281,14 +295,15 @@ export class UserspaceEngine {
     for (const [a, sock] of l.udp) {
       if (addrs.has(a)) continue;
       l.udp.delete(a);
-      sock.close();
+      closeQuietly(sock);
     }
     for (const a of addrs) {
       if (l.udp.has(a)) continue;
       await this.bindUdp(l, a, l.port).catch((e) => {
-        l.udp.get(a)?.close();
+        closeQuietly(l.udp.get(a));
         l.udp.delete(a);
-        this.o.log.warn({ service: l.spec.service, address: a, err: (e as Error).message }, 'userspace proxy: cannot listen on a new node address');
+        // tried again at the next sync: not worth a warning each time
+        this.o.log.debug({ service: l.spec.service, address: a, err: (e as Error).message }, 'userspace proxy: cannot listen on a new node address');
       });
     }
   }
@@ -309,15 +324,9 @@ export class UserspaceEngine {
   private closeListener(key: string, l: Listener, all = false): void {
     if (this.listeners.get(key) === l) this.listeners.delete(key);
     l.server?.close();
-    for (const s of l.sessions.values()) s.sock.close();
+    for (const s of l.sessions.values()) closeQuietly(s.sock);
     l.sessions.clear();
-    for (const sock of l.udp.values()) {
-      try {
-        sock.close();
-      } catch {
-        // not bound yet
-      }
-    }
+    for (const sock of l.udp.values()) closeQuietly(sock);
     l.udp.clear();
     if (all) for (const c of l.tcp) c.destroy();
     this.releaseAffinity(l);
@@ -461,7 +470,7 @@ export class UserspaceEngine {
     while (l.sessions.size >= this.udpMax) {
       const [oldId, old] = l.sessions.entries().next().value as [string, UdpSession];
       l.sessions.delete(oldId);
-      old.sock.close();
+      closeQuietly(old.sock);
       metrics.userspaceErrors.inc({ ...labels, reason: 'udp_session_evicted' });
     }
     metrics.userspaceConnections.inc(labels);
@@ -493,9 +502,18 @@ export class UserspaceEngine {
       for (const [id, s] of l.sessions) {
         if (now - s.last < this.udpIdleMs) continue;
         l.sessions.delete(id);
-        s.sock.close();
+        closeQuietly(s.sock);
       }
     }
     for (const a of this.affinities.values()) for (const [c, e] of a.clients) if (e.until <= now) a.clients.delete(c);
+  }
+}
+
+/** a UDP socket closed whatever its state (not bound yet, failed, closed already) */
+function closeQuietly(sock: UdpSocket | undefined): void {
+  try {
+    sock?.close();
+  } catch {
+    // closed already
   }
 }
