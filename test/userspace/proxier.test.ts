@@ -79,11 +79,12 @@ test('SCTP is rejected (Node has no SCTP sockets), the other Services still serv
       service('ns', 'ok', { type: 'NodePort', clusterIP: '10.96.0.14', ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: 8080, nodePort: 30014 }] }),
       slice('ns', 'ok-1', 'ok', [{ ip: '10.244.1.7', node: 'n1' }]),
     ],
-    (c) => (c.nodePortAddresses = ['primary', 'localhost']),
+    (c) => (c.nodePortAddresses = ['primary', 'localhost', '192.168.0.0/24']),
   );
   assert.match(text, /no-endpoint-services-v4 \{ 10\.96\.0\.13 \. sctp \. 9 \}/);
   assert.match(text, /no-endpoint-nodeports-v4 \{ sctp \. 30099 \}/);
   assert.match(text, /nodeports-v4 \{ tcp \. 30014 : 0 \}/);
-  assert.match(text, /nodeport-addresses-v4 \{ 192\.168\.0\.2\/32, 127\.0\.0\.0\/8 \}/);
+  // the primary IP inside 192.168.0.0/24 goes (an interval set refuses overlaps)
+  assert.match(text, /nodeport-addresses-v4 \{ 127\.0\.0\.0\/8, 192\.168\.0\.0\/24 \}/);
   assert.match(text, /nodeport-addresses-v6 \{ ::1\/128 \}/);
 });

@@ -8,7 +8,7 @@
 import { cidrContains, parseCIDR, type Family } from '../../api/ip.js';
 import { ProxierBase, type ApplyRequest, type SyncStats } from '../shared/proxier.js';
 import type { DataplaneOptions } from '../shared/backend.js';
-import { servicePorts, rangesContain, type ServicePort } from '../shared/service-ports.js';
+import { servicePorts, rangesContain, normalizeCIDRs, type ServicePort } from '../shared/service-ports.js';
 import { ipSetOf } from '../../api/model.js';
 import { detectLocal, nodePortAddresses } from '../shared/node-facts.js';
 import { ProcessNft, type Nft } from '../shared/nftables/nft.js';
@@ -149,7 +149,8 @@ export class UserspaceProxier extends ProxierBase {
       return 'all';
     }
     const host = family === 4 ? '/32' : '/128';
-    return [...np.primary.map((ip) => ip + host), ...np.cidrs, ...(np.localhost ? [family === 4 ? '127.0.0.0/8' : '::1/128'] : [])];
+    // an interval set refuses overlaps: a primary IP inside one of the CIDRs goes
+    return normalizeCIDRs([...np.primary.map((ip) => ip + host), ...np.cidrs, ...(np.localhost ? [family === 4 ? '127.0.0.0/8' : '::1/128'] : [])]);
   }
 
   private rules(): RedirectRules {
