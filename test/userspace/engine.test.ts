@@ -154,6 +154,18 @@ describe('userspace engine', () => {
     assert.equal(seen.size, 1);
   });
 
+  it('ClientIP affinity expires after its timeout without connections', async () => {
+    const a = await tcpServer((s) => s.end('a'));
+    const b = await tcpServer((s) => s.end('b'));
+    const e = engine();
+    await e.update([spec('x', [a, b], { affinitySeconds: 0.3 })]);
+    const first = (await exchange(e.portOf('x')!, '')).data;
+    assert.equal((await exchange(e.portOf('x')!, '')).data, first);
+    await new Promise((r) => setTimeout(r, 500));
+    // placed afresh: round-robin moves on to the other endpoint
+    assert.notEqual((await exchange(e.portOf('x')!, '')).data, first);
+  });
+
   it('affinity turned on for a Service keeps its listener and takes effect', async () => {
     const a = await tcpServer((s) => s.end('a'));
     const b = await tcpServer((s) => s.end('b'));
