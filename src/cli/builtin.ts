@@ -16,6 +16,7 @@ registerCommand((program, run) => {
     .command('demo')
     .description('run kpng on an embedded example cluster and show what it does')
     .option('--example <file>', 'the example cluster (Kubernetes objects)')
+    .option('--backend <name>', 'the backend kpng programs the node with: nft, or userspace (kpng proxies the connections itself)', 'nft')
     .action(function (this: import('commander').Command) {
       const opts = this.opts();
       return run((log, signal) => runDemo(opts, log, signal));
@@ -24,7 +25,10 @@ registerCommand((program, run) => {
 
 const CLEANUP_HELP = `
 What it removes:
-  to-nft       the tables "ip kpng" and "ip6 kpng".
+  to-nft       the tables "ip kpng" and "ip6 kpng", and "inet kpng-localhost-nodeports"
+               (localhost NodePorts through the userspace proxy).
+  to-userspace the table "inet kpng-userspace" (its redirects to kpng's listeners; the
+               listeners themselves go with the kpng process).
   to-iptables  in iptables-nft and iptables-legacy, IPv4 and IPv6: kpng's chains (filter
                and nat KUBE-SERVICES, KUBE-NODEPORTS, KUBE-EXTERNAL-SERVICES, KUBE-FORWARD,
                KUBE-PROXY-FIREWALL, KUBE-POSTROUTING, KUBE-MARK-MASQ, KUBE-PROXY-CANARY,

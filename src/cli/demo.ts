@@ -1,5 +1,5 @@
 // kpng demo: the example cluster built out of network namespaces (this node,
-// the other nodes, one namespace per pod, an outside world), kpng with to-nft
+// the other nodes, one namespace per pod, an outside world), kpng with to-nft (or --backend userspace)
 // programming this node, real connections to a ClusterIP, a NodePort and a
 // LoadBalancer IP, a live endpoint change, and what kpng programmed. Removes
 // everything it made, also on Ctrl-C and on error.
@@ -43,7 +43,13 @@ function v4Hosts(cidr: string, skip: Set<string>, from: number): string[] {
   return out;
 }
 
-export async function runDemo(opts: { example?: string; node?: string }, _log: Logger, signal: AbortSignal): Promise<void> {
+/** the backends the demo runs, and the table it shows of each */
+const DEMO_BACKENDS: Record<string, { family: string; table: string }> = { nft: { family: 'ip', table: 'kpng' }, userspace: { family: 'inet', table: 'kpng-userspace' } };
+
+export async function runDemo(opts: { example?: string; node?: string; backend?: string }, _log: Logger, signal: AbortSignal): Promise<void> {
+  const backend = opts.backend ?? 'nft';
+  const shown = DEMO_BACKENDS[backend];
+  if (!shown) throw new Error(`kpng demo: --backend ${JSON.stringify(backend)}: one of ${Object.keys(DEMO_BACKENDS).join(', ')}`);
   const why = labUnsupported();
   if (why) throw new Error(`kpng demo builds a cluster out of network namespaces: ${why}`);
   const t0 = Date.now();
@@ -85,7 +91,7 @@ export async function runDemo(opts: { example?: string; node?: string }, _log: L
 
   const say = (s = '') => console.log(s);
   say(`kpng demo: ${example}`);
-  say(`  ${nodes.length} nodes (${me} runs kpng with to-nft; the others sit behind it), ${services.length} Services, ${pods.size} pods, one network namespace each`);
+  say(`  ${nodes.length} nodes (${me} runs kpng with to-${backend}; the others sit behind it), ${services.length} Services, ${pods.size} pods, one network namespace each`);
 
   let lab: Lab | undefined;
   let kpng: KpngProcess | undefined;
@@ -121,7 +127,7 @@ export async function runDemo(opts: { example?: string; node?: string }, _log: L
     };
     writeState(objects);
     writeFileSync(join(dir, 'kube-proxy.yaml'), config);
-    const args = ['file', '--input', stateDir, 'to-local', 'to-nft', '--node-name', me, '--config', join(dir, 'kube-proxy.yaml')];
+    const args = ['file', '--input', stateDir, 'to-local', `to-${backend}`, '--node-name', me, '--config', join(dir, 'kube-proxy.yaml')];
     say(`  running: kpng ${args.join(' ').replaceAll(dir, '$TMP')}   (in ${me}'s namespace)`);
     kpng = lab.startKpng(args);
 
@@ -188,11 +194,11 @@ export async function runDemo(opts: { example?: string; node?: string }, _log: L
     }
     signal.throwIfAborted();
 
-    const listed = await lab.exec(me, ['nft', 'list', 'table', 'ip', 'kpng']);
+    const listed = await lab.exec(me, ['nft', 'list', 'table', shown.family, shown.table]);
     const lines = listed.stdout.split('\n').filter((l) => l.trim());
     say();
-    say(`What kpng programmed on ${me} (nft list table ip kpng: ${lines.length} lines, ${lines.filter((l) => /^\s*chain /.test(l)).length} chains, ${lines.filter((l) => /^\s*(map|set) /.test(l)).length} maps and sets):`);
-    for (const l of trimNft(lines, 45)) say(`  ${l}`);
+    say(`What kpng programmed on ${me} (nft list table ${shown.family} ${shown.table}: ${lines.length} lines, ${lines.filter((l) => /^\s*chain /.test(l)).length} chains, ${lines.filter((l) => /^\s*(map|set) /.test(l)).length} maps and sets):`);
+    for (const l of trimNft(lines, 45, `${shown.family} ${shown.table}`)) say(`  ${l}`);
   } catch (e) {
     if (!signal.aborted) throw e;
     say();
@@ -237,7 +243,7 @@ function printTable(head: string[], rows: string[][]) {
 }
 
 /** The table's first lines, then how many more there are. */
-function trimNft(lines: string[], max: number): string[] {
+function trimNft(lines: string[], max: number, table: string): string[] {
   if (lines.length <= max) return lines;
-  return [...lines.slice(0, max), `... ${lines.length - max} more lines (all of it: nft list table ip kpng, in the node's namespace)`];
+  return [...lines.slice(0, max), `... ${lines.length - max} more lines (all of it: nft list table ${table}, in the node's namespace)`];
 }

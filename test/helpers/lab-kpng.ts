@@ -36,24 +36,28 @@ export async function kpngCapabilities(): Promise<{ fileNodeName: boolean; backe
 }
 
 /** A backend kpng programs in a lab: to-nft, to-iptables with iptables-nft or iptables-legacy, or to-ipvs (kernel lab only). */
-export type LabBackend = { name: 'nft' } | { name: 'iptables'; mode: IptablesMode } | { name: 'ipvs' };
+export type LabBackend = { name: 'nft' } | { name: 'iptables'; mode: IptablesMode } | { name: 'ipvs' } | { name: 'userspace' };
 
 /** The backends this machine's kernel runs. */
-export type HostBackend = Exclude<LabBackend, { name: 'ipvs' }>;
+export type HostBackend = Exclude<LabBackend, { name: 'ipvs' } | { name: 'userspace' }>;
 
 /** Every backend the shared lab cases run for on the host (to-ipvs needs the kernel lab: test/vm). */
 export const BACKENDS: readonly HostBackend[] = [{ name: 'nft' }, { name: 'iptables', mode: 'nft' }, { name: 'iptables', mode: 'legacy' }];
 
 /** nftables, iptables-nft, iptables-legacy */
-export const backendLabel = (b: LabBackend): string => (b.name === 'iptables' ? `iptables-${b.mode}` : b.name === 'nft' ? 'nftables' : 'ipvs');
+export const backendLabel = (b: LabBackend): string => (b.name === 'iptables' ? `iptables-${b.mode}` : b.name === 'nft' ? 'nftables' : b.name);
 
 /** A short lab tag suffix (namespace names are kpng-<tag>-...): nft, iptn, iptl */
 export const backendTag = (b: LabBackend): string => (b.name === 'iptables' ? `ipt${b.mode[0]}` : b.name);
 
 /** The KubeProxyConfiguration `mode` (and config section) of a backend. */
-export const proxyMode = (b: LabBackend): ProxyMode => (b.name === 'nft' ? 'nftables' : b.name);
+export function proxyMode(b: Exclude<LabBackend, { name: 'userspace' }>): Exclude<ProxyMode, 'userspace'>;
+export function proxyMode(b: LabBackend): ProxyMode;
+export function proxyMode(b: LabBackend): ProxyMode {
+  return b.name === 'nft' ? 'nftables' : b.name;
+}
 
-export type ProxyMode = 'nftables' | 'iptables' | 'ipvs';
+export type ProxyMode = 'nftables' | 'iptables' | 'ipvs' | 'userspace';
 
 /** Why this kernel cannot run IPVS (this machine's has none: the kernel lab's has), or undefined. */
 export function ipvsUnsupported(): string | undefined {
@@ -123,7 +127,8 @@ export function kubeProxyConfig(c: ProxyConfigOptions & { mode?: ProxyMode; ipvs
     clusterCIDR: c.clusterCIDR ?? '',
     detectLocalMode: 'ClusterCIDR',
     ...(c.nodePortAddresses?.length ? { nodePortAddresses: c.nodePortAddresses } : {}),
-    [mode === 'ipvs' ? 'iptables' : mode]: {
+    // ipvs takes masquerading from iptables, userspace its periods from nftables (it has no section)
+    [mode === 'ipvs' ? 'iptables' : mode === 'userspace' ? 'nftables' : mode]: {
       masqueradeAll: c.masqueradeAll ?? false,
       masqueradeBit: 14,
       ...(mode === 'ipvs' ? {} : periods),

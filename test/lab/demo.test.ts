@@ -9,10 +9,10 @@ import { backendLabUnsupported } from '../helpers/lab-kpng.js';
 
 const skip = await backendLabUnsupported({ name: 'nft' });
 
-function demo(opts: { interruptWhen?: RegExp } = {}): Promise<{ code: number | null; out: string; ms: number }> {
+function demo(opts: { interruptWhen?: RegExp; args?: string[] } = {}): Promise<{ code: number | null; out: string; ms: number }> {
   const t0 = Date.now();
   // its own process group, so that an interrupt reaches it and its children as Ctrl-C does
-  const p = spawn(process.execPath, [KPNG_BIN, 'demo'], { detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+  const p = spawn(process.execPath, [KPNG_BIN, 'demo', ...(opts.args ?? [])], { detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   let sent = false;
   const onData = (d: Buffer) => {
@@ -62,6 +62,20 @@ describe('kpng demo', { skip }, () => {
     assert.match(r.out, new RegExp(`opened before the change is still answered by ${left}`));
     assert.match(r.out, /table ip kpng \{/);
     assert.match(r.out, /Cleaned up: kpng stopped \(exit 0\), \d+ network namespaces deleted/);
+  });
+
+  it('--backend userspace: kpng proxies the same traffic itself; endpoints see the node', async () => {
+    const r = await demo({ args: ['--backend', 'userspace'] });
+    assert.equal(r.code, 0, r.out);
+    assert.match(r.out, /runs kpng with to-userspace/);
+    const row = (re: RegExp) => r.out.split('\n').find((l) => re.test(l)) ?? '';
+    assert.match(row(/^\s+web\s+10\.96\.0\.10:80\/TCP\s+pod client/), /web-1 \d+, web-2 \d+, web-3 \d+\s+node-a/);
+    assert.match(row(/^\s+echo\s+192\.168\.50\.2:30007\/UDP\s+outside/), /echo-1 \d+, echo-2 \d+/);
+    assert.match(r.out, /opened before the change is still answered by web-\d/);
+    assert.match(r.out, /table inet kpng-userspace \{/);
+    const stem = stemOf(r.out);
+    assert.ok(stem, r.out);
+    assert.deepEqual(listNamespaces().filter((n) => n.startsWith(stem!)), []);
   });
 
   it('on Ctrl-C, stops and removes everything it made', async () => {

@@ -120,6 +120,23 @@ test('kpng cleanup in a namespace leaves a foreign table untouched', unless(canU
   }
 });
 
+test('kpng cleanup removes to-userspace\'s redirect table (inet kpng-userspace), and a foreign table stays', unless(canUseNetns()), () => {
+  assert.equal(canUseNetns(), undefined);
+  const ns = createNetns();
+  try {
+    ns.exec('nft', ['add', 'table', 'inet', 'foreign']);
+    const applied = kpngIn(ns, ['file', '--input', join(ROOT, 'examples/cluster.yaml'), '--node-name', 'node-a', 'to-local', 'to-userspace', '--once']);
+    assert.equal(applied.status, 0, applied.stderr);
+    assert.match(ns.exec('nft', ['list', 'table', 'inet', 'kpng-userspace']), /redirect to :ip daddr/);
+    const r = kpngIn(ns, ['cleanup', '--backend', 'userspace']);
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stdout, /removed nftables table inet kpng-userspace/);
+    assert.equal(ns.exec('nft', ['list', 'tables']).trim(), 'table inet foreign');
+  } finally {
+    ns.remove();
+  }
+});
+
 test('kpng cleanup removes the iptables backend chains and jumps, not foreign or kubelet chains', unless(iptablesUnsupported('nft')), () => {
   assert.equal(iptablesUnsupported('nft'), undefined);
   const ns = createNetns();

@@ -5,6 +5,7 @@ import { registerBackend } from '../registry.js';
 import { NftProxier } from './proxier.js';
 import { runNft, type NftError } from '../shared/nftables/nft.js';
 import { TABLE } from './ruleset.js';
+import { LOCALHOST_TABLE } from '../shared/userspace/localhost.js';
 
 registerBackend({
   name: 'nft',
@@ -29,6 +30,14 @@ registerBackend({
         if (err.code === -1 || /No such file or directory|Protocol not supported|Operation not supported/.test(err.stderr ?? '')) log.debug({ err: err.message }, `cleanup: no nftables table ${family} ${TABLE}`);
         else report.failed.push(`nftables table ${family} ${TABLE}: ${err.message}`);
       }
+    }
+    // localhost NodePorts (KEP-6032): the userspace proxy's redirect table
+    try {
+      await runNft(['delete', 'table', 'inet', LOCALHOST_TABLE]);
+      report.removed.push(`nftables table inet ${LOCALHOST_TABLE}`);
+    } catch (e) {
+      const err = e as NftError;
+      if (!(err.code === -1 || err.isNotFound || /No such file or directory|Protocol not supported|Operation not supported/.test(err.stderr ?? ''))) report.failed.push(`nftables table inet ${LOCALHOST_TABLE}: ${err.message}`);
     }
     return report;
   },

@@ -21,6 +21,7 @@ import { ProcessNft, SessionNft, type Nft } from '../shared/nftables/nft.js';
 import { Transaction, type TableRef } from '../shared/nftables/transaction.js';
 import { NftWatch, type DriftSource } from '../shared/nft-watch.js';
 import { availableParallelism } from 'node:os';
+import { LocalhostNodePorts, localhostNodePortFamilies, removeLocalhostTable, LOCALHOST_TABLE } from '../shared/userspace/localhost.js';
 
 export interface NftProxierOptions extends DataplaneOptions {
   /** the nft binary (when nft is not given) */
@@ -80,6 +81,8 @@ export class NftProxier extends ProxierBase {
   private readonly nft: Nft;
   private readonly ownNft: boolean;
   private readonly watch?: DriftSource;
+  /** 127.0.0.1 / ::1 NodePorts through the userspace proxy (KEP-6032), when the configuration asks */
+  private readonly localhost?: LocalhostNodePorts;
   /** the table as committed includes the header (table, sets, fixed chains) */
   private structureKnown = false;
   readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, repairs: 0, lastElementChanges: 0, lastTransactionBytes: 0, lastVia: '' };
@@ -109,6 +112,8 @@ export class NftProxier extends ProxierBase {
         return [f, st];
       }),
     );
+    const lhFamilies = localhostNodePortFamilies(o.config).filter((f) => this.fam.has(f));
+    if (lhFamilies.length && !o.dryRun) this.localhost = new LocalhostNodePorts({ log: o.log, nft: new ProcessNft({ path: o.nftPath }), families: lhFamilies, udpIdleMs: o.config.udpIdleTimeoutMs });
     if (!o.dryRun && (o.watch ?? !o.once)) {
       const families = new Set([...this.fam.values()].map((st) => (st.names.table === 'ip' ? NFPROTO_IPV4 : NFPROTO_IPV6)));
       this.watch = this.nft.drift?.() ?? new NftWatch({ ours: (e) => e.table === TABLE && families.has(e.family), ownsPid: (pid) => this.nft.ownsPid(pid), netns: o.netns, log: o.log });
@@ -136,7 +141,7 @@ export class NftProxier extends ProxierBase {
   private nodePortAddresses(family: Family): 'all' | string[] {
     const c = this.o.config;
     const np = nodePortAddresses(c.nodePortAddresses.length ? c.nodePortAddresses : ['primary'], this.node, family);
-    if (np.localhost) this.warnOnce('localhost-np', 'nodePortAddresses "localhost": NodePorts on 127.0.0.1 are not served by the nftables backend');
+    if (np.localhost && !this.localhost) this.warnOnce('localhost-np', 'nodePortAddresses "localhost": NodePorts on 127.0.0.1 are not served by the nftables backend (the feature gate KubeProxyNFTablesLocalhostNodePorts is off)');
     if (np.all) return 'all';
     if (np.unknownNode) {
       this.warnOnce(`primary-${family}`, 'nodePortAddresses "primary": the Node is not known yet; serving NodePorts on every local address until it is');
@@ -232,6 +237,19 @@ export class NftProxier extends ProxierBase {
   // --- applying
 
   protected async apply(req: ApplyRequest): Promise<{ changes: number }> {
+    const r = await this.applyTables(req);
+    if (!this.localhost && req.full && !req.check && !this.o.dryRun && this.ownNft) await removeLocalhostTable(this.o.nftPath);
+    if (this.localhost && !req.check) {
+      for (const key of req.keys) {
+        const svc = this.serviceOf(key);
+        this.localhost.set(key, svc ? this.localhost.families.flatMap((f) => servicePorts(svc, this.endpointsOf(key), f)) : []);
+      }
+      await this.localhost.apply();
+    }
+    return r;
+  }
+
+  private async applyTables(req: ApplyRequest): Promise<{ changes: number }> {
     const t0 = Date.now();
     if (req.full && !req.check) await this.adopt();
     const keys = this.nodeKeys(req.keys);
@@ -294,6 +312,7 @@ export class NftProxier extends ProxierBase {
 
   override async close(): Promise<void> {
     await super.close();
+    await this.localhost?.close();
     this.watch?.close();
     if (this.ownNft) this.nft.close();
   }
@@ -480,7 +499,10 @@ export class NftProxier extends ProxierBase {
 
   /** the drift check: nftables' change events say whether anyone else touched kpng's tables */
   protected override async checkDrift(): Promise<string | undefined> {
-    return this.watch?.check();
+    const why = await this.watch?.check();
+    if (why || !this.localhost) return why;
+    // the localhost NodePorts' table is not watched (another table): it is checked for being there
+    return (await this.localhost.present()) ? undefined : `the table inet ${LOCALHOST_TABLE} is gone`;
   }
 
   /** what is programmed, for introspection and tests */

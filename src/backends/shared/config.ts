@@ -46,6 +46,8 @@ export interface KubeProxyConfiguration {
   };
   configSyncPeriodMs: number;
   portRange: string;
+  /** the userspace proxy's UDP session idle timeout (kube-proxy's udpIdleTimeout, default 250ms) */
+  udpIdleTimeoutMs: number;
   /** kpng: only Services labelled service.kubernetes.io/service-proxy-name=<this> */
   serviceProxyName: string;
 }
@@ -90,6 +92,7 @@ export function defaultConfig(): KubeProxyConfiguration {
     },
     configSyncPeriodMs: 15 * 60_000,
     portRange: '',
+    udpIdleTimeoutMs: 250,
     serviceProxyName: '',
   };
 }
@@ -181,7 +184,7 @@ export function parseConfig(doc: unknown, base = defaultConfig()): KubeProxyConf
     showHiddenMetricsForVersion: str((v) => (c.showHiddenMetricsForVersion = v)),
     mode: (v, f) => {
       const m = asString(v, f);
-      if (!['', 'iptables', 'ipvs', 'nftables', 'kernelspace'].includes(m)) throw new ConfigError(f, `unknown mode ${JSON.stringify(m)}`);
+      if (!['', 'iptables', 'ipvs', 'nftables', 'kernelspace', 'userspace'].includes(m)) throw new ConfigError(f, `unknown mode ${JSON.stringify(m)}`);
       c.mode = m;
     },
     iptables: section({
@@ -236,6 +239,7 @@ export function parseConfig(doc: unknown, base = defaultConfig()): KubeProxyConf
     }),
     configSyncPeriod: duration((v) => (c.configSyncPeriodMs = v)),
     portRange: str((v) => (c.portRange = v)),
+    udpIdleTimeout: duration((v) => (c.udpIdleTimeoutMs = v)),
     serviceProxyName: str((v) => (c.serviceProxyName = v)),
   });
   validate(c);

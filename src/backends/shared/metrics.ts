@@ -92,6 +92,24 @@ export const metrics = {
   }),
   skippedServices: new Gauge({ name: 'kpng_sync_skipped_services', help: 'Services left out of the dataplane because it refuses them (each logged once; retried when they change)', registers: [registry] }),
   repairs: new Counter({ name: 'kpng_dataplane_repairs_total', help: 'Times the periodic check found the dataplane changed by someone else and repaired it', registers: [registry] }),
+  userspaceConnections: new Counter({
+    name: 'kpng_userspace_connections_total',
+    help: 'Userspace proxy: connections (TCP) and sessions (UDP) accepted, per Service',
+    labelNames: ['service', 'protocol'] as const,
+    registers: [registry],
+  }),
+  userspaceBytes: new Counter({
+    name: 'kpng_userspace_bytes_total',
+    help: 'Userspace proxy: bytes relayed per Service, to_endpoint or to_client (TCP: counted when a connection ends)',
+    labelNames: ['service', 'protocol', 'direction'] as const,
+    registers: [registry],
+  }),
+  userspaceErrors: new Counter({
+    name: 'kpng_userspace_errors_total',
+    help: 'Userspace proxy: connections refused or broken per Service (no_endpoints, endpoint_refused, io, udp_session_evicted)',
+    labelNames: ['service', 'protocol', 'reason'] as const,
+    registers: [registry],
+  }),
   elementChanges: new Counter({ name: 'kpng_nftables_element_changes_total', help: 'nftables map/set elements added or deleted', registers: [registry] }),
 };
 
