@@ -14,6 +14,7 @@ import '../sources/index.js';
 import '../sinks/index.js';
 import '../backends/index.js';
 import './builtin.js';
+import './trace.js';
 
 export { version } from '../version.js';
 
