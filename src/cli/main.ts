@@ -15,6 +15,7 @@ import '../sinks/index.js';
 import '../backends/index.js';
 import './builtin.js';
 import './trace.js';
+import './get.js';
 
 export { version } from '../version.js';
 

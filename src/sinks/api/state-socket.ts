@@ -1,0 +1,30 @@
+// The read-only state socket every long-running kpng serves, so that
+// `kpng get` can ask it what it knows: a brain (to-api) its global state and
+// any node's, a node agent (to-local) the same with its own node as the
+// default. It is the API server (localv1/globalv1 Watch, read-only by
+// nature) on a unix socket of mode 0600. Best effort: a path in use (another
+// kpng on this host) or not writable costs one log line, never the process.
+import type { Logger } from '../../log.js';
+import type { Store } from '../../store/store.js';
+import type { ServiceViews } from '../../localstate/views.js';
+import { ApiServer } from './server.js';
+
+export const DEFAULT_BRAIN_SOCKET = 'unix:///run/kpng/brain.sock';
+export const DEFAULT_NODE_SOCKET = 'unix:///run/kpng/node.sock';
+
+export const STATE_SOCKET_HELP = "serve this process's state read-only here for kpng get (unix:///path, mode 0600; '' : not at all)";
+
+export async function startStateSocket(o: { address: string; store: Store; views: ServiceViews; log: Logger; defaultNode?: string }): Promise<ApiServer | undefined> {
+  if (!o.address || o.address === 'none') return undefined;
+  let server: ApiServer | undefined;
+  try {
+    server = new ApiServer({ store: o.store, views: o.views, log: o.log, listen: o.address, socketMode: 0o600, defaultNode: o.defaultNode, maxConnections: 64 });
+    const at = await server.start();
+    o.log.info({ socket: at, node: o.defaultNode }, 'state socket: serving (kpng get)');
+    return server;
+  } catch (e) {
+    o.log.info({ socket: o.address, reason: (e as Error).message }, 'state socket: not serving');
+    await server?.stop().catch(() => {});
+    return undefined;
+  }
+}
