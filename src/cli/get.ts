@@ -3,9 +3,10 @@
 import { existsSync } from 'node:fs';
 import { Option, type Command } from 'commander';
 import { registerCommand } from './commands.js';
+import { ipSetAll } from '../api/model.js';
 import { addClientTLSOptions, clientTLSFromOpts } from '../api/grpc/tls.js';
 import { fetchState, GetError } from '../get/fetch.js';
-import { endpointsTable, nodesOf, nodesTable, servicesOf, servicesTable, structured, plain, terminal } from '../get/view.js';
+import { endpointsTable, nodesOf, nodesTable, servicesOf, servicesOfLocal, servicesTable, structured, plain, terminal } from '../get/view.js';
 import { DEFAULT_BRAIN_SOCKET, DEFAULT_NODE_SOCKET } from '../sinks/api/state-socket.js';
 
 const KINDS: Record<string, 'services' | 'endpoints' | 'nodes'> = { services: 'services', service: 'services', svc: 'services', endpoints: 'endpoints', endpoint: 'endpoints', ep: 'endpoints', nodes: 'nodes', node: 'nodes', no: 'nodes' };
@@ -20,7 +21,8 @@ brain's ${DEFAULT_BRAIN_SOCKET.slice(7)}; or --socket, or a brain's API with --a
               whether internal and external traffic use it and why
   nodes       the Nodes kpng knows
 A node agent answers for its own node; a brain for the node named with --node (without
-it, no per-node reasons).
+it, no per-node reasons). A split-mode agent (kpng local) knows only the endpoints its
+node was sent: why others are left out, its brain tells (--api BRAIN --node NODE).
 
 Examples:
   kpng get services
@@ -59,12 +61,13 @@ registerCommand((program, run) => {
         const format = o.output ?? 'table';
         const style = process.stdout.isTTY ? terminal : plain;
         if (kind === 'nodes') {
-          const nodes = nodesOf(state, name);
+          // a kpng local node agent knows its own node only
+          const nodes = state.local ? (node ? [{ name: node.Name, zone: node.Zone, ips: ipSetAll(node.IPs), podCIDRs: [...node.PodCIDRs], deleting: node.Deleting, labels: { ...node.Labels } }] : []).filter((n) => !name || n.name === name) : nodesOf(state, name);
           if (name && !nodes.length) throw new GetError(`node ${name} not found`);
           console.log(format === 'json' || format === 'yaml' ? structured('NodeList', nodes, node, format) : nodesTable(nodes, node?.Name, style, format === 'wide'));
           return;
         }
-        const services = servicesOf(state, node, { namespace: o.namespace, name });
+        const services = state.local ? servicesOfLocal(state, { namespace: o.namespace, name }) : servicesOf(state, node, { namespace: o.namespace, name });
         if (name && !services.length) throw new GetError(`service ${o.namespace ? `${o.namespace}/` : ''}${name} not found`);
         if (format === 'json' || format === 'yaml') {
           const items = kind === 'services' ? services : services.flatMap((s) => s.endpoints.map((e) => ({ namespace: s.namespace, service: s.name, ...e })));

@@ -7,7 +7,7 @@ import * as grpc from '@grpc/grpc-js';
 import { create, fromBinary } from '@bufbuild/protobuf';
 import * as G from '../api/gen/api/globalv1/api_pb.js';
 import { WatchReqSchema, type OpItem } from '../api/gen/api/localv1/api_pb.js';
-import { LocalSet, decodeLocalNode, type Service, type LocalNode } from '../api/model.js';
+import { LocalSet, decodeEndpoint, decodeLocalNode, decodeService, type Endpoint, type Service, type LocalNode } from '../api/model.js';
 import { parseAddress } from '../api/grpc/address.js';
 import { newClient } from '../api/grpc/client.js';
 import type { ClientTLS } from '../api/grpc/tls.js';
@@ -21,6 +21,8 @@ export interface ClusterState {
   nodes: G.Node[];
   /** the node the server serves by default (a node agent's own), if any */
   node?: LocalNode;
+  /** a kpng local node agent serves only its node-local state: its Services and the endpoints it uses */
+  local?: { services: Service[]; endpoints: Map<string, Endpoint[]> };
 }
 
 const TIMEOUT_MS = 10_000;
@@ -52,6 +54,30 @@ function snapshot(client: grpc.Client, path: string, request: Buffer, deadline: 
 
 export class GetError extends Error {}
 
+/** A kpng local node agent: its node-local state only (what its backend programs). */
+async function nodeLocalState(client: grpc.Client, address: string, node: string | undefined, deadline: number): Promise<ClusterState> {
+  let ops: OpItem[];
+  try {
+    ops = await snapshot(client, localWatchMethod.path, localWatchMethod.serialize(create(WatchReqSchema, { NodeName: node ?? '', Sets: [LocalSet.NodesSet] })), deadline);
+  } catch (e) {
+    const err = e as grpc.ServiceError;
+    throw new GetError(`${address}: ${err.details ?? err.message}`);
+  }
+  const local = { services: [] as Service[], endpoints: new Map<string, Endpoint[]>() };
+  const state: ClusterState = { services: [], slices: new Map(), nodes: [], local };
+  for (const op of ops) {
+    if (op.Op.case !== 'Set') continue;
+    const { Ref: ref, Bytes: bytes } = op.Op.value;
+    if (ref?.Set === LocalSet.NodesSet) state.node = decodeLocalNode(bytes);
+    else if (ref?.Set === LocalSet.ServicesSet) local.services.push(decodeService(bytes));
+    else if (ref?.Set === LocalSet.EndpointsSet) {
+      const key = ref.Path.split('/').slice(0, 2).join('/');
+      local.endpoints.set(key, [...(local.endpoints.get(key) ?? []), decodeEndpoint(bytes)]);
+    }
+  }
+  return state;
+}
+
 /** The state of the kpng at address (a state socket, or a brain's API). */
 export async function fetchState(address: string, tls?: ClientTLS, node?: string): Promise<ClusterState> {
   const a = parseAddress(address);
@@ -63,7 +89,8 @@ export async function fetchState(address: string, tls?: ClientTLS, node?: string
       global = await snapshot(client, GLOBAL_WATCH_PATH, Buffer.from(toBinary(G.GlobalWatchReqSchema, create(G.GlobalWatchReqSchema, {}))), deadline);
     } catch (e) {
       const err = e as grpc.ServiceError;
-      throw new GetError(`${address}: ${err.code === grpc.status.UNIMPLEMENTED ? 'serves no global state (a kpng local node agent? ask its brain with --api)' : (err.details ?? err.message)}`);
+      if (err.code === grpc.status.UNIMPLEMENTED) return await nodeLocalState(client, address, node, deadline);
+      throw new GetError(`${address}: ${err.details ?? err.message}`);
     }
     const state: ClusterState = { services: [], slices: new Map(), nodes: [] };
     for (const op of global) {

@@ -89,28 +89,77 @@ export function servicesOf(state: ClusterState, node: LocalNode | undefined, fil
     // by service port, then address
     endpoints.sort((a, b) => (a.port === b.port ? a.endpoint.localeCompare(b.endpoint, 'en', { numeric: true }) : 0));
     out.push({
-      namespace: svc.Namespace,
-      name: svc.Name,
-      type: svc.Type || 'ClusterIP',
-      clusterIPs: ipSetAll(svc.IPs?.ClusterIPs),
-      externalIPs: ipSetAll(svc.IPs?.ExternalIPs),
-      loadBalancerIPs: ipSetAll(svc.IPs?.LoadBalancerIPs),
-      ports: svc.Ports.map((p) => ({
-        name: p.Name,
-        protocol: protocolName(p.Protocol),
-        port: p.Port,
-        ...(p.NodePort ? { nodePort: p.NodePort } : {}),
-        ...(p.TargetPortName ? { targetPort: p.TargetPortName } : p.TargetPort ? { targetPort: p.TargetPort } : {}),
-      })),
-      internalTrafficPolicy: pol.itpLocal ? 'Local' : 'Cluster',
-      ...(pol.externallyAccessible ? { externalTrafficPolicy: svc.ExternalTrafficToLocal ? ('Local' as const) : ('Cluster' as const) } : {}),
-      sessionAffinity: svc.SessionAffinity.case === 'ClientIP' ? 'ClientIP' : 'None',
-      ...(svc.TrafficDistribution ? { trafficDistribution: svc.TrafficDistribution } : {}),
-      ...(svc.HealthCheckNodePort ? { healthCheckNodePort: svc.HealthCheckNodePort } : {}),
+      ...serviceHeader(svc, pol),
       endpoints,
     });
   }
   return out;
+}
+
+/**
+ * The same from a kpng local node agent's node-local state: only the
+ * endpoints this node was sent, with the scopes the brain chose; why the
+ * others were left out is known to the brain (kpng get --api BRAIN --node).
+ */
+export function servicesOfLocal(state: ClusterState, filter: { namespace?: string; name?: string } = {}): ServiceState[] {
+  const local = state.local!;
+  const out: ServiceState[] = [];
+  for (const svc of [...local.services].sort((a, b) => (a.Namespace + '/' + a.Name).localeCompare(b.Namespace + '/' + b.Name))) {
+    if (filter.namespace && svc.Namespace !== filter.namespace) continue;
+    if (filter.name && svc.Name !== filter.name) continue;
+    const pol = trafficPolicies(svc);
+    const endpoints: EndpointState[] = [];
+    for (const ep of local.endpoints.get(`${svc.Namespace}/${svc.Name}`) ?? []) {
+      for (const port of svc.Ports) {
+        const target = ep.PortOverrides.find((o) => o.Name === port.Name && o.Protocol === port.Protocol);
+        if (!target) continue;
+        const use = (scope: boolean, localPolicy: boolean): Use => {
+          if (scope) return { used: true, why: ep.Terminating ? 'serving and terminating: the fallback (no ready endpoint)' : localPolicy ? 'ready, on this node (Local policy)' : svc.TrafficDistribution ? 'ready (topology: as the brain chose)' : 'ready' };
+          return { used: false, why: localPolicy && !ep.Local ? 'not on this node (Local policy)' : 'not chosen for this traffic (ask the brain why)' };
+        };
+        for (const ip of ipSetAll(ep.IPs)) {
+          endpoints.push({
+            endpoint: ip.includes(':') ? `[${ip}]:${target.Port}` : `${ip}:${target.Port}`,
+            port: port.Name || String(port.Port),
+            node: ep.NodeName,
+            zone: '',
+            pod: '',
+            ready: !ep.Terminating,
+            serving: true,
+            terminating: ep.Terminating,
+            internal: use(!!ep.Scopes?.Internal, pol.itpLocal),
+            ...(pol.externallyAccessible ? { external: use(!!ep.Scopes?.External, pol.etpLocal) } : {}),
+          });
+        }
+      }
+    }
+    endpoints.sort((a, b) => (a.port === b.port ? a.endpoint.localeCompare(b.endpoint, 'en', { numeric: true }) : 0));
+    out.push({ ...serviceHeader(svc, pol), endpoints });
+  }
+  return out;
+}
+
+function serviceHeader(svc: Service, pol: ReturnType<typeof trafficPolicies>): Omit<ServiceState, 'endpoints'> {
+  return {
+    namespace: svc.Namespace,
+    name: svc.Name,
+    type: svc.Type || 'ClusterIP',
+    clusterIPs: ipSetAll(svc.IPs?.ClusterIPs),
+    externalIPs: ipSetAll(svc.IPs?.ExternalIPs),
+    loadBalancerIPs: ipSetAll(svc.IPs?.LoadBalancerIPs),
+    ports: svc.Ports.map((p) => ({
+      name: p.Name,
+      protocol: protocolName(p.Protocol),
+      port: p.Port,
+      ...(p.NodePort ? { nodePort: p.NodePort } : {}),
+      ...(p.TargetPortName ? { targetPort: p.TargetPortName } : p.TargetPort ? { targetPort: p.TargetPort } : {}),
+    })),
+    internalTrafficPolicy: pol.itpLocal ? 'Local' : 'Cluster',
+    ...(pol.externallyAccessible ? { externalTrafficPolicy: svc.ExternalTrafficToLocal ? ('Local' as const) : ('Cluster' as const) } : {}),
+    sessionAffinity: svc.SessionAffinity.case === 'ClientIP' ? 'ClientIP' : 'None',
+    ...(svc.TrafficDistribution ? { trafficDistribution: svc.TrafficDistribution } : {}),
+    ...(svc.HealthCheckNodePort ? { healthCheckNodePort: svc.HealthCheckNodePort } : {}),
+  };
 }
 
 export function nodesOf(state: ClusterState, name?: string): NodeState[] {

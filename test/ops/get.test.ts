@@ -136,3 +136,30 @@ test('kpng get against a brain: its state socket and its API, for any node', { t
   assert.match(yaml.stdout, /^kind: NodeList$/m);
   assert.match(yaml.stdout, /name: node-b/);
 });
+
+test('kpng get against a split-mode node agent (kpng local): what its node was sent', { timeout: 90_000 }, async () => {
+  const api = join(dir, 'split-kpng.sock');
+  const sock = join(dir, 'split-node.sock');
+  const brain = start(['file', '--input', EXAMPLE, 'to-api', '--listen', `unix://${api}`, '--state-socket', '', '--metrics-bind-address', '']);
+  await brain.until(() => brain.stderr.includes('to-api: serving'), 'the brain');
+  const agent = start(['local', '--api', `unix://${api}`, '--state-socket', `unix://${sock}`, 'to-log', '--node-name', 'node-a', '--metrics-bind-address', '', '--healthz-bind-address', '']);
+  await agent.until(() => agent.stderr.includes('state socket: serving') && agent.stdout.includes('> sync'), 'the state socket and a first sync');
+  assert.equal(statSync(sock).mode & 0o777, 0o600);
+
+  const list = getJSON(['services', '--socket', sock]);
+  assert.equal(list.node.name, 'node-a');
+  const svc = (name: string) => list.items.find((s: Obj) => s.name === name);
+  assert.deepEqual(byAddr(svc('shop'), '10.244.1.30').external, { used: true, why: 'ready, on this node (Local policy)' });
+  assert.deepEqual(byAddr(svc('shop'), '10.244.2.30').external, { used: false, why: 'not on this node (Local policy)' });
+  assert.deepEqual(byAddr(svc('jobs'), '10.244.1.50').internal, { used: true, why: 'serving and terminating: the fallback (no ready endpoint)' });
+  // endpoints the brain left out are not sent to the node
+  assert.equal(byAddr(svc('jobs'), '10.244.2.50'), undefined);
+  assert.equal(byAddr(svc('api'), '10.244.2.40'), undefined);
+
+  // another node's state is the brain's business
+  const other = kpngSync(['get', 'services', '--socket', sock, '--node', 'node-b']);
+  assert.equal(other.status, 1);
+  assert.match(other.stderr, /serves node node-a only/);
+  await agent.stop();
+  assert.equal(existsSync(sock), false);
+});

@@ -169,7 +169,7 @@ export function tuneHeapForFanOut(heapGrowthPercent = DEFAULT_HEAP_GROWTH_PERCEN
 }
 
 /** Prepares a unix socket path: its directory exists, a stale socket is gone, a live one is not taken over. */
-async function prepareUnixSocket(path: string): Promise<void> {
+export async function prepareUnixSocket(path: string): Promise<void> {
   mkdirSync(dirname(path), { recursive: true, mode: 0o750 });
   let st;
   try {

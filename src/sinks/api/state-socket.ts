@@ -14,17 +14,33 @@ export const DEFAULT_NODE_SOCKET = 'unix:///run/kpng/node.sock';
 
 export const STATE_SOCKET_HELP = "serve this process's state read-only here for kpng get (unix:///path, mode 0600; '' : not at all)";
 
-export async function startStateSocket(o: { address: string; store: Store; views: ServiceViews; log: Logger; defaultNode?: string }): Promise<ApiServer | undefined> {
+/** how long setting the socket up, or tearing it down, may take: it must never hold the process */
+const LIMIT_MS = 5_000;
+
+function bounded<T>(p: Promise<T>, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const t = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what} took over ${LIMIT_MS} ms`)), LIMIT_MS)));
+  return Promise.race([p, t]).finally(() => clearTimeout(timer));
+}
+
+export interface StateSocket {
+  stop(): Promise<void>;
+}
+
+export async function startStateSocket(o: { address: string; store: Store; views: ServiceViews; log: Logger; defaultNode?: string }): Promise<StateSocket | undefined> {
   if (!o.address || o.address === 'none') return undefined;
   let server: ApiServer | undefined;
+  const stop = async () => {
+    await bounded(server!.stop(100), 'closing the state socket').catch((e) => o.log.info({ reason: (e as Error).message }, 'state socket: not closed cleanly'));
+  };
   try {
     server = new ApiServer({ store: o.store, views: o.views, log: o.log, listen: o.address, socketMode: 0o600, defaultNode: o.defaultNode, maxConnections: 64 });
-    const at = await server.start();
+    const at = await bounded(server.start(), 'opening the state socket');
     o.log.info({ socket: at, node: o.defaultNode }, 'state socket: serving (kpng get)');
-    return server;
+    return { stop };
   } catch (e) {
     o.log.info({ socket: o.address, reason: (e as Error).message }, 'state socket: not serving');
-    await server?.stop().catch(() => {});
+    if (server) await stop();
     return undefined;
   }
 }
