@@ -146,7 +146,8 @@ export function summarize(backend: 'nft' | 'iptables', p: Packet, origin: 'node'
   const first = dnat[0] ?? branches[0]!;
   const verdict: Verdict = dnat.length ? 'dnat' : (first.end ?? 'accept');
   const choices = [...byEndpoint].map(([endpoint, c]) => ({ endpoint, probability: Math.round(c.probability * 1e6) / 1e6, masquerade: c.masquerade }));
-  const reasons = [...first.reasons];
+  // the first branch's own DNAT stands for all of them
+  const reasons = choices.length > 1 ? first.reasons.map((r) => (r.startsWith('DNAT to ') ? `DNAT to one of ${choices.length} endpoints: ${choices.map((c) => c.endpoint).join(', ')}` : r)) : [...first.reasons];
   if (verdict === 'accept' && !first.dnat && !reasons.length) reasons.push("no kpng rule is for this packet (not a Service's address and port here): it goes on as if kpng were not there");
   return {
     backend,
