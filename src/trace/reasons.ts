@@ -104,7 +104,7 @@ export const iptWhy = {
       if (chain === 'KUBE-FIREWALL') return 'traffic to 127.0.0.0/8 from elsewhere that was not DNATed: dropped (route_localnet guard)';
       if (chain === 'KUBE-FORWARD') return 'an INVALID packet: dropped';
     }
-    if (target === 'ACCEPT' && chain === 'KUBE-NODEPORTS') return `${c}: the health check NodePort: accepted for kpng's health server`;
+    if (target === 'ACCEPT' && chain === 'KUBE-NODEPORTS') return `${c.replace(/ health check node port$/, '')}: its healthCheckNodePort: accepted for kpng's health check server`;
     if (target === 'MASQUERADE') return 'masqueraded: the endpoint sees a node address';
     return undefined;
   },

@@ -257,7 +257,7 @@ export function traceInLab(lab: Lab, f: Flow): Promise<TraceResult> {
  * REJECT, DROP, untouched), the endpoint set (every endpoint the trace names
  * was reached, and no other), and masquerading per endpoint.
  */
-export function compareTrace(f: Flow, t: TraceResult, outcomes: Outcome[]): string[] {
+export function compareTrace(f: Flow, t: TraceResult, outcomes: Outcome[], opts: { affinity?: boolean } = {}): string[] {
   const problems: string[] = [];
   const client = canonicalIP(f.sourceIP)!;
   const seen = outcomes.map((o) => verdict(o, f.destIP, f.destPort));
@@ -267,7 +267,8 @@ export function compareTrace(f: Flow, t: TraceResult, outcomes: Outcome[]): stri
   if (t.verdict === 'dnat') {
     const real = new Set(seen.filter((v) => /:\d+$/.test(v)));
     const predicted = new Set(t.endpoints);
-    if ([...real].some((e) => !predicted.has(e)) || [...predicted].some((e) => !real.has(e))) problems.push(`endpoints differ: ${shown}`);
+    // with ClientIP affinity a client sticks to one of the endpoints the trace names
+    if ([...real].some((e) => !predicted.has(e)) || (!opts.affinity && [...predicted].some((e) => !real.has(e)))) problems.push(`endpoints differ: ${shown}`);
   }
   for (const o of outcomes) {
     if (o.kind !== 'answered') continue;
