@@ -4,7 +4,7 @@
 // node name, asking for the node set). A stream is read to its first Sync
 // and closed: kpng get is a client like any node, and changes nothing.
 import * as grpc from '@grpc/grpc-js';
-import { create, fromBinary } from '@bufbuild/protobuf';
+import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import * as G from '../api/gen/api/globalv1/api_pb.js';
 import { WatchReqSchema, type OpItem } from '../api/gen/api/localv1/api_pb.js';
 import { LocalSet, decodeEndpoint, decodeLocalNode, decodeService, type Endpoint, type Service, type LocalNode } from '../api/model.js';
@@ -12,7 +12,6 @@ import { parseAddress } from '../api/grpc/address.js';
 import { newClient } from '../api/grpc/client.js';
 import type { ClientTLS } from '../api/grpc/tls.js';
 import { decodeOpItem, localWatchMethod, GLOBAL_WATCH_PATH } from '../api/grpc/wire.js';
-import { toBinary } from '@bufbuild/protobuf';
 
 export interface ClusterState {
   services: Service[];

@@ -178,7 +178,7 @@ function runChain(t: Map<string, Chain>, table: string, p: Packet, local: { has(
         continue;
       }
       try {
-        const v = target(j, table, p, mb);
+        const v = target(j, table, mb);
         noteService(mb, name, rule.comment);
         step(iptWhy.terminal(name, j.target, rule.comment));
         if (v === 'next') pending.push({ b: mb, i: i + 1 });
@@ -289,7 +289,7 @@ function inNet(ip: string, v: string): boolean {
 }
 
 /** A built-in target: its effect on the branch, and whether the chain goes on. */
-function target(j: NonNullable<Rule['jump']>, table: string, p: Packet, b: Branch): Outcome['v'] {
+function target(j: NonNullable<Rule['jump']>, table: string, b: Branch): Outcome['v'] {
   const opt = (n: string) => j.opts.find((o) => o.name === n)?.value;
   switch (j.target) {
     case 'ACCEPT':
@@ -327,4 +327,3 @@ function target(j: NonNullable<Rule['jump']>, table: string, p: Packet, b: Branc
   throw new Unknown(`target ${j.target}`);
 }
 
-export type { Packet };

@@ -81,7 +81,7 @@ export const iptWhy = {
     if (target.startsWith('KUBE-SVL-') && chain === 'KUBE-SERVICES') return `${c}: internalTrafficPolicy: Local: this node's endpoints only`;
     if (target.startsWith('KUBE-EXT-') && (chain === 'KUBE-SERVICES' || chain === 'KUBE-NODEPORTS')) return `${c}${chain === 'KUBE-NODEPORTS' ? ' NodePort' : ''}: external traffic`;
     if (target.startsWith('KUBE-FW-')) return `${c}: loadBalancerSourceRanges apply`;
-    if (target.startsWith('KUBE-FW-') || (chain.startsWith('KUBE-FW-') && target.startsWith('KUBE-EXT-'))) return 'loadBalancerSourceRanges allow this source';
+    if (chain.startsWith('KUBE-FW-') && target.startsWith('KUBE-EXT-')) return 'loadBalancerSourceRanges allow this source';
     if (chain.startsWith('KUBE-EXT-') && target.startsWith('KUBE-SVL-')) return "externalTrafficPolicy: Local: this node's endpoints only, the client's address kept";
     if (chain.startsWith('KUBE-EXT-') && target.startsWith('KUBE-SVC-')) {
       if (/pod traffic/i.test(c)) return 'externalTrafficPolicy: Local, but the source is a pod: short-circuit to every endpoint';
