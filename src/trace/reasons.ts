@@ -67,6 +67,7 @@ export const nftWhy = {
     return undefined;
   },
   verdict(ctx: Ctx, kind: string, _target?: string): string | undefined {
+    if (ctx.chain.startsWith('affinity-') && kind === 'goto' && /saddr @affinity-/.test(ctx.text)) return 'sessionAffinity: ClientIP: this client is in the endpoint\'s set (it used it within the timeout)';
     if (ctx.chain === 'cluster-ips-check') return kind === 'reject' ? 'a cluster IP on a port or protocol its Service does not serve: rejected' : 'an address of a ServiceCIDR that no Service has: dropped';
     if (ctx.chain === 'firewall-check') return kind === 'drop' ? 'loadBalancerSourceRanges do not allow this source: dropped' : kind === 'return' ? 'loadBalancerSourceRanges allow this source' : undefined;
     return undefined;
