@@ -62,6 +62,8 @@ export interface ApiServerOptions {
   readonly defaultNode?: string;
   /** a unix socket's mode (default 0660; a state socket 0600) */
   readonly socketMode?: number;
+  /** what its start is logged as (default to-api) */
+  readonly logName?: string;
 }
 
 type Api = 'local' | 'global';
@@ -265,7 +267,7 @@ export class ApiServer {
         global: this.opts.globalApi !== false,
         maxConnections,
       },
-      'to-api: serving',
+      `${this.opts.logName ?? 'to-api'}: serving`,
     );
     return this.boundAddress;
   }

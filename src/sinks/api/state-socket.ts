@@ -34,9 +34,9 @@ export async function startStateSocket(o: { address: string; store: Store; views
     await bounded(server!.stop(100), 'closing the state socket').catch((e) => o.log.info({ reason: (e as Error).message }, 'state socket: not closed cleanly'));
   };
   try {
-    server = new ApiServer({ store: o.store, views: o.views, log: o.log, listen: o.address, socketMode: 0o600, defaultNode: o.defaultNode, maxConnections: 64 });
-    const at = await bounded(server.start(), 'opening the state socket');
-    o.log.info({ socket: at, node: o.defaultNode }, 'state socket: serving (kpng get)');
+    server = new ApiServer({ store: o.store, views: o.views, log: o.log, listen: o.address, socketMode: 0o600, defaultNode: o.defaultNode, maxConnections: 64, logName: 'state socket' });
+    // it logs "state socket: serving"
+    await bounded(server.start(), 'opening the state socket');
     return { stop };
   } catch (e) {
     o.log.info({ socket: o.address, reason: (e as Error).message }, 'state socket: not serving');
