@@ -85,4 +85,20 @@ await describeBackends('kpng trace against real packets: affinity, Local policie
       }
     });
   });
+
+  // a client that never connected (to-nft's affinity sets know the others)
+  it('kpng trace -o json, as a process in the node\'s namespace', async () => {
+    const r = await lab!.runKpng(['trace', '--src', '198.51.100.99', '--dst', '192.168.0.2', '--dport', '30060', '-o', 'json'], 30_000);
+    assert.equal(r.code, 0, r.stderr);
+    const t = JSON.parse(r.stdout);
+    assert.deepEqual(Object.keys(t).slice(0, 3), ['verdict', 'endpoints', 'masquerade']);
+    assert.equal(t.verdict, 'dnat');
+    assert.deepEqual([...t.endpoints].sort(), ['10.244.1.10:8080', '10.244.2.10:8080']);
+    assert.equal(t.masquerade, true);
+    assert.equal(t.backend, b.name);
+    assert.ok(Array.isArray(t.path) && t.path.length > 0);
+    const bad = await lab!.runKpng(['trace', '--src', '198.51.100.7', '--dst', 'nope', '--dport', '80'], 30_000);
+    assert.equal(bad.code, 1);
+    assert.match(bad.stderr, /--dst nope: not an IP address/);
+  });
 });
