@@ -127,7 +127,8 @@ export async function runDemo(opts: { example?: string; node?: string; backend?:
     };
     writeState(objects);
     writeFileSync(join(dir, 'kube-proxy.yaml'), config);
-    const args = ['file', '--input', stateDir, 'to-local', `to-${backend}`, '--node-name', me, '--config', join(dir, 'kube-proxy.yaml')];
+    const stateSocket = join(dir, 'node.sock');
+    const args = ['file', '--input', stateDir, 'to-local', '--state-socket', `unix://${stateSocket}`, `to-${backend}`, '--node-name', me, '--config', join(dir, 'kube-proxy.yaml')];
     say(`  running: kpng ${args.join(' ').replaceAll(dir, '$TMP')}   (in ${me}'s namespace)`);
     kpng = lab.startKpng(args);
 
@@ -199,6 +200,21 @@ export async function runDemo(opts: { example?: string; node?: string; backend?:
     say();
     say(`What kpng programmed on ${me} (nft list table ${shown.family} ${shown.table}: ${lines.length} lines, ${lines.filter((l) => /^\s*chain /.test(l)).length} chains, ${lines.filter((l) => /^\s*(map|set) /.test(l)).length} maps and sets):`);
     for (const l of trimNft(lines, 45, `${shown.family} ${shown.table}`)) say(`  ${l}`);
+    signal.throwIfAborted();
+
+    // what an operator asks a node: what it does for each Service, and where one packet goes
+    const get = await lab.runKpng(['get', 'services', '--socket', stateSocket], 20_000);
+    say();
+    say(`What kpng on ${me} does for each Service (kpng get services, from its state socket; INTERNAL/EXTERNAL: endpoints used of all):`);
+    say(indent(get.code === 0 ? get.stdout : `kpng get failed (${get.code}): ${get.stderr}`));
+    // kpng trace reads nftables and iptables rules: the backends that DNAT in the kernel
+    if (backend !== 'nft') return;
+    const probe = rows.find((r) => r.fromLabel === 'outside' && services.some((s) => s.metadata?.name === r.service && s.spec?.type === 'LoadBalancer')) ?? rows[0];
+    const traceArgs = ['trace', '--src', probe.from, '--dst', probe.to, '--dport', String(probe.port), '--proto', probe.protocol.toLowerCase()];
+    const traced = await lab.runKpng(traceArgs, 20_000);
+    say();
+    say(`Where a packet goes (kpng ${traceArgs.join(' ')}, in ${me}'s namespace: kpng's rules read back from the kernel):`);
+    say(indent(traced.code === 0 ? traced.stdout : `kpng trace failed (${traced.code}): ${traced.stderr}`));
   } catch (e) {
     if (!signal.aborted) throw e;
     say();
@@ -241,6 +257,8 @@ function printTable(head: string[], rows: string[][]) {
   console.log(line(w.map((n) => '-'.repeat(n))));
   for (const r of rows) console.log(line(r));
 }
+
+const indent = (text: string) => text.trimEnd().replace(/^/gm, '  ');
 
 /** The table's first lines, then how many more there are. */
 function trimNft(lines: string[], max: number, table: string): string[] {

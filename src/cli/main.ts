@@ -14,6 +14,8 @@ import '../sources/index.js';
 import '../sinks/index.js';
 import '../backends/index.js';
 import './builtin.js';
+import './trace.js';
+import './get.js';
 
 export { version } from '../version.js';
 

@@ -6,6 +6,7 @@ import { ServiceSchema, type Service, type Endpoint, type EndpointScopes, type P
 import { encodeEndpointsFast } from '../api/fast-encode.js';
 import { sortSmall } from '../sort.js';
 import type { StoredSlice } from '../store/store.js';
+import type { EndpointInfo } from '../api/gen/api/globalv1/api_pb.js';
 import { externallyAccessible } from '../api/model.js';
 import { categorize, isReady, type Candidate, type NodeContext } from './topology.js';
 
@@ -99,7 +100,7 @@ interface FamilyEndpoint {
   ports: PortResult[];
 }
 
-interface Mark extends Candidate {
+export interface Mark extends Candidate {
   inCluster: boolean;
   inLocal: boolean;
 }
@@ -137,6 +138,45 @@ function mergeable(a: Segment, b: Segment): boolean {
   });
 }
 
+/**
+ * One service port's candidates in one family: the endpoints of the slices
+ * that serve it (matched by port name and protocol), deduplicated by IP:port
+ * (a local copy wins). kpng get explains its choice from the same list.
+ */
+export function portCandidates(slices: readonly { readonly endpoints: readonly EndpointInfo[] }[], port: PortMapping, family: 4 | 6, node: NodeContext): Mark[] {
+  const list: Mark[] = [];
+  let index: Map<string, number> | undefined;
+  for (const slice of slices) {
+    for (const info of slice.endpoints) {
+      const ips = family === 4 ? info.Endpoint?.IPs?.V4 : info.Endpoint?.IPs?.V6;
+      const ip = ips?.[0];
+      if (!ip) continue;
+      const sp = info.Endpoint!.PortOverrides.find((o) => o.Name === port.Name && o.Protocol === port.Protocol);
+      if (!sp) continue;
+      const local = node.name !== '' && info.Topology?.Node === node.name;
+      const c: Mark = { info, ip, port: sp.Port, local, inCluster: false, inLocal: false };
+      // a linear scan for small lists, an index past that
+      let dup = -1;
+      if (list.length > 16 && !index) index = new Map(list.map((x, i) => [`${x.ip}:${x.port}`, i]));
+      if (index) dup = index.get(`${ip}:${sp.Port}`) ?? -1;
+      else dup = list.findIndex((x) => x.ip === ip && x.port === sp.Port);
+      if (dup >= 0) {
+        if (local) list[dup] = c;
+        continue;
+      }
+      index?.set(`${ip}:${sp.Port}`, list.length);
+      list.push(c);
+    }
+  }
+  return list;
+}
+
+/** The traffic policies as the node-local state applies them (eTP matters only for a Service reachable from outside). */
+export function trafficPolicies(svc: Service): { itpLocal: boolean; etpLocal: boolean; externallyAccessible: boolean } {
+  const extAcc = externallyAccessible(svc);
+  return { itpLocal: svc.InternalTrafficToLocal, etpLocal: svc.ExternalTrafficToLocal && extAcc, externallyAccessible: extAcc };
+}
+
 /** Computes the view, or undefined when this service is not proxied at all. */
 export function computeServiceView(
   svc: Service,
@@ -146,9 +186,7 @@ export function computeServiceView(
 ): ServiceView | undefined {
   if (!serviceIsProxied(svc, proxyName)) return undefined;
   const key = `${svc.Namespace}/${svc.Name}`;
-  const extAcc = externallyAccessible(svc);
-  const itpLocal = svc.InternalTrafficToLocal;
-  const etpLocal = svc.ExternalTrafficToLocal && extAcc;
+  const { itpLocal, etpLocal, externallyAccessible: extAcc } = trafficPolicies(svc);
   const usesCluster = !itpLocal || extAcc;
   const usesLocal = itpLocal || etpLocal;
 
@@ -163,31 +201,7 @@ export function computeServiceView(
     const fams = new Map<string, FamilyEndpoint>();
     byFamily.push(fams);
     svc.Ports.forEach((port, pi) => {
-      // candidates for this port, deduplicated by IP:port (a local copy wins)
-      const list: Mark[] = [];
-      let index: Map<string, number> | undefined;
-      for (const slice of slices) {
-        for (const info of slice.endpoints) {
-          const ips = family === 4 ? info.Endpoint?.IPs?.V4 : info.Endpoint?.IPs?.V6;
-          const ip = ips?.[0];
-          if (!ip) continue;
-          const sp = info.Endpoint!.PortOverrides.find((o) => o.Name === port.Name && o.Protocol === port.Protocol);
-          if (!sp) continue;
-          const local = node.name !== '' && info.Topology?.Node === node.name;
-          const c: Mark = { info, ip, port: sp.Port, local, inCluster: false, inLocal: false };
-          // a linear scan for small lists, an index past that
-          let dup = -1;
-          if (list.length > 16 && !index) index = new Map(list.map((x, i) => [`${x.ip}:${x.port}`, i]));
-          if (index) dup = index.get(`${ip}:${sp.Port}`) ?? -1;
-          else dup = list.findIndex((x) => x.ip === ip && x.port === sp.Port);
-          if (dup >= 0) {
-            if (local) list[dup] = c;
-            continue;
-          }
-          index?.set(`${ip}:${sp.Port}`, list.length);
-          list.push(c);
-        }
-      }
+      const list = portCandidates(slices, port, family, node);
       const cat = categorize(list, node, usesCluster, usesLocal);
       if (family === 4) out.Ports[pi].HasEndpointsV4 = cat.hasAny;
       else out.Ports[pi].HasEndpointsV6 = cat.hasAny;

@@ -100,3 +100,46 @@ export function categorize(
 export function isReady(c: Candidate): boolean {
   return ready(c);
 }
+
+/** Whether one endpoint is used for a kind of traffic on a node, and why (or why not). */
+export interface Use {
+  readonly used: boolean;
+  readonly why: string;
+}
+
+/**
+ * Why categorize() took or left each candidate, for the list a policy uses
+ * (Cluster: the cluster-wide list, Local: this node's), in kpng get's words.
+ * It calls categorize itself and reads its result: the reasons are the
+ * selection the dataplane gets, explained with the same predicates.
+ */
+export function explainCategorized(cands: readonly Candidate[], node: NodeContext, itpLocal: boolean, etpLocal: boolean): { internal: Use; external: Use }[] {
+  // the cluster-wide list is always computed here: what Cluster would use is shown even when unused
+  const cat = categorize(cands, node, true, itpLocal || etpLocal);
+  const inCluster = new Set(cat.cluster ?? []);
+  const inLocal = new Set(cat.local ?? []);
+  const anyReady = (list: readonly Candidate[]) => list.some(ready);
+  const hintWords = (c: Candidate) => {
+    const h = c.info.Hints;
+    if (cat.topology === 'PreferSameNode') return `hinted for node${(h?.Nodes.length ?? 0) > 1 ? 's' : ''} ${h?.Nodes.join(', ') || '(none)'}`;
+    return `hinted for zone${(h?.Zones.length ?? 0) > 1 ? 's' : ''} ${h?.Zones.join(', ') || '(none)'}`;
+  };
+  const cluster = (c: Candidate): Use => {
+    if (inCluster.has(c)) {
+      if (!ready(c)) return { used: true, why: 'serving and terminating: the fallback (no ready endpoint)' };
+      if (cat.topology === 'PreferSameZone') return { used: true, why: `ready; topology hint for zone ${node.zone}` };
+      if (cat.topology === 'PreferSameNode') return { used: true, why: `ready; topology hint for node ${node.name}` };
+      return { used: true, why: 'ready' };
+    }
+    if (ready(c)) return { used: false, why: `topology: ${hintWords(c)}, not ${cat.topology === 'PreferSameNode' ? `node ${node.name}` : `zone ${node.zone || '(unknown)'}`}` };
+    if (servingTerminating(c)) return { used: false, why: 'terminating: ready endpoints exist' };
+    return { used: false, why: (c.info.Conditions?.Serving ?? true) ? 'not ready' : 'not serving' };
+  };
+  const local = (c: Candidate): Use => {
+    if (inLocal.has(c)) return { used: true, why: ready(c) ? 'ready, on this node (Local policy)' : 'serving and terminating, on this node: the fallback (no ready local endpoint)' };
+    if (!c.local) return { used: false, why: `not on this node (Local policy${c.info.Topology?.Node ? `; on ${c.info.Topology.Node}` : '; its node is unknown'})` };
+    if (servingTerminating(c) && anyReady(cands.filter((x) => x.local))) return { used: false, why: 'terminating: ready local endpoints exist' };
+    return { used: false, why: (c.info.Conditions?.Serving ?? true) ? 'not ready' : 'not serving' };
+  };
+  return cands.map((c) => ({ internal: itpLocal ? local(c) : cluster(c), external: etpLocal ? local(c) : cluster(c) }));
+}

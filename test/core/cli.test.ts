@@ -15,8 +15,8 @@ test('kpng file --input examples/cluster.yaml to-file --output - prints the glob
   assert.equal(r.status, 0, r.stderr);
   const doc = parse(r.stdout);
   assert.deepEqual(doc.nodes.map((n: any) => n.Name), ['node-a', 'node-b']);
-  assert.deepEqual(doc.services.map((s: any) => s.service.Name), ['echo', 'shop', 'web']);
-  assert.equal(doc.services[2].endpoints.length, 3);
+  assert.deepEqual(doc.services.map((s: any) => s.service.Name), ['api', 'echo', 'jobs', 'shop', 'web']);
+  assert.equal(doc.services.find((s: any) => s.service.Name === 'web').endpoints.length, 3);
 });
 
 test('to-file --node-name writes that node\'s state, atomically to a file, as JSON', () => {
@@ -88,7 +88,7 @@ test('--stats prints the original kpng columns', async () => {
     const header = k.stderr.split('\n').find((l) => l.startsWith('stats:\ttime'))!;
     assert.equal(header, 'stats:\ttime(ms)\tevents\trevisions\tusr-cpu(ms)\tsys-cpu(ms)\tcpu(%)\trss(MiB)\trevs/events(%)');
     const line = k.stderr.split('\n').find((l) => /^stats:\t\d/.test(l))!.split('\t');
-    assert.equal(Number(line[2]), 9, 'events: one per object of the example (2 nodes, 1 ServiceCIDR, 3 services, 3 slices)');
+    assert.equal(Number(line[2]), 13, 'events: one per object of the example (2 nodes, 1 ServiceCIDR, 5 services, 5 slices)');
     assert.ok(Number(line[7]) > 20, 'RSS in real MiB');
   } finally {
     await k.stop();

@@ -6,7 +6,7 @@
 import { fileURLToPath } from 'node:url';
 import { Lab } from '../../src/lab/index.js';
 import { applyOnce, backendLabUnsupported, backendTag, proxyMode, type LabBackend } from './lab-kpng.js';
-import { checkFlow, configFor, labSpecFor, loadScenario, serveScenario, stateFor } from './lab-flows.js';
+import { checkFlow, compareTrace, traceInLab, configFor, labSpecFor, loadScenario, serveScenario, stateFor } from './lab-flows.js';
 import { guestMain, isMain, runScriptInVm } from './kernel-lab.js';
 
 export interface FlowJob {
@@ -66,8 +66,14 @@ async function guest(jobs: FlowJob[]): Promise<[string, FlowJobResult][]> {
       );
       const kpngMs = await applyOnce(b, lab, stateFor(s).items, configFor(s, proxyMode(b)));
       const t1 = Date.now();
+      // kpng trace reads the rules back first (to-nft, to-iptables); it must predict what the packets did
+      const traceable = b.name !== 'ipvs';
+      const traces = traceable ? await Promise.all(job.flows.map((i) => traceInLab(lab!, s.flows[i]))) : [];
       const checked = await Promise.all(job.flows.map((i) => checkFlow(lab!, s, s.flows[i], GUEST_FLOW_TIMEOUT_MS)));
-      checked.forEach((c, k) => out.set(resultKey(b, job.file, job.flows[k]), { problems: c.problems }));
+      checked.forEach((c, k) => {
+        const traced = traceable && !c.problems.length ? compareTrace(s.flows[job.flows[k]!]!, traces[k]!, c.outcomes).map((p) => `kpng trace does not predict the real outcome: ${p}`) : [];
+        out.set(resultKey(b, job.file, job.flows[k]), { problems: [...c.problems, ...traced] });
+      });
       console.log(`${job.file} (${backendTag(b)}): lab ${t1 - t0 - kpngMs} ms, kpng --once ${kpngMs} ms, ${job.flows.length} flow(s) ${Date.now() - t1} ms`);
     } catch (e) {
       for (const i of job.flows) if (!out.has(resultKey(b, job.file, i))) out.set(resultKey(b, job.file, i), { problems: [`the lab failed: ${(e as Error).stack ?? e}`] });

@@ -5,6 +5,7 @@ import { readFileSync, readdirSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { canonicalIP, cidrContains, ipFamily, parseCIDR } from '../../src/api/ip.js';
 import { describeOutcome, hostPort, kernelHasSCTP, seenSource, spread, verdict, type Lab, type LabSpec, type Outcome } from '../../src/lab/index.js';
+import { trace, type TraceRequest, type TraceResult } from '../../src/trace/index.js';
 import { kubeProxyConfig, list, type ProxyMode } from './lab-kpng.js';
 
 type Obj = Record<string, any>;
@@ -239,4 +240,47 @@ export async function checkFlow(lab: Lab, s: Scenario, f: Flow, timeoutMs = 1500
 
 export function flowTitle(f: Flow, i: number): string {
   return `#${i} ${f.name} [${f.protocol} ${hostPort(f.sourceIP, 0).replace(/:0$/, '')} -> ${hostPort(f.destIP, f.destPort)}] => ${f.output === '' ? '""' : f.output}${f.masq ? ' (masq)' : ''}`;
+}
+
+/** `kpng trace`'s request for a flow (a TCP/UDP/SCTP packet from the flow's source). */
+export function traceRequestOf(f: Flow): TraceRequest {
+  return { src: f.sourceIP, dst: f.destIP, dport: f.destPort, proto: f.protocol.toLowerCase() as 'tcp' | 'udp' | 'sctp' };
+}
+
+/** `kpng trace` over the rules in the lab node's kernel, run in its namespace. */
+export function traceInLab(lab: Lab, f: Flow): Promise<TraceResult> {
+  return trace(traceRequestOf(f), (argv) => lab.exec(lab.nodeName, argv));
+}
+
+/**
+ * Does the trace predict what the real packets did? The verdict (DNAT,
+ * REJECT, DROP, untouched), the endpoint set (every endpoint the trace names
+ * was reached, and no other), and masquerading per endpoint.
+ */
+export function compareTrace(f: Flow, t: TraceResult, outcomes: Outcome[], opts: { affinity?: boolean } = {}): string[] {
+  const problems: string[] = [];
+  const client = canonicalIP(f.sourceIP)!;
+  const seen = outcomes.map((o) => verdict(o, f.destIP, f.destPort));
+  const kinds = new Set(seen.map((v) => (v === '' ? 'accept' : v === 'REJECT' ? 'reject' : v === 'DROP' ? 'drop' : /:\d+$/.test(v) ? 'dnat' : v)));
+  const shown = `trace: ${t.verdict} ${t.endpoints.join(', ')}${t.masquerade ? ' (masquerade)' : ''}; real: ${[...new Set(seen)].map((v) => v || '""').join(', ')}`;
+  if (kinds.size !== 1 || !kinds.has(t.verdict)) problems.push(`verdict differs: ${shown}`);
+  if (t.verdict === 'dnat') {
+    const real = new Set(seen.filter((v) => /:\d+$/.test(v)));
+    const predicted = new Set(t.endpoints);
+    // with ClientIP affinity a client sticks to one of the endpoints the trace names
+    if ([...real].some((e) => !predicted.has(e)) || (!opts.affinity && [...predicted].some((e) => !real.has(e)))) problems.push(`endpoints differ: ${shown}`);
+  }
+  for (const o of outcomes) {
+    if (o.kind !== 'answered') continue;
+    const masq = seenSource(o) !== client;
+    const e = verdict(o, f.destIP, f.destPort);
+    const predicted = t.verdict === 'dnat' ? t.choices.find((c) => c.endpoint === e)?.masquerade : t.masquerade;
+    if (predicted !== undefined && predicted !== masq) {
+      problems.push(`masquerade differs for ${e || 'the destination'}: trace ${predicted}, real ${masq} (the endpoint saw ${seenSource(o)})`);
+      break;
+    }
+  }
+  if (t.unknown.length) problems.push(`unknown rules: ${t.unknown.join('; ')}`);
+  if (problems.length) problems.push(`path:\n${t.path.map((s) => `  ${s.where}: ${s.rule}${s.why ? ` -> ${s.why}` : ''}`).join('\n')}`);
+  return problems;
 }

@@ -1,6 +1,6 @@
 // `kpng demo` as users run it (the README's first command): real traffic
-// through a namespace cluster, a live change, the programmed table; exit 0
-// and nothing left behind, also when interrupted.
+// through a namespace cluster, a live change, the programmed table, kpng get
+// and kpng trace; exit 0 and nothing left behind, also when interrupted.
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -61,6 +61,15 @@ describe('kpng demo', { skip }, () => {
     assert.ok(!webRow.includes(`${left} `), webRow);
     assert.match(r.out, new RegExp(`opened before the change is still answered by ${left}`));
     assert.match(r.out, /table ip kpng \{/);
+    // it ends with kpng get services (from node-a's state socket) and kpng trace (from the kernel's rules)
+    assert.match(r.out, /^\s+demo\s+shop\s+LoadBalancer\s+10\.96\.0\.30\s+203\.0\.113\.10\s+80:30080\/TCP\s+Cluster\/Local\s+2\/2\s+1\/2$/m);
+    assert.match(r.out, /^\s+demo\s+api\s+ClusterIP\s+10\.96\.0\.40\s+<none>\s+80\/TCP\s+Cluster\/-\s+1\/2\s+-$/m);
+    assert.match(r.out, /kpng trace --src 198\.51\.100\.7 --dst 203\.0\.113\.10 --dport 80/);
+    assert.match(r.out, /verdict: DNAT to 10\.244\.1\.30:8080, not masqueraded \(demo\/shop:http\)/);
+    assert.match(r.out, /externalTrafficPolicy: Local: this node's 1 endpoint only, the client's address kept/);
+    // the traffic agrees: topology hints and the terminating fallback
+    assert.match(row(/^\s+api\s+10\.96\.0\.40:80\/TCP\s+pod client/), /api-1 30\s/);
+    assert.match(row(/^\s+jobs\s+10\.96\.0\.50:80\/TCP\s+pod client/), /jobs-1 30\s/);
     assert.match(r.out, /Cleaned up: kpng stopped \(exit 0\), \d+ network namespaces deleted/);
   });
 

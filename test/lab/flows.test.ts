@@ -2,13 +2,14 @@
 // backend: nftables_*.json with to-nft, iptables_*.json with to-iptables
 // (iptables-nft and iptables-legacy). Per scenario a lab, kpng applied once in
 // the node's namespace, then every flow sent for real and compared with
-// upstream kube-proxy's expectation. SCTP flows, where this kernel has no
+// upstream kube-proxy's expectation, and with what `kpng trace` predicts from
+// the rules it reads back from the kernel. SCTP flows, where this kernel has no
 // SCTP, run in the kernel lab (Debian's kernel under QEMU), all in one VM.
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { Lab, kernelHasSCTP } from '../../src/lab/index.js';
 import { BACKENDS, applyOnce, backendLabUnsupported, backendLabel, backendTag, proxyMode } from '../helpers/lab-kpng.js';
-import { checkFlow, configFor, flowTitle, flowsHere, labSpecFor, loadScenario, scenarioFiles, serveScenario, stateFor, type Flow } from '../helpers/lab-flows.js';
+import { checkFlow, compareTrace, traceInLab, configFor, flowTitle, flowsHere, labSpecFor, loadScenario, scenarioFiles, serveScenario, stateFor, type Flow } from '../helpers/lab-flows.js';
 import { resultKey, runFlowsInKernelLab, type FlowJob, type KernelLabFlows } from '../helpers/kernel-lab-flows.js';
 import { kernelLabSkip, requireKernelLab } from '../helpers/kernel-lab.js';
 
@@ -40,9 +41,14 @@ for (const b of BACKENDS) {
 
         s.flows.forEach((f, i) => {
           if (!onHost(f)) return;
+          // kpng trace reads the same rules back from the kernel first; its
+          // prediction must be what the packets then really did
           it(flowTitle(f, i), async () => {
+            const t = await traceInLab(lab!, f);
             const r = await checkFlow(lab!, s, f);
             assert.ok(r.problems.length === 0, r.problems.join('\n'));
+            const d = compareTrace(f, t, r.outcomes);
+            assert.ok(d.length === 0, `kpng trace does not predict the real outcome:\n${d.join('\n')}`);
           });
         });
       });

@@ -6,6 +6,7 @@ import { it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { Lab, POD_GATEWAY, describeOutcome, seenSource, verdict } from '../../src/lab/index.js';
 import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
+import { trace, formatTrace, type TraceRequest } from '../../src/trace/index.js';
 import { answeredBy, applyOnce, backendConfig, backendTag, describeBackends } from '../helpers/lab-kpng.js';
 
 const NODE6 = '2001:db8::1';
@@ -86,5 +87,25 @@ await describeBackends('IPv6 ClusterIP and NodePort', (b) => {
     const v6 = await lab.connect({ from: 'fd00:10::50', to: 'fd00:96::20', port: 80 });
     assert.equal(verdict(v4, '10.96.0.20', 80), '10.244.1.10:8080', describeOutcome(v4));
     assert.equal(verdict(v6, 'fd00:96::20', 80), '[fd00:10::11]:8080', describeOutcome(v6));
+  });
+  // kpng trace over the ip6 table / ip6tables the kernel holds predicts each case above
+  it('kpng trace predicts the IPv6 outcomes from the rules in the kernel', async () => {
+    const exec = (argv: string[]) => lab.exec(lab.nodeName, argv);
+    const cases: [TraceRequest, string, string[], boolean][] = [
+      [{ src: 'fd00:10::50', dst: 'fd00:96::10', dport: 80 }, 'dnat', ['[fd00:10::10]:8080', '[fd00:10::11]:8080'], false],
+      [{ src: 'fd00:10::50', dst: 'fd00:96::10', dport: 53, proto: 'udp' }, 'dnat', ['[fd00:10::10]:5353', '[fd00:10::11]:5353'], false],
+      [{ src: '2600:5200::1', dst: NODE6, dport: 30080 }, 'dnat', ['[fd00:10::10]:8080', '[fd00:10::11]:8080'], true],
+      [{ src: 'fd00:10::50', dst: 'fd00:96::20', dport: 80 }, 'dnat', ['[fd00:10::11]:8080'], false],
+      [{ src: 'fd00:10::50', dst: 'fd00:96::10', dport: 443 }, undefinedPort ? undefinedPort.toLowerCase() : 'accept', [], false],
+      [{ src: 'fd00:10::50', dst: 'fd00:96::99', dport: 80 }, unallocated ? unallocated.toLowerCase() : 'accept', [], false],
+    ];
+    for (const [req, v, endpoints, masq] of cases) {
+      const t = await trace(req, exec);
+      const what = `${JSON.stringify(req)}\n${formatTrace(t)}`;
+      assert.equal(t.verdict, v, what);
+      assert.deepEqual([...t.endpoints].sort(), endpoints, what);
+      assert.equal(t.masquerade, masq, what);
+      assert.deepEqual(t.unknown, [], what);
+    }
   });
 });

@@ -9,6 +9,7 @@ import { ApiServer, DEFAULT_HEAP_GROWTH_PERCENT, tuneHeapForFanOut } from './ser
 import { DEFAULT_HANDSHAKE_TIMEOUT_MS, DEFAULT_MAX_CONNECTIONS, RESERVED_FDS } from './listener.js';
 import { closeServers, listenHttp, metricsHandler } from '../../backends/shared/health.js';
 import { enableProcessMetrics } from '../../backends/shared/metrics.js';
+import { DEFAULT_BRAIN_SOCKET, STATE_SOCKET_HELP, startStateSocket } from './state-socket.js';
 
 /** kube-proxy's metrics address (a brain and a node agent on one host's network need one of them moved) */
 const DEFAULT_METRICS_ADDRESS = '127.0.0.1:10249';
@@ -41,7 +42,8 @@ registerSink({
         `open connections at most; more are closed at once (default: ${DEFAULT_MAX_CONNECTIONS}, or the open-file limit less ${RESERVED_FDS} if that is lower)`,
       )
       .option('--handshake-timeout <ms>', 'close a connection that does not complete the TLS handshake, then the HTTP/2 one, within this', String(DEFAULT_HANDSHAKE_TIMEOUT_MS))
-      .option('--metrics-bind-address <host:port>', "serve /metrics here ('' : not at all)", DEFAULT_METRICS_ADDRESS);
+      .option('--metrics-bind-address <host:port>', "serve /metrics here ('' : not at all)", DEFAULT_METRICS_ADDRESS)
+      .option('--state-socket <address>', STATE_SOCKET_HELP, DEFAULT_BRAIN_SOCKET);
   },
   async run(opts, ctx) {
     const growth = wholeNumber('--heap-growth', opts.heapGrowth, 0, 1000, 'percent');
@@ -60,7 +62,9 @@ registerSink({
       maxConnections,
       handshakeTimeoutMs,
     });
-    await server.start();
+    const listening = await server.start();
+    // the listener may be that socket already
+    const state = listening === opts.stateSocket ? undefined : await startStateSocket({ address: opts.stateSocket, store: ctx.store, views: ctx.views, log: ctx.log });
     enableProcessMetrics();
     const metricsServer = await listenHttp(opts.metricsBindAddress, '/metrics', metricsHandler(), ctx.log);
     try {
@@ -70,6 +74,7 @@ registerSink({
       });
     } finally {
       await closeServers([metricsServer]);
+      await state?.stop();
       await server.stop();
     }
   },

@@ -58,6 +58,12 @@ export interface ApiServerOptions {
   readonly handshakeTimeoutMs?: number;
   /** a connection that has no call for this long is closed (default 5 min) */
   readonly connectionIdleMs?: number;
+  /** the node a local watch without a node name gets (a node agent's state socket: its own node) */
+  readonly defaultNode?: string;
+  /** a unix socket's mode (default 0660; a state socket 0600) */
+  readonly socketMode?: number;
+  /** what its start is logged as (default to-api) */
+  readonly logName?: string;
 }
 
 type Api = 'local' | 'global';
@@ -165,7 +171,7 @@ export function tuneHeapForFanOut(heapGrowthPercent = DEFAULT_HEAP_GROWTH_PERCEN
 }
 
 /** Prepares a unix socket path: its directory exists, a stale socket is gone, a live one is not taken over. */
-async function prepareUnixSocket(path: string): Promise<void> {
+export async function prepareUnixSocket(path: string): Promise<void> {
   mkdirSync(dirname(path), { recursive: true, mode: 0o750 });
   let st;
   try {
@@ -238,14 +244,15 @@ export class ApiServer {
     this.gate = gate;
     if (a.kind === 'unix') {
       await prepareUnixSocket(a.path);
-      // created 0660 from the start (no window where it is world-accessible)
-      const old = process.umask(0o117);
+      // created with its mode from the start (no window where it is wider)
+      const mode = this.opts.socketMode ?? 0o660;
+      const old = process.umask(0o777 & ~mode);
       try {
         await gate.listen(a);
       } finally {
         process.umask(old);
       }
-      chmodSync(a.path, 0o660);
+      chmodSync(a.path, mode);
       this.boundAddress = formatAddress(a);
     } else {
       const port = await gate.listen(a);
@@ -260,7 +267,7 @@ export class ApiServer {
         global: this.opts.globalApi !== false,
         maxConnections,
       },
-      'to-api: serving',
+      `${this.opts.logName ?? 'to-api'}: serving`,
     );
     return this.boundAddress;
   }
@@ -339,12 +346,13 @@ export class ApiServer {
       try {
         for (let req = await requests.next(); req && !writer.isClosed; req = await requests.next()) {
           const sets = [...new Set(req.Sets.filter((s) => LOCAL_EXTRA_SETS.has(s)))].sort();
-          if (!diff || diff.nodeName !== req.NodeName || sets.join(',') !== setsKey) {
+          const nodeName = req.NodeName || this.opts.defaultNode || '';
+          if (!diff || diff.nodeName !== nodeName || sets.join(',') !== setsKey) {
             // a new node (or new sets) on this stream starts over with Reset
             diff?.close();
-            if (req.NodeName === '') log.warn({ peer: call.getPeer() }, 'to-api: watch without a node name; no endpoint is local to it');
-            log.debug({ node: req.NodeName, peer: call.getPeer(), sets: sets.map((s) => LocalSet[s]) }, 'to-api: node watching');
-            diff = new LocalDiff(this.opts.store, this.opts.views, req.NodeName, { sets });
+            if (nodeName === '') log.warn({ peer: call.getPeer() }, 'to-api: watch without a node name; no endpoint is local to it');
+            log.debug({ node: nodeName, peer: call.getPeer(), sets: sets.map((s) => LocalSet[s]) }, 'to-api: node watching');
+            diff = new LocalDiff(this.opts.store, this.opts.views, nodeName, { sets });
             setsKey = sets.join(',');
           }
           await this.nextDiff('local', diff, writer, () => diff!.next(), localOpFrame);

@@ -10,6 +10,7 @@ import { LocalSet } from '../../api/model.js';
 import { LocalDiff, runLocalDiff } from '../../diff/local-diff.js';
 import { FullStateSink, type FullState } from '../../diff/fullstate.js';
 import type { Store } from '../../store/store.js';
+import { DEFAULT_BRAIN_SOCKET, STATE_SOCKET_HELP, startStateSocket } from '../api/state-socket.js';
 import { registerSink } from '../registry.js';
 
 const json = <D extends DescMessage>(schema: D, m: MessageShape<D>) => toJson(schema, m);
@@ -55,7 +56,8 @@ registerSink({
       .option('-o, --output <path>', 'file to write, or - for stdout', '-')
       .option('--format <format>', 'yaml or json', 'yaml')
       .option('--node-name <name>', 'write this node\'s node-local state instead of the global state')
-      .option('--once', 'write the first complete state, then exit');
+      .option('--once', 'write the first complete state, then exit')
+      .option('--state-socket <address>', STATE_SOCKET_HELP, DEFAULT_BRAIN_SOCKET);
   },
   async run(opts, ctx) {
     const format = opts.format === 'json' ? 'json' : 'yaml';
@@ -69,8 +71,10 @@ registerSink({
     const stop = new AbortController();
     const onAbort = () => stop.abort();
     ctx.signal.addEventListener('abort', onAbort, { once: true });
+    const nodeName: string | undefined = opts.nodeName ?? ctx.nodeName;
+    // what it knows, for kpng get, while it follows its source (not for --once)
+    const state = opts.once ? undefined : await startStateSocket({ address: opts.stateSocket, store: ctx.store, views: ctx.views, log: ctx.log, defaultNode: nodeName });
     try {
-      const nodeName: string | undefined = opts.nodeName ?? ctx.nodeName;
       if (nodeName) {
         const sink = new FullStateSink((state) => {
           write(nodeStateDocument(state));
@@ -97,6 +101,7 @@ registerSink({
       });
     } finally {
       ctx.signal.removeEventListener('abort', onAbort);
+      await state?.stop();
     }
   },
 });

@@ -4,14 +4,17 @@ import { LocalDiff } from '../../diff/local-diff.js';
 import { metrics } from '../../backends/shared/metrics.js';
 import { registerSink } from '../registry.js';
 import { runNodeAgent, serviceOfOp } from './agent.js';
+import { DEFAULT_NODE_SOCKET, STATE_SOCKET_HELP, startStateSocket } from '../api/state-socket.js';
 import './remote.js';
 
 registerSink({
   name: 'to-local',
   description: 'program this node with a backend running in this process (to-<backend>)',
   takesBackend: true,
-  options() {},
-  async run(_opts, ctx, backends) {
+  options(cmd) {
+    cmd.option('--state-socket <address>', STATE_SOCKET_HELP, DEFAULT_NODE_SOCKET);
+  },
+  async run(opts, ctx, backends) {
     if (!backends.length) throw new Error('to-local needs a backend: to-<backend>');
     // network programming latency starts when the store first sees a Service change
     const changed = new Map<string, number>();
@@ -30,6 +33,9 @@ registerSink({
         async feed(sink, signal, b) {
           ctx.log.info({ node: b.nodeName, backends: backends.map((x) => x.name).join(',') }, 'to-local: starting');
           const diff = new LocalDiff(ctx.store, ctx.views, b.nodeName, { sets: b.sets });
+          // a one-shot run (--once) has nothing to serve for long
+          const once = backends.some((x) => x.opts.once);
+          const state = once ? undefined : await startStateSocket({ address: opts.stateSocket, store: ctx.store, views: ctx.views, log: ctx.log, defaultNode: b.nodeName });
           const onAbort = () => diff.close();
           signal.addEventListener('abort', onAbort, { once: true });
           try {
@@ -54,6 +60,7 @@ registerSink({
           } finally {
             signal.removeEventListener('abort', onAbort);
             diff.close();
+            await state?.stop();
           }
         },
       });

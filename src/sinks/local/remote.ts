@@ -18,6 +18,8 @@ import { FilterResetSink } from '../../diff/filter-reset.js';
 import type { LocalOp, LocalSink, LocalValue } from '../../diff/ops.js';
 import { addBackendCommands, type BackendSpec } from '../../backends/run.js';
 import { runNodeAgent } from './agent.js';
+import { NodeStateMirror, serveMirror } from './state-mirror.js';
+import { DEFAULT_NODE_SOCKET, STATE_SOCKET_HELP } from '../api/state-socket.js';
 import { registerCommand } from '../../cli/commands.js';
 import type { Logger } from '../../log.js';
 
@@ -171,19 +173,27 @@ export async function runLocal(localOpts: Record<string, any>, backends: readonl
     signal,
     async feed(sink, stop, b) {
       log.info({ node: b.nodeName, backends: backends.map((x) => x.name).join(','), api: localOpts.api }, 'local: starting');
-      await watchLocalApi(
-        {
-          address: localOpts.api,
-          tls: clientTLSFromOpts(localOpts),
-          log,
-          signal: stop,
-          minBackoffMs: localOpts.errorDelay,
-          maxBackoffMs: localOpts.maxErrorDelay,
-        },
-        b.nodeName,
-        b.sets ?? [],
-        new QuietResyncSink(new ValidatingSink(sink, log)),
-      );
+      // what the backend gets, served read-only for kpng get
+      const mirror = new NodeStateMirror();
+      const once = backends.some((x) => x.opts.once);
+      const served = once ? undefined : await serveMirror(localOpts.stateSocket ?? '', b.nodeName, mirror, log);
+      try {
+        await watchLocalApi(
+          {
+            address: localOpts.api,
+            tls: clientTLSFromOpts(localOpts),
+            log,
+            signal: stop,
+            minBackoffMs: localOpts.errorDelay,
+            maxBackoffMs: localOpts.maxErrorDelay,
+          },
+          b.nodeName,
+          b.sets ?? [],
+          new QuietResyncSink(new ValidatingSink(mirror.wrap(sink), log)),
+        );
+      } finally {
+        await served?.stop();
+      }
     },
   });
 }
@@ -207,7 +217,8 @@ registerCommand((program, run) => {
     .command('local')
     .description("program this node from another kpng's node-local API (to-api): kpng local --api ADDR to-<backend>")
     .enablePositionalOptions()
-    .option('--node-name <name>', 'the node to watch (default: the backend\'s --node-name, hostnameOverride, then the hostname)');
+    .option('--node-name <name>', 'the node to watch (default: the backend\'s --node-name, hostnameOverride, then the hostname)')
+    .option('--state-socket <address>', STATE_SOCKET_HELP, DEFAULT_NODE_SOCKET);
   addApiClientOptions(lc);
   addBackendCommands(lc, (backends) => run((log, signal) => runLocal(lc.opts(), backends, log, signal)));
 });

@@ -1,0 +1,96 @@
+// kpng get services|endpoints|nodes: what a running kpng knows, from its
+// read-only state socket (or a brain's API), as kubectl prints tables.
+import { existsSync } from 'node:fs';
+import { Option, type Command } from 'commander';
+import { registerCommand } from './commands.js';
+import { ipSetAll } from '../api/model.js';
+import { addClientTLSOptions, clientTLSFromOpts } from '../api/grpc/tls.js';
+import { fetchState, GetError } from '../get/fetch.js';
+import { endpointsTable, nodesOf, nodesTable, servicesOf, servicesOfLocal, servicesTable, structured, plain, terminal } from '../get/view.js';
+import { DEFAULT_BRAIN_SOCKET, DEFAULT_NODE_SOCKET } from '../sinks/api/state-socket.js';
+
+const KINDS: Record<string, 'services' | 'endpoints' | 'nodes'> = { services: 'services', service: 'services', svc: 'services', endpoints: 'endpoints', endpoint: 'endpoints', ep: 'endpoints', nodes: 'nodes', node: 'nodes', no: 'nodes' };
+
+const HELP = `
+Asks a running kpng (its state socket: a node agent's ${DEFAULT_NODE_SOCKET.slice(7)}, else a
+brain's ${DEFAULT_BRAIN_SOCKET.slice(7)}; or --socket, or a brain's API with --api) and prints:
+  services    type, addresses, ports, traffic policies; on a node, how many endpoints
+              internal (cluster IP) and external (NodePort, external and LB IPs) traffic
+              uses; with a NAME or -o wide, each endpoint with why it is used or not
+  endpoints   every endpoint of the Services with its conditions, hints and, on a node,
+              whether internal and external traffic use it and why
+  nodes       the Nodes kpng knows
+A node agent answers for its own node; a brain for the node named with --node (without
+it, no per-node reasons). A split-mode agent (kpng local) knows only the endpoints its
+node was sent: why others are left out, its brain tells (--api BRAIN --node NODE).
+
+Examples:
+  kpng get services
+  kpng get services web -n demo -o wide
+  kpng get endpoints --api unix:///run/kpng/kpng.sock --node node-b -o json
+`;
+
+function defaultSocket(): string {
+  for (const s of [DEFAULT_NODE_SOCKET, DEFAULT_BRAIN_SOCKET]) if (existsSync(s.slice('unix://'.length))) return s;
+  return DEFAULT_NODE_SOCKET;
+}
+
+registerCommand((program, run) => {
+  const cmd = program
+    .command('get')
+    .description('show what a running kpng knows: get services|endpoints|nodes [NAME] (kubectl-style)')
+    .argument('<kind>', 'services, endpoints or nodes')
+    .argument('[name]', 'only this one')
+    .option('-n, --namespace <namespace>', 'only this namespace')
+    .option('--node <name>', 'explain for this node (default: the node agent\'s own)')
+    .option('--socket <path>', "a kpng's state socket")
+    .option('--api <address>', "a brain's API: unix:///path, tcp://host:port")
+    .addOption(new Option('-o, --output <format>', 'output format').choices(['wide', 'yaml', 'json']))
+    .addHelpText('after', HELP);
+  addClientTLSOptions(cmd);
+  cmd.action(function (this: Command, kindArg: string, name: string | undefined) {
+    const o = this.opts();
+    return run(async () => {
+      const kind = KINDS[kindArg.toLowerCase()];
+      try {
+        if (!kind) throw new GetError(`unknown kind ${JSON.stringify(kindArg)}: services, endpoints or nodes`);
+        if (o.socket && o.api) throw new GetError('give --socket or --api, not both');
+        const address = o.api ?? (o.socket ? (o.socket.startsWith('unix:') ? o.socket : `unix://${o.socket}`) : defaultSocket());
+        const state = await fetchState(address, clientTLSFromOpts(o), o.node);
+        const node = state.node;
+        const format = o.output ?? 'table';
+        const style = process.stdout.isTTY ? terminal : plain;
+        if (kind === 'nodes') {
+          // a kpng local node agent knows its own node only
+          const nodes = state.local ? (node ? [{ name: node.Name, zone: node.Zone, ips: ipSetAll(node.IPs), podCIDRs: [...node.PodCIDRs], deleting: node.Deleting, labels: { ...node.Labels } }] : []).filter((n) => !name || n.name === name) : nodesOf(state, name);
+          if (name && !nodes.length) throw new GetError(`node ${name} not found`);
+          console.log(format === 'json' || format === 'yaml' ? structured('NodeList', nodes, node, format) : nodesTable(nodes, node?.Name, style, format === 'wide'));
+          return;
+        }
+        const services = state.local ? servicesOfLocal(state, { namespace: o.namespace, name }) : servicesOf(state, node, { namespace: o.namespace, name });
+        if (name && !services.length) throw new GetError(`service ${o.namespace ? `${o.namespace}/` : ''}${name} not found`);
+        if (format === 'json' || format === 'yaml') {
+          const items = kind === 'services' ? services : services.flatMap((s) => s.endpoints.map((e) => ({ namespace: s.namespace, service: s.name, ...e })));
+          console.log(structured(kind === 'services' ? 'ServiceList' : 'EndpointList', items, node, format));
+          return;
+        }
+        if (kind === 'endpoints') {
+          console.log(endpointsTable(services, style, true));
+          return;
+        }
+        const out = [servicesTable(services, node, style, format === 'wide')];
+        if (name || format === 'wide') {
+          for (const s of services) {
+            const policies = `internalTrafficPolicy: ${s.internalTrafficPolicy}${s.externalTrafficPolicy ? `, externalTrafficPolicy: ${s.externalTrafficPolicy}` : ''}${s.trafficDistribution ? `, trafficDistribution: ${s.trafficDistribution}` : ''}`;
+            out.push('', `${s.namespace}/${s.name}${node ? ` on ${node.Name}${node.Zone ? ` (zone ${node.Zone})` : ''}` : ''}: ${policies}`);
+            out.push(s.endpoints.length ? endpointsTable([s], style, false).replace(/^/gm, '  ') : '  no endpoints');
+          }
+        }
+        console.log(out.join('\n'));
+      } catch (e) {
+        if (e instanceof GetError) e.stack = `kpng get: ${e.message}`;
+        throw e;
+      }
+    });
+  });
+});

@@ -1,0 +1,46 @@
+// The read-only state socket every long-running kpng serves, so that
+// `kpng get` can ask it what it knows: a brain (to-api) its global state and
+// any node's, a node agent (to-local) the same with its own node as the
+// default. It is the API server (localv1/globalv1 Watch, read-only by
+// nature) on a unix socket of mode 0600. Best effort: a path in use (another
+// kpng on this host) or not writable costs one log line, never the process.
+import type { Logger } from '../../log.js';
+import type { Store } from '../../store/store.js';
+import type { ServiceViews } from '../../localstate/views.js';
+import { ApiServer } from './server.js';
+
+export const DEFAULT_BRAIN_SOCKET = 'unix:///run/kpng/brain.sock';
+export const DEFAULT_NODE_SOCKET = 'unix:///run/kpng/node.sock';
+
+export const STATE_SOCKET_HELP = "serve this process's state read-only here for kpng get (unix:///path, mode 0600; '' : not at all)";
+
+/** how long setting the socket up, or tearing it down, may take: it must never hold the process */
+const LIMIT_MS = 5_000;
+
+function bounded<T>(p: Promise<T>, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const t = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what} took over ${LIMIT_MS} ms`)), LIMIT_MS)));
+  return Promise.race([p, t]).finally(() => clearTimeout(timer));
+}
+
+export interface StateSocket {
+  stop(): Promise<void>;
+}
+
+export async function startStateSocket(o: { address: string; store: Store; views: ServiceViews; log: Logger; defaultNode?: string }): Promise<StateSocket | undefined> {
+  if (!o.address || o.address === 'none') return undefined;
+  let server: ApiServer | undefined;
+  const stop = async () => {
+    await bounded(server!.stop(100), 'closing the state socket').catch((e) => o.log.info({ reason: (e as Error).message }, 'state socket: not closed cleanly'));
+  };
+  try {
+    server = new ApiServer({ store: o.store, views: o.views, log: o.log, listen: o.address, socketMode: 0o600, defaultNode: o.defaultNode, maxConnections: 64, logName: 'state socket' });
+    // it logs "state socket: serving"
+    await bounded(server.start(), 'opening the state socket');
+    return { stop };
+  } catch (e) {
+    o.log.info({ socket: o.address, reason: (e as Error).message }, 'state socket: not serving');
+    if (server) await stop();
+    return undefined;
+  }
+}

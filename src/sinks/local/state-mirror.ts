@@ -1,0 +1,135 @@
+// The state socket of `kpng local` (split mode), which has no store: a
+// mirror of the ops its backend received, served read-only as
+// /localv1.Sets/Watch on a unix socket of mode 0600, for kpng get. Each
+// answer is the whole state (Reset, Sets in kpng's order, Sync); the next
+// request is answered when the state changed. A watch for another node is
+// refused: this process knows only its own.
+import { chmodSync, unlinkSync } from 'node:fs';
+import * as grpc from '@grpc/grpc-js';
+import type { Logger } from '../../log.js';
+import { LocalSet, encodeLocalNode } from '../../api/model.js';
+import { create } from '@bufbuild/protobuf';
+import { NodeSchema } from '../../api/gen/api/localv1/api_pb.js';
+import type { WatchReq } from '../../api/gen/api/localv1/api_pb.js';
+import type { LocalOp, LocalSink } from '../../diff/ops.js';
+import { parseAddress } from '../../api/grpc/address.js';
+import { prepareUnixSocket } from '../api/server.js';
+import { encodeSetOp, localServerDefinition, RESET_FRAME, SYNC_FRAME } from '../../api/grpc/wire.js';
+
+/** kpng's local op order for a full state: extra sets first, then services, then endpoints */
+const ORDER = [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet, LocalSet.ServicesSet, LocalSet.EndpointsSet];
+const EXTRA = new Set([LocalSet.NodesSet, LocalSet.ServiceCIDRsSet]);
+
+const newLocalNode = (name: string) => create(NodeSchema, { Name: name });
+
+export class NodeStateMirror {
+  private readonly values = new Map<LocalSet, Map<string, Uint8Array>>();
+  private version = 0;
+  private waiters: (() => void)[] = [];
+
+  /** wraps the backend's sink: every op it gets is mirrored first */
+  wrap(inner: LocalSink): LocalSink {
+    return { send: (op) => (this.apply(op), inner.send(op)) };
+  }
+
+  apply(op: LocalOp): void {
+    if (op.kind === 'reset') this.values.clear();
+    else if (op.kind === 'set') {
+      let m = this.values.get(op.set);
+      if (!m) this.values.set(op.set, (m = new Map()));
+      m.set(op.path, op.bytes);
+    } else if (op.kind === 'delete') this.values.get(op.set)?.delete(op.path);
+    else if (op.kind === 'sync') {
+      this.version++;
+      for (const w of this.waiters.splice(0)) w();
+    }
+  }
+
+  /** the state as one answer (frames), the extra sets only if asked; the node at least by name */
+  frames(sets: readonly LocalSet[], node: string): Buffer[] {
+    const out: Buffer[] = [RESET_FRAME];
+    for (const set of ORDER) {
+      if (EXTRA.has(set) && !sets.includes(set)) continue;
+      const m = this.values.get(set);
+      // a backend that did not ask for the node set still has a node
+      if (set === LocalSet.NodesSet && !m?.size) out.push(encodeSetOp(set, node, encodeLocalNode(newLocalNode(node))));
+      if (!m) continue;
+      for (const path of [...m.keys()].sort()) out.push(encodeSetOp(set, path, m.get(path)!));
+    }
+    out.push(SYNC_FRAME);
+    return out;
+  }
+
+  /** resolves once the state moved past `seen` (a Sync arrived) */
+  async changedSince(seen: number): Promise<number> {
+    while (this.version === seen) await new Promise<void>((r) => this.waiters.push(r));
+    return this.version;
+  }
+
+  get synced(): number {
+    return this.version;
+  }
+}
+
+/** Serves the mirror on a unix socket; undefined (one log line) when it cannot. */
+export async function serveMirror(address: string, node: string, mirror: NodeStateMirror, log: Logger): Promise<{ stop(): Promise<void> } | undefined> {
+  if (!address || address === 'none') return undefined;
+  let path: string;
+  try {
+    const a = parseAddress(address);
+    if (a.kind !== 'unix') throw new Error('kpng local serves its state on a unix socket only');
+    path = a.path;
+    await prepareUnixSocket(path);
+  } catch (e) {
+    log.info({ socket: address, reason: (e as Error).message }, 'state socket: not serving');
+    return undefined;
+  }
+  const server = new grpc.Server();
+  const calls = new Set<grpc.ServerDuplexStream<WatchReq, Buffer>>();
+  server.addService(localServerDefinition, {
+    Watch: (call: grpc.ServerDuplexStream<WatchReq, Buffer>) => {
+      calls.add(call);
+      let seen = -1;
+      let queue = Promise.resolve();
+      const end = () => calls.delete(call);
+      call.on('cancelled', end);
+      call.on('error', end);
+      call.on('end', () => (end(), call.end()));
+      call.on('data', (req: WatchReq) => {
+        if (req.NodeName && req.NodeName !== node) {
+          call.emit('error', { code: grpc.status.FAILED_PRECONDITION, details: `this node agent serves node ${node} only` });
+          return end();
+        }
+        queue = queue.then(async () => {
+          // the first answer once the backend has a state; later ones on change
+          seen = seen < 0 && mirror.synced > 0 ? mirror.synced : await mirror.changedSince(Math.max(seen, 0));
+          if (!calls.has(call)) return;
+          for (const f of mirror.frames(req.Sets, node)) call.write(f);
+        });
+      });
+    },
+  });
+  const old = process.umask(0o177);
+  try {
+    await new Promise<void>((resolve, reject) => server.bindAsync(`unix://${path}`, grpc.ServerCredentials.createInsecure(), (e) => (e ? reject(e) : resolve())));
+  } catch (e) {
+    log.info({ socket: address, reason: (e as Error).message }, 'state socket: not serving');
+    server.forceShutdown();
+    return undefined;
+  } finally {
+    process.umask(old);
+  }
+  chmodSync(path, 0o600);
+  log.info({ socket: address, node }, 'state socket: serving (kpng get)');
+  return {
+    async stop() {
+      for (const c of calls) c.end();
+      server.forceShutdown();
+      try {
+        unlinkSync(path);
+      } catch {
+        // gone
+      }
+    },
+  };
+}
