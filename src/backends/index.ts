@@ -3,3 +3,4 @@ import './log/index.js';
 import './nft/index.js';
 import './iptables/index.js';
 import './ipvs/index.js';
+import './ebpf/index.js';
