@@ -120,18 +120,23 @@ export class BpfMaps implements LbMaps {
   }
 
   counters(): Counters {
-    const out = Object.fromEntries(COUNTERS.map((c) => [c, 0])) as Counters;
-    const key = Buffer.alloc(4);
-    const values = Buffer.alloc(8 * this.cpus);
-    COUNTERS.forEach((name, i) => {
-      key.writeUInt32LE(i);
-      if (!mapOps.lookup(this.fds.counters, key, values)) return;
-      let sum = 0n;
-      for (let c = 0; c < this.cpus; c++) sum += values.readBigUInt64LE(c * 8);
-      out[name] = Number(sum);
-    });
-    return out;
+    return readCounters(this.fds.counters, this.cpus);
   }
+}
+
+/** The programs' counters map (per CPU), summed. */
+export function readCounters(fd: number, cpus = possibleCpus()): Counters {
+  const out = Object.fromEntries(COUNTERS.map((c) => [c, 0])) as Counters;
+  const key = Buffer.alloc(4);
+  const values = Buffer.alloc(8 * cpus);
+  COUNTERS.forEach((name, i) => {
+    key.writeUInt32LE(i);
+    if (!mapOps.lookup(fd, key, values)) return;
+    let sum = 0n;
+    for (let c = 0; c < cpus; c++) sum += values.readBigUInt64LE(c * 8);
+    out[name] = Number(sum);
+  });
+  return out;
 }
 
 /** In memory, with the same capacity checks (tests). */
