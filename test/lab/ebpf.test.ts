@@ -195,6 +195,15 @@ describe('to-ebpf beside to-nft (pods in a test cgroup)', { skip: why, concurren
     assert.ok(counters().reversed - c0.reversed >= 2);
   });
 
+  it("NodePort on localhost: translated for the node's processes, never for a pod (its localhost is its own)", async () => {
+    const probe = (ns: string) =>
+      cg.exec(ns, [process.execPath, '-e', `const c = require('node:net').connect(30080, '127.0.0.1', () => c.write('z\\n')); c.on('data', (d) => { console.log(String(d).split(' ')[2]); process.exit(0); }); c.on('error', (e) => { console.log(e.code); process.exit(0); }); setTimeout(() => { console.log('TIMEOUT'); process.exit(0); }, 3000);`], { timeoutMs: 10_000 });
+    const host = await probe(kl.lab.nodeNs);
+    assert.ok(['ep-a', 'ep-b'].includes(host.stdout.trim()), `a node process in the cgroup reaches an endpoint: ${host.stdout}${host.stderr}`);
+    const pod = await probe(kl.lab.ns('client'));
+    assert.ok(!['ep-a', 'ep-b'].includes(pod.stdout.trim()), `a pod's 127.0.0.1 stays its own: ${pod.stdout}${pod.stderr}`);
+  });
+
   it('ClientIP affinity: every connection of a pod goes to one endpoint', async () => {
     const out = await burst(CLIENT.v4, STICKY, 12);
     assert.equal(answeredBy(out).length, 1, out.map(describeOutcome).join('; '));
@@ -241,7 +250,7 @@ describe('to-ebpf beside to-nft (pods in a test cgroup)', { skip: why, concurren
       const k = kl.start({ pre: ['--log-level', 'debug'] });
       await k.until(() => /eBPF programs loaded/.test(k.stdout + k.stderr), 'to-ebpf loaded');
       const line = (k.stdout + k.stderr).split('\n').find((l) => l.includes('eBPF programs loaded'))!;
-      assert.match(line, /adoptedMaps=5/);
+      assert.match(line, /adoptedMaps=6/);
       assert.match(line, /adoptedLinks=8/);
       assert.match(line, /attached=0/);
 

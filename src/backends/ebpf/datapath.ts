@@ -7,7 +7,7 @@ import { existsSync, mkdirSync, readFileSync, readdirSync, rmdirSync, statSync, 
 import { dirname, join, resolve } from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { BpfObject, linkDetach, linkUpdate, mapInfo, objGet, objPin, openDirectory, type Fd } from './libbpf.js';
+import { BpfObject, linkDetach, linkUpdate, mapInfo, mapOps, netnsCookie, objGet, objPin, openDirectory, type Fd } from './libbpf.js';
 import { LAYOUTS, MAPS, layoutProblems, sizeOf, type MapName } from './layout.js';
 import { BpfMaps } from './maps.js';
 
@@ -124,6 +124,10 @@ export class Datapath {
       }
       obj.load();
       for (const m of Object.values(MAPS)) if (!adoptedMaps.includes(m.name)) objPin(obj.mapFd(m.name), join(o.bpffs, m.name));
+      // the node's network namespace: localhost NodePorts are for its sockets only
+      const cookie = Buffer.alloc(8);
+      cookie.writeBigUInt64LE(netnsCookie());
+      mapOps.update(obj.mapFd(MAPS.hostNetns.name), Buffer.alloc(4), cookie);
       // links: the pinned ones move to these programs, the others are made
       const cgroup = openDirectory(o.cgroupPath);
       fds.push(cgroup);

@@ -21,6 +21,7 @@ struct kpng_svc_key {
 };
 
 #define KPNG_SVC_REFUSE 1 /* no endpoint anywhere: refuse (kube-proxy's REJECT) */
+#define KPNG_SVC_HOST_ONLY 2 /* localhost NodePorts: the node's own network namespace only (a pod's localhost is its own) */
 
 struct kpng_svc_value {
 	__u32 id;            /* the endpoint list (one per Service port, family and kind of traffic) */
@@ -100,6 +101,14 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } kpng_counters SEC(".maps");
+
+/* [0]: the node's network namespace cookie, written by kpng at start */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} kpng_host_netns SEC(".maps");
 
 static __always_inline void count(__u32 what)
 {
@@ -185,6 +194,12 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family)
 	sv = bpf_map_lookup_elem(&kpng_services, &k);
 	if (!sv)
 		return 1;
+	if (sv->flags & KPNG_SVC_HOST_ONLY) {
+		__u32 zero = 0;
+		__u64 *host = bpf_map_lookup_elem(&kpng_host_netns, &zero);
+		if (!host || *host != bpf_get_netns_cookie(ctx))
+			return 1;
+	}
 	if (sv->count == 0) {
 		if (sv->flags & KPNG_SVC_REFUSE) {
 			count(KPNG_C_REFUSED);

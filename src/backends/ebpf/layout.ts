@@ -26,6 +26,7 @@ export const MAPS = {
   affinity: { name: 'kpng_affinity', key: 'kpng_affinity_key', value: 'kpng_affinity_value' },
   reverse: { name: 'kpng_reverse', key: 'kpng_rev_key', value: 'kpng_ep_value' },
   counters: { name: 'kpng_counters', key: 4, value: 8 },
+  hostNetns: { name: 'kpng_host_netns', key: 4, value: 8 },
 } as const;
 
 export type MapName = keyof typeof MAPS;
@@ -34,6 +35,8 @@ export type MapName = keyof typeof MAPS;
 export const COUNTERS = ['translated', 'refused', 'missed', 'reversed'] as const;
 
 export const SVC_REFUSE = 1;
+/** localhost NodePorts: only for sockets in the node's network namespace */
+export const SVC_HOST_ONLY = 2;
 
 /** Differences between a struct here and the object's BTF; empty when they agree. */
 export function layoutProblems(name: keyof typeof LAYOUTS, btf: BtfStruct | undefined): string[] {

@@ -49,6 +49,8 @@ interface Lib {
   btfType: (btf: Ptr, id: number) => Ptr;
   btfName: (btf: Ptr, off: number) => string | null;
   open: (path: string, flags: number) => number;
+  socket: (domain: number, type: number, proto: number) => number;
+  getsockopt: (fd: number, level: number, name: number, value: Buffer, len: Buffer) => number;
   close: (fd: number) => number;
   errno: () => number;
   decodeU32: (p: Ptr, offset: number, n: number) => number[];
@@ -97,6 +99,8 @@ function L(): Lib {
       btfType: b.func('void *btf__type_by_id(void *btf, uint32_t id)'),
       btfName: b.func('const char *btf__name_by_offset(void *btf, uint32_t off)'),
       open: c.func('int open(const char *path, int flags)'),
+      socket: c.func('int socket(int domain, int type, int proto)'),
+      getsockopt: c.func('int getsockopt(int fd, int level, int name, void *value, void *len)'),
       close: c.func('int close(int fd)'),
       errno: () => koffi.errno() as number,
       decodeU32: (p, offset, n) => koffi.decode(p, offset, 'uint32_t', n) as number[],
@@ -200,6 +204,25 @@ export function openDirectory(path: string): Fd {
     throw new BpfError(`open ${path}: ${text(-e)}`, e);
   }
   return new Fd(fd);
+}
+
+/** this process's network namespace cookie (SO_NETNS_COOKIE, Linux 5.14+) */
+export function netnsCookie(): bigint {
+  const AF_INET = 2;
+  const SOCK_DGRAM = 2;
+  const SOL_SOCKET = 1;
+  const SO_NETNS_COOKIE = 71;
+  const fd = L().socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0) throw new BpfError(`socket: errno ${L().errno()}`, L().errno());
+  try {
+    const v = Buffer.alloc(8);
+    const len = Buffer.alloc(4);
+    len.writeUInt32LE(8);
+    if (L().getsockopt(fd, SOL_SOCKET, SO_NETNS_COOKIE, v, len) < 0) throw new BpfError(`getsockopt SO_NETNS_COOKIE: errno ${L().errno()}`, L().errno());
+    return v.readBigUInt64LE(0);
+  } finally {
+    L().close(fd);
+  }
 }
 
 export function possibleCpus(): number {

@@ -12,7 +12,7 @@ import type { DataplaneOptions } from '../shared/backend.js';
 import { nodePortAddresses } from '../shared/node-facts.js';
 import { ProxierBase, type ApplyRequest, type SyncStats } from '../shared/proxier.js';
 import { rangesContain, servicePorts, type ServicePort, type Target } from '../shared/service-ports.js';
-import { SVC_REFUSE, svcKeyString, type EpValue, type SvcKey, type SvcValue } from './layout.js';
+import { SVC_HOST_ONLY, SVC_REFUSE, svcKeyString, type EpValue, type SvcKey, type SvcValue } from './layout.js';
 import { MapFullError, type LbMaps, type MapContents, type MapWrite } from './maps.js';
 import { ebpfMetrics } from './metrics.js';
 
@@ -107,7 +107,7 @@ export class EbpfProxier extends ProxierBase {
       const key: SvcKey = { ip, port, proto };
       g.use();
       // no endpoint anywhere: refuse here; endpoints elsewhere only: left untranslated (the other backend drops it)
-      const flags = g.empty && !sp.hasEndpoints ? SVC_REFUSE : 0;
+      const flags = (g.empty && !sp.hasEndpoints ? SVC_REFUSE : 0) | (ip === '127.0.0.1' ? SVC_HOST_ONLY : 0);
       w.addrs.set(svcKeyString(key), { key, group: g.id, flags, affinitySecs: sp.affinitySeconds });
     };
     const port = sp.port.Port;
