@@ -16,6 +16,7 @@ registerCommand((program, run) => {
     .command('demo')
     .description('run kpng on an embedded example cluster and show what it does')
     .option('--example <file>', 'the example cluster (Kubernetes objects)')
+    .option('--backend <name>', 'nft, or ebpf (to-ebpf beside to-nft: the client pod in a cgroup of the demo\'s own)', 'nft')
     .action(function (this: import('commander').Command) {
       const opts = this.opts();
       return run((log, signal) => runDemo(opts, log, signal));

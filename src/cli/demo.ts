@@ -11,7 +11,9 @@ import { parseAllDocuments, stringify } from 'yaml';
 import type { Logger } from '../log.js';
 import { flattenObjects } from '../sources/objects.js';
 import { canonicalIP, ipFamily, ipToBig, parseCIDR } from '../api/ip.js';
-import { Lab, labUnsupported, poll, seenSource, verdict, type KpngProcess, type LabProtocol, type Outcome } from '../lab/index.js';
+import { objGet } from '../backends/ebpf/libbpf.js';
+import { readCounters } from '../backends/ebpf/maps.js';
+import { Lab, LabCgroup, labCgroupUnsupported, labUnsupported, poll, seenSource, verdict, type KpngProcess, type LabProtocol, type Outcome } from '../lab/index.js';
 
 export const EXAMPLE = fileURLToPath(new URL('../../examples/cluster.yaml', import.meta.url));
 
@@ -43,9 +45,13 @@ function v4Hosts(cidr: string, skip: Set<string>, from: number): string[] {
   return out;
 }
 
-export async function runDemo(opts: { example?: string; node?: string }, _log: Logger, signal: AbortSignal): Promise<void> {
+export async function runDemo(opts: { example?: string; node?: string; backend?: string }, _log: Logger, signal: AbortSignal): Promise<void> {
   const why = labUnsupported();
   if (why) throw new Error(`kpng demo builds a cluster out of network namespaces: ${why}`);
+  const ebpf = opts.backend === 'ebpf';
+  if (opts.backend && !['nft', 'ebpf'].includes(opts.backend)) throw new Error(`kpng demo --backend: nft or ebpf, not ${opts.backend}`);
+  const noCgroup = ebpf ? labCgroupUnsupported() : undefined;
+  if (noCgroup) throw new Error(`kpng demo --backend ebpf: ${noCgroup}`);
   const t0 = Date.now();
   const example = opts.example ?? EXAMPLE;
   const objects = parseAllDocuments(readFileSync(example, 'utf8')).flatMap((d) => flattenObjects(d.toJS())) as Obj[];
@@ -85,9 +91,10 @@ export async function runDemo(opts: { example?: string; node?: string }, _log: L
 
   const say = (s = '') => console.log(s);
   say(`kpng demo: ${example}`);
-  say(`  ${nodes.length} nodes (${me} runs kpng with to-nft; the others sit behind it), ${services.length} Services, ${pods.size} pods, one network namespace each`);
+  say(`  ${nodes.length} nodes (${me} runs kpng with ${ebpf ? 'to-ebpf beside to-nft' : 'to-nft'}; the others sit behind it), ${services.length} Services, ${pods.size} pods, one network namespace each`);
 
   let lab: Lab | undefined;
+  let cg: LabCgroup | undefined;
   let kpng: KpngProcess | undefined;
   const dir = mkdtempSync(join(tmpdir(), 'kpng-demo-'));
   // a second Ctrl-C must not cut the cleanup short
@@ -121,7 +128,14 @@ export async function runDemo(opts: { example?: string; node?: string }, _log: L
     };
     writeState(objects);
     writeFileSync(join(dir, 'kube-proxy.yaml'), config);
-    const args = ['file', '--input', stateDir, 'to-local', 'to-nft', '--node-name', me, '--config', join(dir, 'kube-proxy.yaml')];
+    const cfg = join(dir, 'kube-proxy.yaml');
+    let args = ['file', '--input', stateDir, 'to-local', 'to-nft', '--node-name', me, '--config', cfg];
+    if (ebpf) {
+      // the client pod's sockets are the programs' (a cgroup of the demo's own); outside traffic stays to-nft's
+      cg = LabCgroup.create('demo');
+      cg.place(lab.agent('client').pid!);
+      args = ['file', '--input', stateDir, 'to-local', 'to-ebpf', '--cgroup-path', cg.path, '--bpffs', join(cg.bpffs, 'kpng'), '--node-name', me, '--config', cfg, 'to-nft', '--config', cfg];
+    }
     say(`  running: kpng ${args.join(' ').replaceAll(dir, '$TMP')}   (in ${me}'s namespace)`);
     kpng = lab.startKpng(args);
 
@@ -188,6 +202,20 @@ export async function runDemo(opts: { example?: string; node?: string }, _log: L
     }
     signal.throwIfAborted();
 
+    if (ebpf && cg) {
+      let counts = '(not readable)';
+      const fd = objGet(join(cg.bpffs, 'kpng', 'kpng_counters'));
+      if (fd) {
+        try {
+          counts = Object.entries(readCounters(fd.fd)).map(([k, v]) => `${k} ${v}`).join(', ');
+        } finally {
+          fd.close();
+        }
+      }
+      say();
+      say(`eBPF at the client pod's sockets (kpng_counters): ${counts}`);
+      say(`  the pod's connections were pointed at endpoints when they connected; the "outside" rows went through to-nft`);
+    }
     const listed = await lab.exec(me, ['nft', 'list', 'table', 'ip', 'kpng']);
     const lines = listed.stdout.split('\n').filter((l) => l.trim());
     say();
@@ -201,6 +229,7 @@ export async function runDemo(opts: { example?: string; node?: string }, _log: L
     const stopped = kpng ? await kpng.stop('SIGTERM', 5000) : undefined;
     const n = lab?.namespaces.length ?? 0;
     await lab?.close();
+    cg?.close();
     rmSync(dir, { recursive: true, force: true });
     say();
     if (lab) say(`Cleaned up: ${stopped === undefined ? '' : `kpng stopped (exit ${stopped}), `}${n} network namespaces deleted (${((Date.now() - t0) / 1000).toFixed(1)} s in all).`);

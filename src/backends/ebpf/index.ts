@@ -30,6 +30,8 @@ registerBackend({
     let datapath: Datapath | undefined;
     const proxier = new EbpfProxier({
       ...dataplaneOptions(opts, ctx),
+      // healthCheckNodePorts answer load balancers outside the node: the backend beside (to-nft) serves them
+      healthChecks: false,
       // opened at the first sync: a failure there is a failed sync, retried, not a crash
       maps: () => {
         datapath ??= Datapath.open({ bpffs: opts.bpffs, cgroupPath, maxServicePorts: opts.maxServicePorts, maxEndpoints: opts.maxEndpoints, log: ctx.log });
