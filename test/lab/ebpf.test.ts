@@ -12,7 +12,8 @@ import { LabCgroup, labCgroupUnsupported, describeOutcome, type Outcome } from '
 import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
 import { KpngLab, answeredBy, backendConfig, backendLabUnsupported, pollUntil, type EbpfNftBackend } from '../helpers/lab-kpng.js';
 import { skipOrFailInCI } from '../helpers/ci.js';
-import { libbpfUnavailable, objGet } from '../../src/backends/ebpf/libbpf.js';
+import { unlinkSync } from 'node:fs';
+import { libbpfUnavailable, linkDetach, objGet } from '../../src/backends/ebpf/libbpf.js';
 import { readCounters, type Counters } from '../../src/backends/ebpf/maps.js';
 
 const VIP4 = '10.96.0.10';
@@ -92,7 +93,7 @@ describe('to-ebpf beside to-nft (pods in a test cgroup)', { skip: why, concurren
           ],
         },
         state([A, B]),
-        backendConfig({ name: 'nft' }, { clusterCIDR: '10.244.0.0/16,fd00:244::/64', minSyncPeriod: '0s' }),
+        backendConfig({ name: 'nft' }, { clusterCIDR: '10.244.0.0/16,fd00:244::/64', minSyncPeriod: '0s', syncPeriod: '1s' }),
       );
       const lab = kl.lab;
       // the client pod's agent is in the cgroup: its sockets are the programs' to translate
@@ -264,6 +265,30 @@ describe('to-ebpf beside to-nft (pods in a test cgroup)', { skip: why, concurren
       await conn.close();
       kl.setState(state([A, B]));
     }
+  });
+
+  it('drift: a link someone detached is attached again, a map someone unpinned made again and refilled', async () => {
+    const link = objGet(join(backend.bpffs, 'link_kpng_connect4'));
+    assert.ok(link);
+    try {
+      linkDetach(link.fd);
+    } finally {
+      link.close();
+    }
+    unlinkSync(join(backend.bpffs, 'kpng_services'));
+    const c0 = counters();
+    // repaired by the periodic check (syncPeriod 1s): new pod connections are translated again
+    const back = await pollUntil(
+      async () => {
+        const out = await burst(CLIENT.v4, VIP4, 4);
+        return { out, translated: counters().translated - c0.translated };
+      },
+      (r) => r.translated >= 4 && r.out.every(isEndpoint),
+      20_000,
+      250,
+    );
+    assert.ok(back.ok, `not repaired: ${JSON.stringify(back.value.translated)} ${back.value.out.map(describeOutcome).join('; ')}\n${kl.kpng!.stderr.slice(-2000)}`);
+    assert.match(kl.kpng!.stdout + kl.kpng!.stderr, /changed by someone else/);
   });
 
   it('kpng cleanup detaches the programs and unpins the maps, nothing else', async () => {

@@ -7,7 +7,7 @@ import { existsSync, mkdirSync, readFileSync, readdirSync, rmdirSync, statSync, 
 import { dirname, join, resolve } from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { BpfObject, linkDetach, linkUpdate, mapInfo, mapOps, netnsCookie, objGet, objPin, openDirectory, type Fd } from './libbpf.js';
+import { BpfObject, linkDetach, cgroupLinkAttached, linkUpdate, mapInfo, mapOps, netnsCookie, objGet, objPin, openDirectory, type Fd } from './libbpf.js';
 import { LAYOUTS, MAPS, layoutProblems, sizeOf, type MapName } from './layout.js';
 import { BpfMaps } from './maps.js';
 
@@ -136,11 +136,13 @@ export class Datapath {
       for (const prog of PROGRAMS) {
         const pin = join(o.bpffs, `link_${prog}`);
         const link = objGet(pin);
-        if (link) {
-          fds.push(link);
+        if (link) fds.push(link);
+        if (link && cgroupLinkAttached(link.fd)) {
           linkUpdate(link.fd, obj.progFd(prog));
           adoptedLinks.push(prog);
         } else {
+          // none, or one someone detached: attach anew
+          if (link) unlinkSync(pin);
           obj.attachAndPin(prog, cgroup.fd, pin);
           attached.push(prog);
         }
@@ -153,6 +155,24 @@ export class Datapath {
     } finally {
       for (const fd of fds) fd.close();
     }
+  }
+
+  /**
+   * The drift check: every pin kpng made is there and every link still
+   * attached (a detached link keeps its pin). Says what is missing, or undefined.
+   */
+  static missing(bpffs: string): string | undefined {
+    for (const m of Object.values(MAPS)) if (!existsSync(join(bpffs, m.name))) return `map ${m.name} is no longer pinned`;
+    for (const prog of PROGRAMS) {
+      const link = objGet(join(bpffs, `link_${prog}`));
+      if (!link) return `link ${prog} is no longer pinned`;
+      try {
+        if (!cgroupLinkAttached(link.fd)) return `link ${prog} was detached`;
+      } finally {
+        link.close();
+      }
+    }
+    return undefined;
   }
 
   /** closes this process's handles; programs stay attached, maps pinned */

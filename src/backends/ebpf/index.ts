@@ -39,6 +39,14 @@ registerBackend({
         ctx.log.info({ bpffs: opts.bpffs, cgroup: cgroupPath, adoptedMaps: r.adoptedMaps.length, adoptedLinks: r.adoptedLinks.length, attached: r.attached.length }, 'eBPF programs loaded');
         return datapath.maps;
       },
+      drift: () => {
+        const why = Datapath.missing(opts.bpffs);
+        if (why) {
+          datapath?.close();
+          datapath = undefined;
+        }
+        return why;
+      },
     });
     ebpfMetrics.capacity.set({ map: 'services' }, opts.maxServicePorts);
     ebpfMetrics.capacity.set({ map: 'endpoints' }, opts.maxEndpoints);

@@ -180,13 +180,13 @@ export function mapInfo(fd: number): { type: number; id: number; keySize: number
   return { type: info.readUInt32LE(0), id: info.readUInt32LE(4), keySize: info.readUInt32LE(8), valueSize: info.readUInt32LE(12), maxEntries: info.readUInt32LE(16) };
 }
 
-/** A link's program id (struct bpf_link_info: type, id, prog_id). */
-export function linkProgId(fd: number): number {
+/** Whether a cgroup link is still attached (struct bpf_link_info: type, id, prog_id, then cgroup_id at 16: 0 once detached). */
+export function cgroupLinkAttached(fd: number): boolean {
   const info = Buffer.alloc(64);
   const len = Buffer.alloc(4);
   len.writeUInt32LE(info.length);
   check(L().objInfo(fd, info, len), 'bpf_obj_get_info_by_fd (link)');
-  return info.readUInt32LE(8);
+  return info.readBigUInt64LE(16) !== 0n;
 }
 
 export function linkUpdate(linkFd: number, progFd: number): void {

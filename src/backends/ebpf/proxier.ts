@@ -17,8 +17,10 @@ import { MapFullError, type LbMaps, type MapContents, type MapWrite } from './ma
 import { ebpfMetrics } from './metrics.js';
 
 export interface EbpfProxierOptions extends DataplaneOptions {
-  /** the maps (tests: MemoryMaps); opened lazily by the backend otherwise */
+  /** the maps (tests: MemoryMaps); opened lazily by the backend otherwise, and again after drift */
   readonly maps: () => LbMaps;
+  /** the drift check: what is missing of the programs and maps (then they are loaded again), or undefined */
+  readonly drift?: () => string | undefined;
 }
 
 /** One endpoint list: a Service port's endpoints for one family and kind of traffic. */
@@ -57,6 +59,14 @@ export class EbpfProxier extends ProxierBase {
 
   constructor(private readonly o: EbpfProxierOptions) {
     super(o, { minSyncPeriodMs: o.config.nftables.minSyncPeriodMs, syncPeriodMs: o.config.nftables.syncPeriodMs });
+  }
+
+  /** cheap: pins and links; the repair is a full sync on maps opened again */
+  protected override async checkDrift(): Promise<string | undefined> {
+    if (!this.maps || !this.o.drift) return undefined;
+    const why = this.o.drift();
+    if (why) this.maps = undefined;
+    return why;
   }
 
   /** what the programs counted (translated connections, refusals, ...) */
