@@ -1,4 +1,5 @@
-// to-ebpf against to-nft and to-iptables (iptables-nft), side by side in one
+// to-ebpf against to-nft and to-iptables (iptables-legacy: iptables-nft-restore
+// does not take a 30k load here), side by side in one
 // run, at 1k and 30k Services x 5 endpoints, each backend and size in its own
 // network namespace (real kernel; to-ebpf's programs on a cgroup of the
 // benchmark's own, pinned in a bpffs mount of its own):
@@ -132,7 +133,7 @@ async function child(p: Params) {
       ? new EbpfProxier({ nodeName: 'node-0', config, log, once: true, healthChecks: false, maps: () => (datapath ??= Datapath.open({ bpffs: p.bpffs!, cgroupPath: p.cgroup!, maxServicePorts: 65536, maxEndpoints: 262144, log })).maps })
       : p.backend === 'nft'
         ? new NftProxier({ nodeName: 'node-0', config, log, once: true, session: true, healthChecks: false })
-        : new IptablesProxier({ nodeName: 'node-0', config, log, once: true, healthChecks: false, families: [4], mode: 'nft' });
+        : new IptablesProxier({ nodeName: 'node-0', config, log, once: true, healthChecks: false, families: [4], mode: 'legacy' });
   // svc-0 is the probe Service (its one endpoint is the probe's server)
   const cluster = syntheticCluster({ probes: [{ namespace: 'bench', name: 'svc-0', clusterIP: vip(0), pod: 'probe' }], from: 1, to: p.services });
   let change: ((i: number) => Promise<number>) | undefined;
