@@ -33,6 +33,9 @@ What it removes:
                any other chain, built-in or not, that jumps (-j) or goes (-g) to one of
                them: such a rule points into what kpng installed. The rest of that chain
                stays.
+  to-ebpf      under /sys/fs/bpf/kpng (KPNG_EBPF_BPFFS overrides it): its pinned links
+               (link_kpng_*: detached from their cgroup) and maps (kpng_*), then the
+               directory if nothing else is in it.
 
 What stays:
   filter KUBE-FIREWALL and its INPUT/OUTPUT jumps (IPv4, written for localhost NodePorts):
