@@ -63,7 +63,7 @@ export default async function (args: string[]) {
   const rateMs = Number(arg(args, 'rate-ms', '2000'));
   const spaces = new BenchNamespaces('ebpf', 'kpng-bench-ebpf');
   const cgroups: LabCgroup[] = [];
-  type Run = { backend: Backend; services: number; ns: string; cgroup?: string; cold?: { computeMs: number; applyMs: number }; change: number[]; lat: number[]; rate: number[]; rss?: number };
+  type Run = { backend: Backend; services: number; ns: string; cgroup?: string; cold?: { computeMs: number; applyMs: number }; change: number[]; apply: number[]; lat: number[]; rate: number[]; rss?: number };
   const runs: Run[] = [];
   try {
     for (const services of sizes) {
@@ -75,7 +75,7 @@ export default async function (args: string[]) {
           cgroups.push(cg);
           params = { ...params, cgroup: cg.path, bpffs: join(cg.bpffs, 'kpng') };
         }
-        runs.push({ backend, services, ns, cgroup: params.cgroup, change: [], lat: [], rate: [] });
+        runs.push({ backend, services, ns, cgroup: params.cgroup, change: [], apply: [], lat: [], rate: [] });
         void params;
         (runs.at(-1) as Run & { params?: Params }).params = params;
       }
@@ -87,7 +87,12 @@ export default async function (args: string[]) {
     }
     // one change at a time, in turn (to-iptables is not asked: the issue compares to-ebpf and to-nft)
     for (let i = 0; i < changes; i++) {
-      for (const [j, c] of children.entries()) if (runs[j].backend !== 'iptables') runs[j].change.push(await c.ask<number>({ op: 'change', i }));
+      for (const [j, c] of children.entries()) {
+        if (runs[j].backend === 'iptables') continue;
+        const [total, apply] = await c.ask<[number, number]>({ op: 'change', i });
+        runs[j].change.push(total);
+        runs[j].apply.push(apply);
+      }
     }
     for (const [j, c] of children.entries()) {
       runs[j].rss = await c.ask<number>({ op: 'finish' });
@@ -109,12 +114,12 @@ export default async function (args: string[]) {
   const f = (x: number) => x.toFixed(x < 10 ? 2 : 0);
   const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
   console.log(`ebpf benchmark: services x 5 endpoints, each backend and size in a fresh network namespace; ${changes} changes; ${connections} first connections; short connections ${rateMs} ms x 4 at once; node ${process.version}, kernel ${execFileSync('uname', ['-r'], { encoding: 'utf8' }).trim()}, ${execFileSync('nft', ['--version'], { encoding: 'utf8' }).trim()}`);
-  console.log('backend | services | cold sync (compute + apply) | one endpoint change p50 / p99 | first connection p50 / p99 | vs to-nft (p50) | short connections/s | vs to-nft | RSS');
+  console.log('backend | services | cold sync (compute + apply) | one endpoint change p50 / p99 (the sync alone: p50 / p99) | first connection p50 / p99 | vs to-nft (p50) | short connections/s | vs to-nft | RSS');
   for (const r of runs) {
     const nft = runs.find((x) => x.backend === 'nft' && x.services === r.services)!;
     const p50 = pct(r.lat, 50);
     console.log(
-      `to-${r.backend} | ${r.services} | ${f(r.cold!.computeMs)} + ${f(r.cold!.applyMs)} ms | ${r.change.length ? `${f(pct(r.change, 50))} / ${f(pct(r.change, 99))} ms` : '-'} | ${p50.toFixed(0)} / ${pct(r.lat, 99).toFixed(0)} us | ${(p50 / pct(nft.lat, 50)).toFixed(2)}x | ${mean(r.rate).toFixed(0)} | ${(mean(r.rate) / mean(nft.rate)).toFixed(2)}x | ${r.rss!.toFixed(0)} MiB`,
+      `to-${r.backend} | ${r.services} | ${f(r.cold!.computeMs)} + ${f(r.cold!.applyMs)} ms | ${r.change.length ? `${f(pct(r.change, 50))} / ${f(pct(r.change, 99))} ms (${f(pct(r.apply, 50))} / ${f(pct(r.apply, 99))})` : '-'} | ${p50.toFixed(0)} / ${pct(r.lat, 99).toFixed(0)} us | ${(p50 / pct(nft.lat, 50)).toFixed(2)}x | ${mean(r.rate).toFixed(0)} | ${(mean(r.rate) / mean(nft.rate)).toFixed(2)}x | ${r.rss!.toFixed(0)} MiB`,
     );
   }
 }
@@ -145,7 +150,7 @@ async function child(p: Params) {
         return { computeMs: cold.coldComputeMs, applyMs: cold.coldApplyMs };
       }
       case 'change':
-        return change!(r.i);
+        return [await change!(r.i), (proxier as { stats?: { lastSyncMs: number } }).stats?.lastSyncMs ?? 0];
       case 'finish':
         await proxier.close();
         datapath?.close();
