@@ -21,6 +21,7 @@ const VIP6 = 'fd00:96::10';
 const STICKY = '10.96.0.20';
 const EMPTY = '10.96.0.30';
 const EXT = '203.0.113.10';
+const LB = '198.51.100.10';
 const CLIENT = { v4: '10.244.1.5', v6: 'fd00:244::5' };
 const A = { v4: '10.244.2.1', v6: 'fd00:244::21' };
 const B = { v4: '10.244.2.2', v6: 'fd00:244::22' };
@@ -35,7 +36,12 @@ function state(web: { v4: string; v6: string }[]) {
   return [
     node('node-a', undefined, [NODE_IP]),
     serviceCIDR('kubernetes', ['10.96.0.0/16', 'fd00:96::/112']),
-    service('demo', 'web', { type: 'NodePort', clusterIP: VIP4, clusterIPs: [VIP4, VIP6], ipFamilies: ['IPv4', 'IPv6'], ipFamilyPolicy: 'RequireDualStack', externalIPs: [EXT], ports: ports.map((p, i) => ({ ...p, nodePort: 30080 + i })) }),
+    service(
+      'demo',
+      'web',
+      { type: 'LoadBalancer', clusterIP: VIP4, clusterIPs: [VIP4, VIP6], ipFamilies: ['IPv4', 'IPv6'], ipFamilyPolicy: 'RequireDualStack', externalIPs: [EXT], ports: ports.map((p, i) => ({ ...p, nodePort: 30080 + i })) },
+      { status: { loadBalancer: { ingress: [{ ip: LB }] } } },
+    ),
     slice('demo', 'web-4', 'web', web.map((e) => ({ ip: e.v4, node: 'node-a' })), slicePorts),
     slice('demo', 'web-6', 'web', web.map((e) => ({ ip: e.v6, node: 'node-a' })), slicePorts, { addressType: 'IPv6' }),
     service('demo', 'sticky', { clusterIP: STICKY, ports: [ports[0]], sessionAffinity: 'ClientIP', sessionAffinityConfig: { clientIP: { timeoutSeconds: 300 } } }),
@@ -46,8 +52,8 @@ function state(web: { v4: string; v6: string }[]) {
 
 // packets to the Service addresses that reach the node's netfilter (before kpng's DNAT)
 const PROBE = `table inet ebpfprobe {
-  chain pre { type filter hook prerouting priority -400; ip daddr { ${VIP4}, ${STICKY}, ${EXT} } counter; ip6 daddr ${VIP6} counter; }
-  chain out { type filter hook output priority -400; ip daddr { ${VIP4}, ${STICKY}, ${EXT} } counter; ip6 daddr ${VIP6} counter; }
+  chain pre { type filter hook prerouting priority -400; ip daddr { ${VIP4}, ${STICKY}, ${EXT}, ${LB} } counter; ip6 daddr ${VIP6} counter; }
+  chain out { type filter hook output priority -400; ip daddr { ${VIP4}, ${STICKY}, ${EXT}, ${LB} } counter; ip6 daddr ${VIP6} counter; }
 }
 `;
 
@@ -131,14 +137,14 @@ describe('to-ebpf beside to-nft (pods in a test cgroup)', { skip: why, concurren
     assert.equal(await nftSeen(), n0, 'no packet to the ClusterIP reached netfilter (no DNAT)');
   });
 
-  it('pod -> externalIP and NodePort on the node address are translated by eBPF too', async () => {
+  it('pod -> externalIP, LoadBalancer IP and NodePort on the node address are translated by eBPF too', async () => {
     const c0 = counters();
     const n0 = await nftSeen();
-    for (const [to, port] of [[EXT, 80], [NODE_IP, 30080]] as const) {
+    for (const [to, port] of [[EXT, 80], [LB, 80], [NODE_IP, 30080]] as const) {
       const out = await burst(CLIENT.v4, to, 6, port);
       assert.deepEqual(answeredBy(out).filter((x) => !x.endsWith(':8080')), [], `${to}:${port}: ${out.map(describeOutcome).join('; ')}`);
     }
-    assert.ok(counters().translated - c0.translated >= 12);
+    assert.ok(counters().translated - c0.translated >= 18);
     assert.equal(await nftSeen(), n0);
   });
 
@@ -254,6 +260,9 @@ describe('to-ebpf beside to-nft (pods in a test cgroup)', { skip: why, concurren
       assert.match(line, /adoptedMaps=6/);
       assert.match(line, /adoptedLinks=8/);
       assert.match(line, /attached=0/);
+      // the first sync read the maps back and found nothing to change
+      await k.until(() => /ebpf: synced/.test(k.stdout + k.stderr), 'the first sync');
+      assert.match((k.stdout + k.stderr).split('\n').find((l) => l.includes('ebpf: synced'))!, /full=true .*writes=0/, 'the restarted kpng wrote nothing');
 
       const again = await conn.send();
       assert.equal(again.kind, 'answered', describeOutcome(again));

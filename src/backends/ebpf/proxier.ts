@@ -153,6 +153,7 @@ export class EbpfProxier extends ProxierBase {
     }
     plan.commit();
     this.stats.lastWrites = changes;
+    this.o.log.debug({ full: req.full, writes: changes, services: this.committed.services.size, endpoints: this.epCount }, 'ebpf: synced');
     ebpfMetrics.entries.set({ map: 'services' }, this.committed.services.size);
     ebpfMetrics.entries.set({ map: 'endpoints' }, this.epCount);
     this.trackServices(keys);
