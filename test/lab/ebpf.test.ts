@@ -137,6 +137,16 @@ describe('to-ebpf beside to-nft (pods in a test cgroup)', { skip: why, concurren
     assert.equal(await nftSeen(), n0, 'no packet to the ClusterIP reached netfilter (no DNAT)');
   });
 
+  it('/metrics: the programs\' translations, map fill levels and sizes', async () => {
+    const r = await kl.lab.exec('node-a', [process.execPath, '-e', "fetch('http://127.0.0.1:10249/metrics').then((r) => r.text()).then((t) => console.log(t))"]);
+    assert.equal(r.code, 0, r.stderr);
+    const value = (re: RegExp) => Number(re.exec(r.stdout)?.[1] ?? NaN);
+    assert.ok(value(/^kpng_ebpf_socket_operations_total\{result="translated"\} (\d+)/m) >= 20, r.stdout.split('\n').filter((l) => l.includes('ebpf')).join('\n'));
+    // web: 2 cluster IPs x 2 ports, externalIP, LB IP, NodePorts on the node's IPv4 and 127.0.0.1 (x 2 ports each); sticky; empty
+    assert.ok(value(/^kpng_ebpf_map_entries\{map="services"\} (\d+)/m) >= 10);
+    assert.equal(value(/^kpng_ebpf_map_capacity\{map="endpoints"\} (\d+)/m), 262144);
+  });
+
   it('pod -> externalIP, LoadBalancer IP and NodePort on the node address are translated by eBPF too', async () => {
     const c0 = counters();
     const n0 = await nftSeen();
