@@ -212,6 +212,21 @@ describe('to-ebpf beside to-nft (pods in a test cgroup)', { skip: why, concurren
     assert.ok(counters().reversed - c0.reversed >= 2);
   });
 
+  it('a dual-stack socket (AF_INET6) reaching an IPv4 ClusterIP as ::ffff:a.b.c.d is translated, and getpeername shows that address', async () => {
+    const script = `
+      const c = require('node:net').connect({ host: '::ffff:${VIP4}', port: 80 }, () => { c.write('m\\n'); });
+      c.on('data', (d) => { console.log(JSON.stringify({ peer: c.remoteAddress + ':' + c.remotePort, by: String(d).split(' ')[2] })); process.exit(0); });
+      c.on('error', (e) => { console.log(JSON.stringify({ error: e.code })); process.exit(0); });
+      setTimeout(() => { console.log(JSON.stringify({ error: 'TIMEOUT' })); process.exit(0); }, 4000);
+    `;
+    const c0 = counters();
+    const r = await cg.exec(kl.lab.ns('client'), [process.execPath, '-e', script], { timeoutMs: 15_000 });
+    const got = JSON.parse(r.stdout.trim().split('\n').pop() || '{}');
+    assert.ok(['ep-a', 'ep-b'].includes(got.by), `${r.stdout}${r.stderr}`);
+    assert.equal(got.peer, `::ffff:${VIP4}:80`);
+    assert.ok(counters().translated > c0.translated);
+  });
+
   it("NodePort on localhost: translated for the node's processes, never for a pod (its localhost is its own)", async () => {
     const probe = (ns: string) =>
       cg.exec(ns, [process.execPath, '-e', `const c = require('node:net').connect(30080, '127.0.0.1', () => c.write('z\\n')); c.on('data', (d) => { console.log(String(d).split(' ')[2]); process.exit(0); }); c.on('error', (e) => { console.log(e.code); process.exit(0); }); setTimeout(() => { console.log('TIMEOUT'); process.exit(0); }, 3000);`], { timeoutMs: 10_000 });

@@ -7,6 +7,7 @@
 // by layout.ts at load: change both together.
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
 
 #define KPNG_ECONNREFUSED 111
 #define KPNG_AF_INET 2
@@ -125,9 +126,15 @@ static __always_inline int same_ep(const struct kpng_ep_value *a, const struct k
 	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && a->port == b->port && a->family == b->family;
 }
 
-static __always_inline void read_addr(struct bpf_sock_addr *ctx, int family, __u8 *addr, __u16 *port)
+/*
+ * Reads the socket's address; family 6 with an IPv4-mapped address (a
+ * dual-stack socket reaching an IPv4 Service) reads as family 4. Returns the
+ * family the address is, and *mapped when it came IPv4-mapped.
+ */
+static __always_inline int read_addr(struct bpf_sock_addr *ctx, int family, __u8 *addr, __u16 *port, int *mapped)
 {
 	__u32 a[4] = {};
+	*mapped = 0;
 	if (family == 4) {
 		a[0] = ctx->user_ip4;
 	} else {
@@ -135,17 +142,29 @@ static __always_inline void read_addr(struct bpf_sock_addr *ctx, int family, __u
 		a[1] = ctx->user_ip6[1];
 		a[2] = ctx->user_ip6[2];
 		a[3] = ctx->user_ip6[3];
+		if (a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0xffff)) {
+			a[0] = a[3];
+			a[2] = a[3] = 0;
+			*mapped = 1;
+			family = 4;
+		}
 	}
 	__builtin_memcpy(addr, a, 16);
 	*port = (__u16)ctx->user_port;
+	return family;
 }
 
-static __always_inline void write_addr(struct bpf_sock_addr *ctx, int family, const __u8 *addr, __u16 port)
+static __always_inline void write_addr(struct bpf_sock_addr *ctx, int family, int mapped, const __u8 *addr, __u16 port)
 {
 	__u32 a[4];
 	__builtin_memcpy(a, addr, 16);
-	if (family == 4) {
+	if (family == 4 && !mapped) {
 		ctx->user_ip4 = a[0];
+	} else if (mapped) {
+		ctx->user_ip6[0] = 0;
+		ctx->user_ip6[1] = 0;
+		ctx->user_ip6[2] = bpf_htonl(0xffff);
+		ctx->user_ip6[3] = a[0];
 	} else {
 		ctx->user_ip6[0] = a[0];
 		ctx->user_ip6[1] = a[1];
@@ -184,12 +203,14 @@ static __always_inline struct kpng_ep_value *pick(struct bpf_sock_addr *ctx, con
 }
 
 /* connect and sendmsg: 1 lets the call go on (translated or not), 0 fails it with the set error */
-static __always_inline int translate(struct bpf_sock_addr *ctx, int family)
+static __always_inline int translate(struct bpf_sock_addr *ctx, int hook_family)
 {
-	struct kpng_svc_key k = { .family = family };
+	struct kpng_svc_key k = {};
 	struct kpng_svc_value *sv;
 	struct kpng_ep_value *ep;
-	read_addr(ctx, family, k.addr, &k.port);
+	int mapped;
+	int family = read_addr(ctx, hook_family, k.addr, &k.port, &mapped);
+	k.family = family;
 	k.proto = (__u8)ctx->protocol;
 	sv = bpf_map_lookup_elem(&kpng_services, &k);
 	if (!sv)
@@ -217,21 +238,22 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int family)
 	struct kpng_ep_value orig = { .port = k.port, .family = family };
 	__builtin_memcpy(orig.addr, k.addr, 16);
 	bpf_map_update_elem(&kpng_reverse, &rk, &orig, BPF_ANY);
-	write_addr(ctx, family, ep->addr, ep->port);
+	write_addr(ctx, family, mapped, ep->addr, ep->port);
 	count(KPNG_C_TRANSLATED);
 	return 1;
 }
 
 /* getpeername and recvmsg: the endpoint's address becomes the Service's again */
-static __always_inline int reverse(struct bpf_sock_addr *ctx, int family)
+static __always_inline int reverse(struct bpf_sock_addr *ctx, int hook_family)
 {
 	struct kpng_rev_key rk = { .cookie = bpf_get_socket_cookie(ctx) };
 	struct kpng_ep_value *orig;
+	int mapped;
+	int family = read_addr(ctx, hook_family, rk.ep.addr, &rk.ep.port, &mapped);
 	rk.ep.family = family;
-	read_addr(ctx, family, rk.ep.addr, &rk.ep.port);
 	orig = bpf_map_lookup_elem(&kpng_reverse, &rk);
 	if (orig) {
-		write_addr(ctx, family, orig->addr, orig->port);
+		write_addr(ctx, family, mapped, orig->addr, orig->port);
 		count(KPNG_C_REVERSED);
 	}
 	return 1;
