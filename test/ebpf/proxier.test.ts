@@ -10,6 +10,8 @@ import { ServiceViews } from '../../src/localstate/views.js';
 import { LocalDiff } from '../../src/diff/local-diff.js';
 import { DecoderSink } from '../../src/diff/decoder.js';
 import { LocalSet } from '../../src/api/model.js';
+import { create } from '@bufbuild/protobuf';
+import { EndpointSchema, IPSetSchema } from '../../src/api/gen/api/localv1/api_pb.js';
 import { EbpfProxier } from '../../src/backends/ebpf/proxier.js';
 import { MemoryMaps } from '../../src/backends/ebpf/maps.js';
 import { LAYOUTS, decode, encode, layoutProblems } from '../../src/backends/ebpf/layout.js';
@@ -115,6 +117,19 @@ test('a restart removes what no Service wants any more, and only that', async ()
   assert.ok(![...maps.endpoints.keys()].some((k) => k.startsWith('999/')));
   assert.deepEqual(maps.resolve({ ip: '172.30.0.10', port: 80, proto: 'tcp' })?.endpoints, ['10.1.0.1:8080', '10.1.0.2:8080']);
   await b.close();
+});
+
+test('bad input never fails a sync: an endpoint that is not an address is left out, the rest is programmed', async () => {
+  const maps = new MemoryMaps();
+  const h = harness(syncedStore(cluster()), maps);
+  await h.sync();
+  const ep = create(EndpointSchema, { IPs: create(IPSetSchema, { V4: ['10.1.0.300'] }), Local: false, PortOverrides: [{ Name: 'http', Port: 8080 }], Scopes: { Internal: true, External: true, Cluster: true } });
+  h.proxier.setEndpoint('ns', 'web', 'bogus', ep);
+  const r = await h.proxier.sync();
+  assert.equal(r.ok, true, r.error);
+  assert.deepEqual(maps.resolve({ ip: '172.30.0.10', port: 80, proto: 'tcp' })?.endpoints, ['10.1.0.1:8080', '10.1.0.2:8080']);
+  assert.match(h.lines.join(''), /10\.1\.0\.300.*not a usable address/);
+  await h.close();
 });
 
 test('a full map is a clear error before it overflows; the Services that fit are programmed', async () => {

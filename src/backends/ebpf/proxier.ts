@@ -6,7 +6,7 @@
 // are written (in one ordered write per sync). A full sync reads both maps
 // back: at start that adopts what a previous kpng left, keeping its ids, so a
 // restart writes nothing when nothing changed.
-import type { Family } from '../../api/ip.js';
+import { canonicalIP, ipFamily, type Family } from '../../api/ip.js';
 import { ipSetOf } from '../../api/model.js';
 import type { DataplaneOptions } from '../shared/backend.js';
 import { nodePortAddresses } from '../shared/node-facts.js';
@@ -104,8 +104,15 @@ export class EbpfProxier extends ProxierBase {
   private addPort(w: Wanted, sp: ServicePort, family: Family): void {
     const proto = sp.protocol as 'tcp' | 'udp';
     // an endpoint list exists only when an address points at it
-    const group = (kind: string, targets: readonly Target[]) => {
+    // bad input never reaches the maps (an encoder would throw at write, failing every sync): left out, said once
+    const usable = (ip: string, port: number) => {
+      const ok = canonicalIP(ip) === ip && ipFamily(ip) === family && Number.isInteger(port) && port > 0 && port < 65536;
+      if (!ok) this.warnOnce(`bad ${sp.portName} ${ip} ${port}`, `eBPF: ${sp.portName}: ${JSON.stringify(ip)} port ${port} is not a usable address and port; left out`);
+      return ok;
+    };
+    const group = (kind: string, all: readonly Target[]) => {
       const id = `${sp.portName}/${proto}/${family}/${kind}`;
+      const targets = all.filter((t) => usable(t.ip, t.port));
       return {
         id,
         empty: targets.length === 0,
@@ -114,6 +121,7 @@ export class EbpfProxier extends ProxierBase {
       };
     };
     const put = (ip: string, port: number, g: { id: string; empty: boolean; use: () => unknown }) => {
+      if (!usable(ip, port)) return;
       const key: SvcKey = { ip, port, proto };
       g.use();
       // no endpoint anywhere: refuse here; endpoints elsewhere only: left untranslated (the other backend drops it)
