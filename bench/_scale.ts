@@ -133,9 +133,19 @@ export class BenchNamespaces {
    * host (interleaved), from a fresh process. Microseconds per host. close:
    * how the server ends each connection.
    */
-  async probe(ns: string, hosts: string[], opts: { n: number; warmup?: number; port?: number; close: 'end' | 'destroy' }, what: string): Promise<number[][]> {
-    const p = await this.exec(['ip', 'netns', 'exec', ns, process.execPath, '-e', PROBE, JSON.stringify({ hosts, n: opts.n, warmup: opts.warmup ?? 100, port: opts.port ?? 80, close: opts.close, endpoint: ENDPOINT })], {});
-    if (p.code !== 0) throw new Error(`latency probe for ${what} failed: ${p.stderr}`);
+  async probe(ns: string, hosts: string[], opts: { n: number; warmup?: number; port?: number; close: 'end' | 'destroy'; cgroup?: string }, what: string): Promise<number[][]> {
+    return this.script(ns, PROBE, { hosts, n: opts.n, warmup: opts.warmup ?? 100, port: opts.port ?? 80, close: opts.close, endpoint: ENDPOINT }, `latency probe for ${what}`, opts.cgroup);
+  }
+
+  /**
+   * Runs a small node script in ns (argv[1]: params as JSON), in a cgroup
+   * from its first instruction when given (eBPF programs attached there see
+   * its sockets); returns what it printed, parsed as JSON.
+   */
+  async script<R>(ns: string, script: string, params: object, what: string, cgroup?: string): Promise<R> {
+    const inNs = ['ip', 'netns', 'exec', ns, process.execPath, '-e', script, JSON.stringify(params)];
+    const p = await this.exec(cgroup ? ['sh', '-c', 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, ...inNs] : inNs, {});
+    if (p.code !== 0) throw new Error(`${what} failed: ${p.stderr}`);
     return JSON.parse(p.stdout);
   }
 

@@ -2,7 +2,8 @@
 // Runs before `npm test` and `npm run demo`: installs what a fresh Debian
 // machine lacks, so the README's two commands work as written.
 //  - npm packages, when node_modules is missing (npm ci);
-//  - nftables, iptables, ipset, conntrack, iproute2, procps from Debian, and
+//  - nftables, iptables, ipset, conntrack, iproute2, procps from Debian;
+//    for to-ebpf clang, llvm, libbpf-dev (libbpf1) and bpftool (debugging); and
 //    on x86-64 the kernel lab's qemu-system-x86, busybox-static, cpio, kmod,
 //    python3 and ipvsadm (docs/kernel-lab.md), when running as root on a machine with
 //    apt-get and one of them is missing;
@@ -18,12 +19,14 @@ const sh = (cmd, args, opts = {}) => spawnSync(cmd, args, { stdio: 'inherit', cw
 const has = (tool) => ['/usr/sbin', '/sbin', '/usr/bin', '/bin'].some((d) => existsSync(join(d, tool)));
 
 const kernelLab = process.platform === 'linux' && process.arch === 'x64';
-const tools = { nft: 'nftables', iptables: 'iptables', 'iptables-legacy': 'iptables', ipset: 'ipset', conntrack: 'conntrack', ip: 'iproute2', ps: 'procps' };
+const tools = { nft: 'nftables', iptables: 'iptables', 'iptables-legacy': 'iptables', ipset: 'ipset', conntrack: 'conntrack', ip: 'iproute2', ps: 'procps', clang: 'clang', 'llvm-objdump': 'llvm', bpftool: 'bpftool' };
 if (kernelLab) Object.assign(tools, { 'qemu-system-x86_64': 'qemu-system-x86', cpio: 'cpio', depmod: 'kmod', modprobe: 'kmod', python3: 'python3', ipvsadm: 'ipvsadm' });
 const missing = [...new Set(Object.entries(tools).filter(([t]) => !has(t)).map(([, p]) => p))];
 // the initrd needs a static busybox; Debian's busybox package is not
 const installed = (pkg) => spawnSync('dpkg-query', ['-W', '-f=${Status}', pkg], { encoding: 'utf8' }).stdout?.includes('install ok installed');
 if (kernelLab && has('dpkg-query') && !installed('busybox-static')) missing.push('busybox-static');
+// to-ebpf: libbpf's headers to compile against, libbpf1 to load with
+if (has('dpkg-query') && !installed('libbpf-dev')) missing.push('libbpf-dev');
 if (missing.length) {
   if (process.getuid?.() === 0 && has('apt-get')) {
     console.error(`setup: installing ${missing.join(' ')} (Debian packages)`);
@@ -40,6 +43,8 @@ if (!existsSync(join(root, 'node_modules/tsx')) || !existsSync(join(root, 'node_
   console.error('setup: installing npm packages (npm ci)');
   if (!sh('npm', ['ci', '--no-audit', '--no-fund'])) process.exit(1);
 }
+// to-ebpf's BPF object (clang); quick when it is up to date
+sh(process.execPath, ['scripts/build-bpf.mjs']);
 if (kernelLab && process.getuid?.() === 0 && !sh(process.execPath, ['scripts/vmlab-setup.mjs'])) {
   console.error('setup: the kernel lab is not prepared (see above); the tests that need it fail in CI');
 }

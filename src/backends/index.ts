@@ -4,3 +4,4 @@ import './nft/index.js';
 import './iptables/index.js';
 import './ipvs/index.js';
 import './userspace/index.js';
+import './ebpf/index.js';

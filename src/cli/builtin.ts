@@ -16,7 +16,7 @@ registerCommand((program, run) => {
     .command('demo')
     .description('run kpng on an embedded example cluster and show what it does')
     .option('--example <file>', 'the example cluster (Kubernetes objects)')
-    .option('--backend <name>', 'the backend kpng programs the node with: nft, or userspace (kpng proxies the connections itself)', 'nft')
+    .option('--backend <name>', 'the backend kpng programs the node with: nft, userspace (kpng proxies the connections itself), or ebpf (to-ebpf beside to-nft: the client pod in a cgroup of the demo\'s own)', 'nft')
     .action(function (this: import('commander').Command) {
       const opts = this.opts();
       return run((log, signal) => runDemo(opts, log, signal));
@@ -36,6 +36,9 @@ What it removes:
                any other chain, built-in or not, that jumps (-j) or goes (-g) to one of
                them: such a rule points into what kpng installed. The rest of that chain
                stays.
+  to-ebpf      under /sys/fs/bpf/kpng (KPNG_EBPF_BPFFS overrides it): its pinned links
+               (link_kpng_*: detached from their cgroup) and maps (kpng_*), then the
+               directory if nothing else is in it.
 
 What stays:
   filter KUBE-FIREWALL and its INPUT/OUTPUT jumps (IPv4, written for localhost NodePorts):

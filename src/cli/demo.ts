@@ -11,7 +11,9 @@ import { parseAllDocuments, stringify } from 'yaml';
 import type { Logger } from '../log.js';
 import { flattenObjects } from '../sources/objects.js';
 import { canonicalIP, ipFamily, ipToBig, parseCIDR } from '../api/ip.js';
-import { Lab, labUnsupported, poll, seenSource, verdict, type KpngProcess, type LabProtocol, type Outcome } from '../lab/index.js';
+import { objGet } from '../backends/ebpf/libbpf.js';
+import { readCounters } from '../backends/ebpf/maps.js';
+import { Lab, LabCgroup, labCgroupUnsupported, labUnsupported, poll, seenSource, verdict, type KpngProcess, type LabProtocol, type Outcome } from '../lab/index.js';
 
 export const EXAMPLE = fileURLToPath(new URL('../../examples/cluster.yaml', import.meta.url));
 
@@ -44,7 +46,7 @@ function v4Hosts(cidr: string, skip: Set<string>, from: number): string[] {
 }
 
 /** the backends the demo runs, and the table it shows of each */
-const DEMO_BACKENDS: Record<string, { family: string; table: string }> = { nft: { family: 'ip', table: 'kpng' }, userspace: { family: 'inet', table: 'kpng-userspace' } };
+const DEMO_BACKENDS: Record<string, { family: string; table: string }> = { nft: { family: 'ip', table: 'kpng' }, userspace: { family: 'inet', table: 'kpng-userspace' }, ebpf: { family: 'ip', table: 'kpng' } };
 
 export async function runDemo(opts: { example?: string; node?: string; backend?: string }, _log: Logger, signal: AbortSignal): Promise<void> {
   const backend = opts.backend ?? 'nft';
@@ -52,6 +54,9 @@ export async function runDemo(opts: { example?: string; node?: string; backend?:
   if (!shown) throw new Error(`kpng demo: --backend ${JSON.stringify(backend)}: one of ${Object.keys(DEMO_BACKENDS).join(', ')}`);
   const why = labUnsupported();
   if (why) throw new Error(`kpng demo builds a cluster out of network namespaces: ${why}`);
+  const ebpf = backend === 'ebpf';
+  const noCgroup = ebpf ? labCgroupUnsupported() : undefined;
+  if (noCgroup) throw new Error(`kpng demo --backend ebpf: ${noCgroup}`);
   const t0 = Date.now();
   const example = opts.example ?? EXAMPLE;
   const objects = parseAllDocuments(readFileSync(example, 'utf8')).flatMap((d) => flattenObjects(d.toJS())) as Obj[];
@@ -91,9 +96,10 @@ export async function runDemo(opts: { example?: string; node?: string; backend?:
 
   const say = (s = '') => console.log(s);
   say(`kpng demo: ${example}`);
-  say(`  ${nodes.length} nodes (${me} runs kpng with to-${backend}; the others sit behind it), ${services.length} Services, ${pods.size} pods, one network namespace each`);
+  say(`  ${nodes.length} nodes (${me} runs kpng with ${ebpf ? 'to-ebpf beside to-nft' : `to-${backend}`}; the others sit behind it), ${services.length} Services, ${pods.size} pods, one network namespace each`);
 
   let lab: Lab | undefined;
+  let cg: LabCgroup | undefined;
   let kpng: KpngProcess | undefined;
   const dir = mkdtempSync(join(tmpdir(), 'kpng-demo-'));
   // a second Ctrl-C must not cut the cleanup short
@@ -128,7 +134,15 @@ export async function runDemo(opts: { example?: string; node?: string; backend?:
     writeState(objects);
     writeFileSync(join(dir, 'kube-proxy.yaml'), config);
     const stateSocket = join(dir, 'node.sock');
-    const args = ['file', '--input', stateDir, 'to-local', '--state-socket', `unix://${stateSocket}`, `to-${backend}`, '--node-name', me, '--config', join(dir, 'kube-proxy.yaml')];
+    const cfg = join(dir, 'kube-proxy.yaml');
+    const local = ['file', '--input', stateDir, 'to-local', '--state-socket', `unix://${stateSocket}`];
+    let args = [...local, `to-${backend}`, '--node-name', me, '--config', cfg];
+    if (ebpf) {
+      // the client pod's sockets are the programs' (a cgroup of the demo's own); outside traffic stays to-nft's
+      cg = LabCgroup.create('demo');
+      cg.place(lab.agent('client').pid!);
+      args = [...local, 'to-ebpf', '--cgroup-path', cg.path, '--bpffs', join(cg.bpffs, 'kpng'), '--node-name', me, '--config', cfg, 'to-nft', '--config', cfg];
+    }
     say(`  running: kpng ${args.join(' ').replaceAll(dir, '$TMP')}   (in ${me}'s namespace)`);
     kpng = lab.startKpng(args);
 
@@ -195,6 +209,20 @@ export async function runDemo(opts: { example?: string; node?: string; backend?:
     }
     signal.throwIfAborted();
 
+    if (ebpf && cg) {
+      let counts = '(not readable)';
+      const fd = objGet(join(cg.bpffs, 'kpng', 'kpng_counters'));
+      if (fd) {
+        try {
+          counts = Object.entries(readCounters(fd.fd)).map(([k, v]) => `${k} ${v}`).join(', ');
+        } finally {
+          fd.close();
+        }
+      }
+      say();
+      say(`eBPF at the client pod's sockets (kpng_counters): ${counts}`);
+      say(`  the pod's connections were pointed at endpoints when they connected; the "outside" rows went through to-nft`);
+    }
     const listed = await lab.exec(me, ['nft', 'list', 'table', shown.family, shown.table]);
     const lines = listed.stdout.split('\n').filter((l) => l.trim());
     say();
@@ -208,7 +236,7 @@ export async function runDemo(opts: { example?: string; node?: string; backend?:
     say(`What kpng on ${me} does for each Service (kpng get services, from its state socket; INTERNAL/EXTERNAL: endpoints used of all):`);
     say(indent(get.code === 0 ? get.stdout : `kpng get failed (${get.code}): ${get.stderr}`));
     // kpng trace reads nftables and iptables rules: the backends that DNAT in the kernel
-    if (backend !== 'nft') return;
+    if (backend === 'userspace') return;
     const probe = rows.find((r) => r.fromLabel === 'outside' && services.some((s) => s.metadata?.name === r.service && s.spec?.type === 'LoadBalancer')) ?? rows[0];
     const traceArgs = ['trace', '--src', probe.from, '--dst', probe.to, '--dport', String(probe.port), '--proto', probe.protocol.toLowerCase()];
     const traced = await lab.runKpng(traceArgs, 20_000);
@@ -223,6 +251,7 @@ export async function runDemo(opts: { example?: string; node?: string; backend?:
     const stopped = kpng ? await kpng.stop('SIGTERM', 5000) : undefined;
     const n = lab?.namespaces.length ?? 0;
     await lab?.close();
+    cg?.close();
     rmSync(dir, { recursive: true, force: true });
     say();
     if (lab) say(`Cleaned up: ${stopped === undefined ? '' : `kpng stopped (exit ${stopped}), `}${n} network namespaces deleted (${((Date.now() - t0) / 1000).toFixed(1)} s in all).`);

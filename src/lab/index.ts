@@ -4,3 +4,4 @@ export { Lab, POD_GATEWAY, KPNG_BIN, type LabSpec, type LabInterface, type Conne
 export type { Outcome, LabProtocol } from './agent.js';
 export { verdict, masqueraded, seenSource, describeOutcome, hostPort, splitHostPort, spread, sleep, poll } from './observe.js';
 export { labUnsupported, kernelHasSCTP, listNamespaces, removeLeftovers } from './netns.js';
+export { LabCgroup, labCgroupUnsupported } from './cgroup.js';

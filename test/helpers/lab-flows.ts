@@ -202,9 +202,11 @@ export interface FlowResult {
  * affinity), REJECT, DROP or "", and masq (the endpoint saw a node address
  * instead of the client's).
  */
-export async function checkFlow(lab: Lab, s: Scenario, f: Flow, timeoutMs = 1500): Promise<FlowResult> {
+export async function checkFlow(lab: Lab, s: Scenario, f: Flow, timeoutMs = 1500, opts: { socketLB?: boolean } = {}): Promise<FlowResult> {
   const problems: string[] = [];
   const client = canonicalIP(f.sourceIP)!;
+  // translated at the socket (to-ebpf): the client connects to the endpoint itself, so nothing is masqueraded
+  if (opts.socketLB && socketTranslated(lab, s, f)) f = { ...f, masq: false };
   const expectEndpoints = !['', 'DROP', 'REJECT', 'ACCEPT'].includes(f.output);
   const want = expectEndpoints ? new Set(parseEndpoints(f.output)) : undefined;
   const affinity = serviceOf(s, f)?.spec?.sessionAffinity === 'ClientIP';
@@ -236,6 +238,21 @@ export async function checkFlow(lab: Lab, s: Scenario, f: Flow, timeoutMs = 1500
     }
   }
   return { problems, outcomes };
+}
+
+/**
+ * Whether to-ebpf translates this flow at the client's socket: sent by a pod
+ * (its agent is in the programs' cgroup), to a Service address eBPF serves,
+ * TCP or UDP. LB IPs with source ranges are left to nftables.
+ */
+export function socketTranslated(lab: Lab, s: Scenario, f: Flow): boolean {
+  const owner = lab.ownerOf(canonicalIP(f.sourceIP)!);
+  if (owner === lab.nodeName || owner === 'world' || f.protocol === 'SCTP') return false;
+  const svc = serviceOf(s, f);
+  if (!svc) return false;
+  const dst = canonicalIP(f.destIP);
+  const lbIPs = (svc.status?.loadBalancer?.ingress ?? []).map((i: Obj) => canonicalIP(i.ip));
+  return !(lbIPs.includes(dst) && (svc.spec?.loadBalancerSourceRanges ?? []).length > 0);
 }
 
 export function flowTitle(f: Flow, i: number): string {

@@ -35,26 +35,37 @@ export async function kpngCapabilities(): Promise<{ fileNodeName: boolean; backe
   return caps;
 }
 
-/** A backend kpng programs in a lab: to-nft, to-iptables with iptables-nft or iptables-legacy, or to-ipvs (kernel lab only). */
-export type LabBackend = { name: 'nft' } | { name: 'iptables'; mode: IptablesMode } | { name: 'ipvs' } | { name: 'userspace' };
+/**
+ * A backend kpng programs in a lab: to-nft, to-iptables with iptables-nft or
+ * iptables-legacy, to-ipvs (kernel lab only), to-userspace, or to-ebpf beside
+ * to-nft (its programs on a cgroup the test made, pinned in a bpffs mount of its own).
+ */
+export type LabBackend = { name: 'nft' } | { name: 'iptables'; mode: IptablesMode } | { name: 'ipvs' } | { name: 'userspace' } | EbpfNftBackend;
+
+/** `to-local to-ebpf --cgroup-path C --bpffs B to-nft` */
+export interface EbpfNftBackend {
+  readonly name: 'ebpf+nft';
+  readonly cgroupPath: string;
+  readonly bpffs: string;
+}
 
 /** The backends this machine's kernel runs. */
-export type HostBackend = Exclude<LabBackend, { name: 'ipvs' } | { name: 'userspace' }>;
+export type HostBackend = Exclude<LabBackend, { name: 'ipvs' } | { name: 'userspace' } | EbpfNftBackend>;
 
 /** Every backend the shared lab cases run for on the host (to-ipvs needs the kernel lab: test/vm). */
 export const BACKENDS: readonly HostBackend[] = [{ name: 'nft' }, { name: 'iptables', mode: 'nft' }, { name: 'iptables', mode: 'legacy' }];
 
 /** nftables, iptables-nft, iptables-legacy */
-export const backendLabel = (b: LabBackend): string => (b.name === 'iptables' ? `iptables-${b.mode}` : b.name === 'nft' ? 'nftables' : b.name);
+export const backendLabel = (b: LabBackend): string => (b.name === 'iptables' ? `iptables-${b.mode}` : b.name === 'nft' ? 'nftables' : b.name === 'ebpf+nft' ? 'ebpf+nftables' : b.name);
 
 /** A short lab tag suffix (namespace names are kpng-<tag>-...): nft, iptn, iptl */
-export const backendTag = (b: LabBackend): string => (b.name === 'iptables' ? `ipt${b.mode[0]}` : b.name);
+export const backendTag = (b: LabBackend): string => (b.name === 'iptables' ? `ipt${b.mode[0]}` : b.name === 'ebpf+nft' ? 'ebpf' : b.name);
 
 /** The KubeProxyConfiguration `mode` (and config section) of a backend. */
 export function proxyMode(b: Exclude<LabBackend, { name: 'userspace' }>): Exclude<ProxyMode, 'userspace'>;
 export function proxyMode(b: LabBackend): ProxyMode;
 export function proxyMode(b: LabBackend): ProxyMode {
-  return b.name === 'nft' ? 'nftables' : b.name;
+  return b.name === 'nft' || b.name === 'ebpf+nft' ? 'nftables' : b.name;
 }
 
 export type ProxyMode = 'nftables' | 'iptables' | 'ipvs' | 'userspace';
@@ -72,7 +83,8 @@ export async function backendLabUnsupported(b: LabBackend): Promise<string | und
   if (why) return why;
   const c = await kpngCapabilities();
   if (c.error) return skipOrFailInCI(`kpng's command line does not load: ${c.error}`);
-  if (!c.backends.includes(b.name)) return skipOrFailInCI(`the to-${b.name} backend is not available in this checkout (kpng file to-local has no to-${b.name})`);
+  for (const name of b.name === 'ebpf+nft' ? ['ebpf', 'nft'] : [b.name])
+    if (!c.backends.includes(name)) return skipOrFailInCI(`the to-${name} backend is not available in this checkout (kpng file to-local has no to-${name})`);
   return undefined;
 }
 
@@ -95,8 +107,10 @@ export async function describeBackends<B extends LabBackend = HostBackend>(title
  * which has it; known once backendLabUnsupported or kpngCapabilities ran.)
  */
 export function kpngArgs(b: LabBackend, state: string, node: string, config: string, opts: { once?: boolean; pre?: string[]; extra?: string[] } = {}): string[] {
-  const backend = b.name === 'iptables' ? ['to-iptables', '--iptables-mode', b.mode] : [`to-${b.name}`];
-  const tail = ['--config', config, ...(opts.once ? ['--once'] : []), ...(opts.extra ?? [])];
+  const backend = b.name === 'iptables' ? ['to-iptables', '--iptables-mode', b.mode] : b.name === 'ebpf+nft' ? ['to-ebpf', '--cgroup-path', b.cgroupPath, '--bpffs', b.bpffs] : [`to-${b.name}`];
+  // to-ebpf's flags, then to-nft beside it with the same configuration
+  const beside = b.name === 'ebpf+nft' ? ['to-nft', '--config', config] : [];
+  const tail = ['--config', config, ...(opts.once ? ['--once'] : []), ...(opts.extra ?? []), ...beside];
   return caps?.fileNodeName
     ? [...(opts.pre ?? []), 'file', '--input', state, '--node-name', node, 'to-local', ...backend, ...tail]
     : [...(opts.pre ?? []), 'file', '--input', state, 'to-local', ...backend, '--node-name', node, ...tail];

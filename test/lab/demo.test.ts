@@ -6,6 +6,10 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { KPNG_BIN, listNamespaces } from '../../src/lab/index.js';
 import { backendLabUnsupported } from '../helpers/lab-kpng.js';
+import { existsSync } from 'node:fs';
+import { labCgroupUnsupported } from '../../src/lab/index.js';
+import { libbpfUnavailable } from '../../src/backends/ebpf/libbpf.js';
+import { skipOrFailInCI } from '../helpers/ci.js';
 
 const skip = await backendLabUnsupported({ name: 'nft' });
 
@@ -95,5 +99,24 @@ describe('kpng demo', { skip }, () => {
     const stem = stemOf(r.out);
     assert.ok(stem, r.out);
     assert.deepEqual(listNamespaces().filter((n) => n.startsWith(stem!)), []);
+  });
+});
+
+const skipEbpf = skip || skipOrFailInCI(labCgroupUnsupported() ?? libbpfUnavailable());
+
+describe('kpng demo --backend ebpf', { skip: skipEbpf }, () => {
+  it('balances the pod client at its sockets (eBPF counter), outside traffic through to-nft; cleans up its cgroup and bpffs', async () => {
+    const r = await demo({ args: ['--backend', 'ebpf'] });
+    assert.equal(r.code, 0, r.out);
+    const row = (re: RegExp) => r.out.split('\n').find((l) => re.test(l)) ?? '';
+    assert.match(row(/^\s+web\s+10\.96\.0\.10:80\/TCP\s+pod client/), /web-1 \d+, web-2 \d+, web-3 \d+\s+the client/);
+    assert.match(row(/^\s+echo\s+192\.168\.50\.2:30007\/TCP\s+outside/), /echo-1 \d+, echo-2 \d+\s+node-a \(.*masqueraded\)/);
+    const translated = Number(/kpng_counters\): translated (\d+)/.exec(r.out)?.[1] ?? 0);
+    assert.ok(translated >= 30, r.out);
+    assert.match(r.out, /Cleaned up: kpng stopped \(exit 0\)/);
+    // its own mount points (named on the command line it prints) are gone
+    const made = [...r.out.matchAll(/(\/tmp\/kpng-(?:cgroup2|bpffs)-[A-Za-z0-9]+)/g)].map((m) => m[1]);
+    assert.equal(new Set(made).size, 2, r.out);
+    assert.deepEqual(made.filter((d) => existsSync(d)), [], 'cgroup2 or bpffs mount points left behind');
   });
 });

@@ -7,11 +7,15 @@
 // SCTP, run in the kernel lab (Debian's kernel under QEMU), all in one VM.
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { Lab, kernelHasSCTP } from '../../src/lab/index.js';
+import { join } from 'node:path';
+import { Lab, LabCgroup, kernelHasSCTP, labCgroupUnsupported } from '../../src/lab/index.js';
 import { BACKENDS, applyOnce, backendLabUnsupported, backendLabel, backendTag, proxyMode } from '../helpers/lab-kpng.js';
-import { checkFlow, compareTrace, traceInLab, configFor, flowTitle, flowsHere, labSpecFor, loadScenario, scenarioFiles, serveScenario, stateFor, type Flow } from '../helpers/lab-flows.js';
+import { checkFlow, compareTrace, traceInLab, configFor, flowTitle, flowsHere, labSpecFor, loadScenario, scenarioFiles, serveScenario, socketTranslated, stateFor, type Flow } from '../helpers/lab-flows.js';
 import { resultKey, runFlowsInKernelLab, type FlowJob, type KernelLabFlows } from '../helpers/kernel-lab-flows.js';
 import { kernelLabSkip, requireKernelLab } from '../helpers/kernel-lab.js';
+import { skipOrFailInCI } from '../helpers/ci.js';
+import { libbpfUnavailable, objGet } from '../../src/backends/ebpf/libbpf.js';
+import { readCounters } from '../../src/backends/ebpf/maps.js';
 
 const sctpHere = kernelHasSCTP();
 const onHost = (f: Flow) => f.protocol !== 'SCTP' || sctpHere; // as flowsHere
@@ -50,6 +54,67 @@ for (const b of BACKENDS) {
             const d = compareTrace(f, t, r.outcomes);
             assert.ok(d.length === 0, `kpng trace does not predict the real outcome:\n${d.join('\n')}`);
           });
+        });
+      });
+    }
+  });
+}
+
+// Every nftables scenario through `to-local to-ebpf to-nft`, the pods' agents
+// in a cgroup of the scenario's own with the programs attached to it: pod
+// flows are translated at the socket (no masquerade then: the pod connects
+// to the endpoint itself), the others go through nftables as before.
+{
+  const skip = skipOrFailInCI(labCgroupUnsupported() ?? libbpfUnavailable()) ?? (await backendLabUnsupported({ name: 'ebpf+nft', cgroupPath: '', bpffs: '' }));
+  describe('nftables packet flows through to-ebpf + to-nft', { skip, concurrency: 2 }, () => {
+    for (const file of scenarioFiles('nftables')) {
+      const s = loadScenario(file);
+      const flows = flowsHere(s);
+      if (!flows.length) continue;
+      // the flows at once, then the counter
+      describe(file, { concurrency: 1 }, () => {
+        let lab: Lab | undefined;
+        let cg: LabCgroup | undefined;
+
+        before(async () => {
+          cg = LabCgroup.create('flows');
+          lab = await Lab.create(labSpecFor(s, 'flowsebpf'));
+          for (const p of labSpecFor(s).pods ?? []) {
+            const pid = lab.namespaces.length && p.ips.some((ip) => lab!.ownerOf(ip) === p.name) ? lab.agent(p.name).pid : undefined;
+            if (pid) cg.place(pid);
+          }
+          await serveScenario(lab, s, flows);
+          await applyOnce({ name: 'ebpf+nft', cgroupPath: cg.path, bpffs: join(cg.bpffs, 'kpng') }, lab, stateFor(s).items, configFor(s));
+        });
+
+        after(async () => {
+          try {
+            await lab?.close();
+          } finally {
+            cg?.close();
+          }
+        });
+
+        describe('flows', { concurrency: true }, () => {
+          s.flows.forEach((f, i) => {
+            if (!onHost(f)) return;
+            it(flowTitle(f, i), async () => {
+              const r = await checkFlow(lab!, s, f, 1500, { socketLB: true });
+              assert.ok(r.problems.length === 0, r.problems.join('\n'));
+            });
+          });
+        });
+
+        it('eBPF translated the pod flows (its counter moved)', async () => {
+          const expect = flows.some((f) => !['', 'DROP', 'REJECT', 'ACCEPT'].includes(f.output) && socketTranslated(lab!, s, f));
+          const fd = objGet(join(cg!.bpffs, 'kpng', 'kpng_counters'));
+          assert.ok(fd, 'the counters map is pinned');
+          try {
+            const c = readCounters(fd.fd);
+            if (expect) assert.ok(c.translated > 0, `no flow was translated by eBPF: ${JSON.stringify(c)}`);
+          } finally {
+            fd.close();
+          }
         });
       });
     }
