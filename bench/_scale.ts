@@ -255,6 +255,11 @@ export function syntheticCluster(c: { probes: ProbeService[]; from: number; to: 
   return { store, diff, change: (i) => convertObject(sliceOf(c.from + ((i * 7919) % (c.to - c.from)), i + 1)) as ModelObject };
 }
 
+/** `services` Services in all: svc-0, the probe Service (its one endpoint is the probe's server on ENDPOINT), then the synthetic ones */
+export function probedCluster(services: number): SyntheticCluster {
+  return syntheticCluster({ probes: [{ namespace: 'bench', name: 'svc-0', clusterIP: vip(0), pod: 'probe' }], from: 1, to: services });
+}
+
 /**
  * The cold sync (compute: every op but the last into the proxier; apply: the
  * last, the sync); then change(i) makes the i-th endpoint change and returns

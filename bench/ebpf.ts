@@ -19,7 +19,7 @@ import { EbpfProxier } from '../src/backends/ebpf/proxier.js';
 import { Datapath } from '../src/backends/ebpf/datapath.js';
 import { defaultConfig } from '../src/backends/shared/config.js';
 import { LabCgroup } from '../src/lab/cgroup.js';
-import { BenchNamespaces, ENDPOINT, arg, coldSync, pct, prepareNamespace, rssMiB, serveAsChild, syntheticCluster, vip } from './_scale.js';
+import { BenchNamespaces, ENDPOINT, arg, coldSync, pct, prepareNamespace, rssMiB, serveAsChild, probedCluster, vip } from './_scale.js';
 
 type Backend = 'ebpf' | 'nft' | 'iptables';
 const BACKENDS: Backend[] = ['ebpf', 'nft', 'iptables'];
@@ -139,8 +139,7 @@ async function child(p: Params) {
       : p.backend === 'nft'
         ? new NftProxier({ nodeName: 'node-0', config, log, once: true, session: true, healthChecks: false })
         : new IptablesProxier({ nodeName: 'node-0', config, log, once: true, healthChecks: false, families: [4], mode: 'legacy' });
-  // svc-0 is the probe Service (its one endpoint is the probe's server)
-  const cluster = syntheticCluster({ probes: [{ namespace: 'bench', name: 'svc-0', clusterIP: vip(0), pod: 'probe' }], from: 1, to: p.services });
+  const cluster = probedCluster(p.services);
   let change: ((i: number) => Promise<number>) | undefined;
   return async (r: Request): Promise<unknown> => {
     switch (r.op) {

@@ -19,7 +19,7 @@ import { IpvsProxier } from '../src/backends/ipvs/proxier.js';
 import { NftProxier } from '../src/backends/nft/proxier.js';
 import { defaultConfig } from '../src/backends/shared/config.js';
 import { runInVm } from '../src/lab/vm/run.js';
-import { BenchNamespaces, arg, coldSync, now, pct, prepareNamespace, rssMiB, serveAsChild, syntheticCluster, vip } from './_scale.js';
+import { BenchNamespaces, arg, coldSync, now, pct, prepareNamespace, rssMiB, serveAsChild, probedCluster, vip } from './_scale.js';
 
 const f0 = (x: number) => x.toFixed(0);
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -85,7 +85,7 @@ async function host(args: string[]): Promise<void> {
 /** in the way's namespace: a proxier (or ipvsadm) and its cluster, asked one step at a time */
 async function child(p: { services: number; way: Way }) {
   prepareNamespace();
-  const cluster = syntheticCluster({ probes: [{ namespace: 'bench', name: 'svc-0', clusterIP: vip(0), pod: 'probe' }], from: 1, to: p.services });
+  const cluster = probedCluster(p.services);
   if (p.way === 'ipvsadm') return ipvsadmChild(p.services);
   const config = defaultConfig();
   config.clusterCIDRs = ['10.0.0.0/8'];

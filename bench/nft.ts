@@ -10,7 +10,7 @@ import { execFileSync } from 'node:child_process';
 import { pino } from 'pino';
 import { NftProxier } from '../src/backends/nft/proxier.js';
 import { defaultConfig } from '../src/backends/shared/config.js';
-import { BenchNamespaces, arg, coldSync, pct, prepareNamespace, rssMiB, serveAsChild, syntheticCluster, vip } from './_scale.js';
+import { BenchNamespaces, arg, coldSync, pct, prepareNamespace, rssMiB, serveAsChild, probedCluster, vip } from './_scale.js';
 
 interface Cold {
   coldComputeMs: number;
@@ -87,8 +87,7 @@ async function child(p: { services: number }) {
   config.nftables.minSyncPeriodMs = 0; // measure each change alone
   // once: no minSyncPeriod wait; session: changes go to a long-lived nft, as in a running kpng
   const proxier = new NftProxier({ nodeName: 'node-0', config, log: pino({ level: 'warn' }), once: true, session: true, healthChecks: false });
-  // svc-0 is the probe Service (its one endpoint is the probe's server)
-  const cluster = syntheticCluster({ probes: [{ namespace: 'bench', name: 'svc-0', clusterIP: vip(0), pod: 'probe' }], from: 1, to: p.services });
+  const cluster = probedCluster(p.services);
   let change: ((i: number) => Promise<number>) | undefined;
   return async (r: Request): Promise<unknown> => {
     switch (r.op) {

@@ -3,12 +3,8 @@
 // endpoint change, adoption after a restart, full maps, the layout check.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Writable } from 'node:stream';
-import { pino } from 'pino';
+import { capturedLog, driveProxier } from '../helpers/proxier-harness.js';
 import { syncedStore, load, service, slice, node } from '../helpers/k8s.js';
-import { ServiceViews } from '../../src/localstate/views.js';
-import { LocalDiff } from '../../src/diff/local-diff.js';
-import { DecoderSink } from '../../src/diff/decoder.js';
 import { LocalSet } from '../../src/api/model.js';
 import { create } from '@bufbuild/protobuf';
 import { EndpointSchema, IPSetSchema } from '../../src/api/gen/api/localv1/api_pb.js';
@@ -23,22 +19,9 @@ function harness(store: Store, maps: MemoryMaps) {
   const config = defaultConfig();
   config.clusterCIDRs = ['10.0.0.0/8'];
   config.nftables.minSyncPeriodMs = 0;
-  const lines: string[] = [];
-  const log = pino({ level: 'debug' }, new Writable({ write: (c, _e, cb) => (lines.push(String(c)), cb()) }));
+  const { log, lines } = capturedLog();
   const proxier = new EbpfProxier({ nodeName: 'n1', config, log, maps: () => maps, once: true, healthChecks: false, conntrackPath: '/bin/true' });
-  const diff = new LocalDiff(store, new ServiceViews(store), 'n1', { sets: [LocalSet.NodesSet] });
-  const decoder = new DecoderSink(proxier);
-  return {
-    proxier,
-    lines,
-    async sync() {
-      for (const op of diff.next()) await decoder.send(op);
-    },
-    async close() {
-      diff.close();
-      await proxier.close();
-    },
-  };
+  return { ...driveProxier(store, proxier, { sets: [LocalSet.NodesSet] }), lines };
 }
 
 const ep = (ip: string, nodeName = 'n2') => ({ ip, node: nodeName, pod: `p-${ip}` });

@@ -4,13 +4,8 @@
 // refcounts, drift of flags, taking over a server left behind, schedulers.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Writable } from 'node:stream';
-import { pino } from 'pino';
+import { capturedLog, driveProxier } from '../helpers/proxier-harness.js';
 import { syncedStore, load, service, slice, node, serviceCIDR } from '../helpers/k8s.js';
-import { ServiceViews } from '../../src/localstate/views.js';
-import { LocalDiff } from '../../src/diff/local-diff.js';
-import { DecoderSink } from '../../src/diff/decoder.js';
-import { LocalSet } from '../../src/api/model.js';
 import { IpvsProxier, type IpvsApi } from '../../src/backends/ipvs/proxier.js';
 import { IpvsError, rsKey, vsKey, type IpvsOp, type RealServer, type VirtualServer } from '../../src/backends/ipvs/ipvs.js';
 import type { IpvsNode } from '../../src/backends/ipvs/node.js';
@@ -106,8 +101,7 @@ function harness(store: Store, parts: { ipvs: FakeIpvs; node: FakeNode; nft: Fak
   config.ipvs.minSyncPeriodMs = 0;
   if (o.scheduler) config.ipvs.scheduler = o.scheduler;
   if (o.exclude) config.ipvs.excludeCIDRs = o.exclude;
-  const lines: string[] = [];
-  const log = pino({ level: 'debug' }, new Writable({ write: (c, _e, cb) => (lines.push(String(c)), cb()) }));
+  const { log, lines } = capturedLog();
   const proxier = new IpvsProxier({
     nodeName: 'n1',
     config,
@@ -121,19 +115,7 @@ function harness(store: Store, parts: { ipvs: FakeIpvs; node: FakeNode; nft: Fak
     conntrackPath: '/bin/true',
     interfaceAddresses: () => ['192.168.0.2', '127.0.0.1'],
   });
-  const diff = new LocalDiff(store, new ServiceViews(store), 'n1', { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
-  const decoder = new DecoderSink(proxier);
-  return {
-    proxier,
-    lines,
-    async sync() {
-      for (const op of diff.next()) await decoder.send(op);
-    },
-    async close() {
-      diff.close();
-      await proxier.close();
-    },
-  };
+  return { ...driveProxier(store, proxier), lines };
 }
 
 const parts = () => ({ ipvs: new FakeIpvs(), node: new FakeNode(), nft: new FakeNft() });

@@ -3,25 +3,14 @@
 // affinity chains, a Service the dataplane refuses, and drift repair.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Writable } from 'node:stream';
-import { pino } from 'pino';
+import { capturedLog, driveProxier } from '../helpers/proxier-harness.js';
 import { syncedStore, load, service, slice, node, serviceCIDR } from '../helpers/k8s.js';
 import { ManualClock } from '../helpers/clock.js';
-import { ServiceViews } from '../../src/localstate/views.js';
-import { LocalDiff } from '../../src/diff/local-diff.js';
-import { DecoderSink } from '../../src/diff/decoder.js';
-import { LocalSet } from '../../src/api/model.js';
 import { NftProxier } from '../../src/backends/nft/proxier.js';
 import { FakeNft } from '../../src/backends/shared/nftables/fake.js';
 import { defaultConfig } from '../../src/backends/shared/config.js';
 import type { Store } from '../../src/store/store.js';
 import type { SyncResult } from '../../src/backends/shared/runner.js';
-
-function logs() {
-  const lines: string[] = [];
-  const log = pino({ level: 'info' }, new Writable({ write: (c, _e, cb) => (lines.push(String(c)), cb()) }));
-  return { log, lines };
-}
 
 /** a proxier on a FakeNft, fed by a store through the real diff stream */
 function harness(store: Store, nft: FakeNft, o: { chunk?: number; once?: boolean; clock?: ManualClock; syncPeriodMs?: number } = {}) {
@@ -29,23 +18,10 @@ function harness(store: Store, nft: FakeNft, o: { chunk?: number; once?: boolean
   config.clusterCIDRs = ['10.0.0.0/8'];
   config.nftables.minSyncPeriodMs = 0;
   if (o.syncPeriodMs) config.nftables.syncPeriodMs = o.syncPeriodMs;
-  const { log, lines } = logs();
+  const { log, lines } = capturedLog('info');
   const results: SyncResult[] = [];
   const proxier = new NftProxier({ nodeName: 'n1', config, log, nft, once: o.once ?? true, healthChecks: false, freshLoadChunk: o.chunk, clock: o.clock, report: (r) => results.push(r), conntrackPath: '/bin/true' });
-  const diff = new LocalDiff(store, new ServiceViews(store), 'n1', { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
-  const decoder = new DecoderSink(proxier);
-  return {
-    proxier,
-    lines,
-    results,
-    async sync() {
-      for (const op of diff.next()) await decoder.send(op);
-    },
-    async close() {
-      diff.close();
-      await proxier.close();
-    },
-  };
+  return { ...driveProxier(store, proxier), lines, results };
 }
 
 const cluster = () => [
