@@ -5,7 +5,7 @@
 // with anything else is reported as unknown and taken as not matching.
 import { canonicalIP, cidrContains, parseCIDR } from '../api/ip.js';
 import { ruleArgs } from '../backends/iptables/rule-args.js';
-import { cloneBranch, hostPort, type Branch, type Hook, type Packet } from './packet.js';
+import { UnknownRule as Unknown, cloneBranch, hostPort, walkChain, type Branch, type ChainOutcome, type Hook, type Packet, type RuleOutcome } from './packet.js';
 import { iptWhy } from './reasons.js';
 
 interface Opt {
@@ -94,7 +94,6 @@ export class IptablesRules {
   }
 }
 
-class Unknown extends Error {}
 
 /** table and built-in chain per hook, in priority order (nat before filter on output) */
 const HOOK_CHAINS: Record<Hook, [string, string][]> = {
@@ -108,7 +107,7 @@ const HOOK_CHAINS: Record<Hook, [string, string][]> = {
   postrouting: [['nat', 'POSTROUTING']],
 };
 
-type Outcome = { b: Branch; v: 'next' | 'return' | 'accept' | 'drop' | 'reject' };
+type Outcome = ChainOutcome;
 
 export function runIptablesHook(r: IptablesRules, p: Packet, local: { has(ip: string): boolean }, unknown: string[], hook: Hook, b0: Branch, natDone: boolean): Branch[] {
   let live = [b0];
@@ -130,67 +129,44 @@ export function runIptablesHook(r: IptablesRules, p: Packet, local: { has(ip: st
   return live;
 }
 
-function runChain(t: Map<string, Chain>, table: string, p: Packet, local: { has(ip: string): boolean }, unknown: string[], name: string, b0: Branch, depth: number): Outcome[] {
-  const chain = t.get(name);
-  if (!chain || depth > 16) {
-    unknown.push(`${table} chain ${name} ${chain ? 'nested too deep' : 'not in the table'}`);
-    return [{ b: b0, v: 'next' }];
-  }
+function runChain(t: Map<string, Chain>, table: string, p: Packet, local: { has(ip: string): boolean }, unknown: string[], name: string, b0: Branch, depth: number): ChainOutcome[] {
   const where = `${table} ${name}`;
-  const pending: { b: Branch; i: number }[] = [{ b: b0, i: 0 }];
-  const out: Outcome[] = [];
-  let guard = 0;
-  while (pending.length && guard++ < 10_000) {
-    const { b, i } = pending.shift()!;
-    if (i >= chain.rules.length) {
-      out.push({ b, v: 'next' });
-      continue;
-    }
-    const rule = chain.rules[i]!;
-    let matched: { b: Branch }[];
-    try {
-      matched = matches(rule, p, local, b, pending, i, where);
-    } catch (e) {
-      if (!(e instanceof Unknown)) throw e;
-      unknown.push(`${where}: ${rule.text} (${e.message})`);
-      pending.push({ b, i: i + 1 });
-      continue;
-    }
-    for (const { b: mb } of matched) {
-      const j = rule.jump;
-      if (!j) {
-        pending.push({ b: mb, i: i + 1 });
-        continue;
-      }
-      const step = (why?: string) => {
-        mb.path.push({ where, rule: rule.text.replace(/^-A \S+ /, ''), ...(why ? { why } : {}) });
-        if (why) mb.reasons.push(why);
-      };
-      if (t.has(j.target)) {
-        step(iptWhy.jump(name, j.target, rule.comment));
-        noteService(mb, name, rule.comment);
-        for (const s of runChain(t, table, p, local, unknown, j.target, mb, depth + 1)) {
-          if (s.v === 'next' || s.v === 'return') {
-            if (j.goto) out.push({ b: s.b, v: 'return' });
-            else pending.push({ b: s.b, i: i + 1 });
-          } else out.push(s);
+  return walkChain(t.get(name)?.rules, where, b0, depth, {
+    where,
+    unknown,
+    rule: (rule, b, i, pending) => {
+      const out: RuleOutcome[] = [];
+      for (const { b: mb } of matches(rule, p, local, b, pending, i, where)) {
+        const j = rule.jump;
+        if (!j) {
+          out.push({ b: mb, v: 'next' });
+          continue;
         }
-        continue;
+        const step = (why?: string) => {
+          mb.path.push({ where, rule: rule.text.replace(/^-A \S+ /, ''), ...(why ? { why } : {}) });
+          if (why) mb.reasons.push(why);
+        };
+        if (t.has(j.target)) {
+          step(iptWhy.jump(name, j.target, rule.comment));
+          noteService(mb, name, rule.comment);
+          out.push({ b: mb, v: j.goto ? 'goto' : 'jump', target: j.target });
+          continue;
+        }
+        try {
+          const v = target(j, table, mb);
+          noteService(mb, name, rule.comment);
+          step(iptWhy.terminal(name, j.target, rule.comment));
+          out.push({ b: mb, v });
+        } catch (e) {
+          if (!(e instanceof Unknown)) throw e;
+          unknown.push(`${where}: ${rule.text} (${e.message})`);
+          out.push({ b: mb, v: 'next' });
+        }
       }
-      try {
-        const v = target(j, table, mb);
-        noteService(mb, name, rule.comment);
-        step(iptWhy.terminal(name, j.target, rule.comment));
-        if (v === 'next') pending.push({ b: mb, i: i + 1 });
-        else out.push({ b: mb, v });
-      } catch (e) {
-        if (!(e instanceof Unknown)) throw e;
-        unknown.push(`${where}: ${rule.text} (${e.message})`);
-        pending.push({ b: mb, i: i + 1 });
-      }
-    }
-  }
-  return out;
+      return out;
+    },
+    call: (target, b, d) => runChain(t, table, p, local, unknown, target, b, d),
+  });
 }
 
 /**

@@ -5,7 +5,7 @@
 // masquerade, reject, drop, jump/goto/return); any other rule is reported as
 // unknown and taken as not matching, never guessed.
 import { canonicalIP, cidrContains, ipToBig, parseCIDR } from '../api/ip.js';
-import { asIP, cloneBranch, hostPort, type Branch, type Hook, type Packet, type Step } from './packet.js';
+import { UnknownRule as Unknown, asIP, cloneBranch, hostPort, walkChain, type Branch, type ChainOutcome, type Hook, type Packet, type RuleOutcome, type Step } from './packet.js';
 import { nftWhy } from './reasons.js';
 
 type J = any;
@@ -58,9 +58,8 @@ export class NftTable {
   }
 }
 
-class Unknown extends Error {}
 
-type Outcome = { b: Branch; v: 'next' | 'return' | 'accept' | 'drop' | 'reject' | 'goto' | 'jump'; target?: string };
+type Outcome = RuleOutcome;
 
 /** Evaluates the table's base chains of one hook for one branch; nat chains are skipped once NAT was decided. */
 export function runNftHook(t: NftTable, p: Packet, local: { has(ip: string): boolean }, unknown: string[], hook: Hook, b0: Branch, natDone: boolean): Branch[] {
@@ -81,44 +80,14 @@ export function runNftHook(t: NftTable, p: Packet, local: { has(ip: string): boo
 }
 
 /** One chain: its outcomes per branch ('next'/'return' fall back to the caller). */
-function runChain(t: NftTable, p: Packet, local: { has(ip: string): boolean }, unknown: string[], hook: Hook, name: string, b0: Branch, depth: number): Outcome[] {
-  const chain = t.chains.get(name);
-  if (!chain || depth > 16) {
-    unknown.push(`chain ${name} ${chain ? 'nested too deep' : 'not in the table'}`);
-    return [{ b: b0, v: 'next' }];
-  }
+function runChain(t: NftTable, p: Packet, local: { has(ip: string): boolean }, unknown: string[], hook: Hook, name: string, b0: Branch, depth: number): ChainOutcome[] {
   const where = `${hook} ${name}`;
-  let pending: { b: Branch; i: number }[] = [{ b: b0, i: 0 }];
-  const out: Outcome[] = [];
-  let guard = 0;
-  while (pending.length && guard++ < 10_000) {
-    const { b, i } = pending.shift()!;
-    if (i >= chain.rules.length) {
-      out.push({ b, v: 'next' });
-      continue;
-    }
-    const rule = chain.rules[i]!;
-    let results: Outcome[];
-    try {
-      results = runRule(t, p, local, where, rule, b);
-    } catch (e) {
-      if (!(e instanceof Unknown)) throw e;
-      unknown.push(`${where}: ${rule.text} (${e.message})`);
-      results = [{ b, v: 'next' }];
-    }
-    for (const r of results) {
-      if (r.v === 'next') pending.push({ b: r.b, i: i + 1 });
-      else if (r.v === 'jump' || r.v === 'goto') {
-        for (const s of runChain(t, p, local, unknown, hook, r.target!, r.b, depth + 1)) {
-          if (s.v === 'next' || s.v === 'return') {
-            if (r.v === 'jump') pending.push({ b: s.b, i: i + 1 });
-            else out.push({ b: s.b, v: 'return' });
-          } else out.push(s);
-        }
-      } else out.push(r);
-    }
-  }
-  return out;
+  return walkChain(t.chains.get(name)?.rules, name, b0, depth, {
+    where,
+    unknown,
+    rule: (rule, b) => runRule(t, p, local, where, rule, b),
+    call: (target, b, d) => runChain(t, p, local, unknown, hook, target, b, d),
+  });
 }
 
 interface Env {

@@ -168,3 +168,60 @@ export function summarize(backend: 'nft' | 'iptables', p: Packet, origin: 'node'
 export function asIP(v: unknown): string | undefined {
   return typeof v === 'string' && /^[0-9a-fA-F:.]+$/.test(v) && (v.includes('.') || v.includes(':')) ? canonicalIP(v) : undefined;
 }
+
+/** What one rule did to one branch: go on, leave the chain with a verdict, or call another chain. */
+export type RuleOutcome = { b: Branch; v: 'next' | 'return' | 'accept' | 'drop' | 'reject' | 'goto' | 'jump'; target?: string };
+/** A branch that left a chain: fell off its end ('next'), returned, or a verdict. */
+export type ChainOutcome = { b: Branch; v: 'next' | 'return' | 'accept' | 'drop' | 'reject' };
+
+/** The rule could not be read (kpng never writes it): listed, and taken as not matching. */
+export class UnknownRule extends Error {}
+
+/**
+ * Follows a packet's branches through one chain, rule by rule, for the nft
+ * and the iptables tracer alike. rule() evaluates one rule for a branch (and
+ * may push split-off branches on pending); a jump runs the called chain and
+ * comes back, a goto does not. Bounded: 10,000 steps, 16 chains deep.
+ */
+export function walkChain<R extends { text: string }>(
+  rules: readonly R[] | undefined,
+  name: string,
+  b0: Branch,
+  depth: number,
+  o: { where: string; unknown: string[]; rule(rule: R, b: Branch, i: number, pending: { b: Branch; i: number }[]): RuleOutcome[]; call(target: string, b: Branch, depth: number): ChainOutcome[] },
+): ChainOutcome[] {
+  if (!rules || depth > 16) {
+    o.unknown.push(`chain ${name} ${rules ? 'nested too deep' : 'not in the table'}`);
+    return [{ b: b0, v: 'next' }];
+  }
+  const pending: { b: Branch; i: number }[] = [{ b: b0, i: 0 }];
+  const out: ChainOutcome[] = [];
+  let guard = 0;
+  while (pending.length && guard++ < 10_000) {
+    const { b, i } = pending.shift()!;
+    if (i >= rules.length) {
+      out.push({ b, v: 'next' });
+      continue;
+    }
+    const rule = rules[i]!;
+    let results: RuleOutcome[];
+    try {
+      results = o.rule(rule, b, i, pending);
+    } catch (e) {
+      if (!(e instanceof UnknownRule)) throw e;
+      o.unknown.push(`${o.where}: ${rule.text} (${e.message})`);
+      results = [{ b, v: 'next' }];
+    }
+    for (const r of results) {
+      if (r.v === 'next') pending.push({ b: r.b, i: i + 1 });
+      else if (r.v === 'jump' || r.v === 'goto') {
+        for (const s of o.call(r.target!, r.b, depth + 1)) {
+          if (s.v !== 'next' && s.v !== 'return') out.push(s);
+          else if (r.v === 'jump') pending.push({ b: s.b, i: i + 1 });
+          else out.push({ b: s.b, v: 'return' });
+        }
+      } else out.push({ b: r.b, v: r.v });
+    }
+  }
+  return out;
+}
