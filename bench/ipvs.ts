@@ -25,7 +25,7 @@ const f0 = (x: number) => x.toFixed(0);
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const WAYS = ['ipvs', 'nft', 'ipvsadm'] as const;
 type Way = (typeof WAYS)[number];
-type Request = { op: 'cold' } | { op: 'change'; i: number } | { op: 'finish' };
+type Request = { op: 'cold' } | { op: 'change'; i: number } | { op: 'phases' } | { op: 'finish' };
 
 export default async function (args: string[]) {
   if (await serveAsChild(child)) return;
@@ -35,7 +35,7 @@ export default async function (args: string[]) {
   const ways = arg(args, 'ways', WAYS.join(',')).split(',') as Way[];
   execFileSync('modprobe', ['ip_vs']);
   const spaces = new BenchNamespaces('ipvs', 'kpng-bench');
-  const rows: { size: number; way: Way; coldMs: number; detail: string; change: number[]; rss: number }[] = [];
+  const rows: { size: number; way: Way; coldMs: number; detail: string; change: number[]; changeDetail: string; rss: number }[] = [];
   try {
     // a warm-up of each way, not reported: the guest's first nft, netlink and
     // module loads cost seconds under QEMU and would land on the first size
@@ -56,7 +56,8 @@ export default async function (args: string[]) {
       const change = kept.map(() => [] as number[]);
       for (let i = 0; i < changes; i++) for (const [k, { c }] of kept.entries()) change[k].push(await c.ask<number>({ op: 'change', i }));
       for (const [k, { way, c }] of kept.entries()) {
-        rows.push({ size, way, coldMs: colds[k].ms, detail: colds[k].detail, change: change[k], rss: await c.ask<number>({ op: 'finish' }) });
+        const changeDetail = await c.ask<string>({ op: 'phases' });
+        rows.push({ size, way, coldMs: colds[k].ms, detail: colds[k].detail, change: change[k], changeDetail, rss: await c.ask<number>({ op: 'finish' }) });
         await c.end();
       }
     }
@@ -70,7 +71,7 @@ export default async function (args: string[]) {
   for (const r of rows) {
     const nft = rows.find((x) => x.size === r.size && x.way === 'nft') ?? r;
     const rss = r.way === 'ipvsadm' ? '-' : `${r.rss.toFixed(0)} MiB`;
-    console.log(`${r.size} | ${r.way} | ${f(r.coldMs)} ms${r.detail ? ` (${r.detail})` : ''} | ${(r.coldMs / nft.coldMs).toFixed(2)}x | ${f(pct(r.change, 50))} / ${f(pct(r.change, 99))} ms | ${(pct(r.change, 50) / pct(nft.change, 50)).toFixed(2)}x | ${rss}`);
+    console.log(`${r.size} | ${r.way} | ${f(r.coldMs)} ms${r.detail ? ` (${r.detail})` : ''} | ${(r.coldMs / nft.coldMs).toFixed(2)}x | ${f(pct(r.change, 50))} / ${f(pct(r.change, 99))} ms${r.changeDetail ? ` (p50s: ${r.changeDetail})` : ''} | ${(pct(r.change, 50) / pct(nft.change, 50)).toFixed(2)}x | ${rss}`);
   }
 }
 
@@ -96,6 +97,7 @@ async function child(p: { services: number; way: Way }) {
   const o = { nodeName: 'node-0', config, log, once: true, session: true, healthChecks: false, families: [4] as const };
   const proxier = p.way === 'ipvs' ? new IpvsProxier(o) : new NftProxier(o);
   let change: ((i: number) => Promise<number>) | undefined;
+  const changePhases: IpvsProxier['stats']['lastPhases'][] = [];
   return async (r: Request): Promise<unknown> => {
     switch (r.op) {
       case 'cold': {
@@ -105,8 +107,16 @@ async function child(p: { services: number; way: Way }) {
         const detail = ph ? `diff ${f0(cold.coldComputeMs)}, compute ${ph.computeMs}, nft ${ph.nftMs}, IPVS ${ph.ipvsMs}, kube-ipvs0 ${ph.addressMs}` : '';
         return { ms: cold.coldComputeMs + cold.coldApplyMs, detail };
       }
-      case 'change':
-        return change!(r.i);
+      case 'change': {
+        const ms = await change!(r.i);
+        if (proxier instanceof IpvsProxier) changePhases.push(proxier.stats.lastPhases);
+        return ms;
+      }
+      case 'phases': {
+        // the median of each phase over the changes
+        const med = (k: keyof IpvsProxier['stats']['lastPhases']) => pct(changePhases.map((x) => x[k]), 50);
+        return changePhases.length ? `compute ${med('computeMs')}, nft ${med('nftMs')}, IPVS ${med('ipvsMs')}, kube-ipvs0 ${med('addressMs')}` : '';
+      }
       case 'finish':
         await proxier.close();
         return rssMiB();
@@ -148,6 +158,8 @@ async function ipvsadmChild(services: number) {
         first.set(s, next);
         return now() - t;
       }
+      case 'phases':
+        return '';
       case 'finish':
         return 0;
     }
