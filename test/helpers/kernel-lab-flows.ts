@@ -2,11 +2,16 @@
 // cannot carry (SCTP) go through the same lab, kpng and checkFlow as on the
 // host, inside Debian's kernel under QEMU, all in one VM: the host half
 // (runFlowsInKernelLab) boots it with this file as the command; the guest
-// half (when run as a script) runs the jobs one lab at a time.
+// half (when run as a script) runs the jobs one lab at a time. An ebpf+nft
+// job gets a LabCgroup of the guest's own (its cgroupPath and bpffs are
+// placeholders), the pod agents in it, and the flows checked as pod flows
+// translated at the socket (SCTP is not: to-nft serves it).
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Lab } from '../../src/lab/index.js';
+import { Lab, LabCgroup, labCgroupUnsupported } from '../../src/lab/index.js';
+import { libbpfUnavailable } from '../../src/backends/ebpf/libbpf.js';
 import { applyOnce, backendLabUnsupported, backendTag, proxyMode, type LabBackend } from './lab-kpng.js';
-import { checkFlow, compareTrace, traceInLab, configFor, labSpecFor, loadScenario, serveScenario, stateFor } from './lab-flows.js';
+import { checkFlow, compareTrace, traceInLab, configFor, labSpecFor, loadScenario, placePodAgents, serveScenario, socketTranslated, stateFor } from './lab-flows.js';
 import { guestMain, isMain, runScriptInVm } from './kernel-lab.js';
 
 export interface FlowJob {
@@ -35,6 +40,9 @@ export interface KernelLabFlows {
 // TCG runs the guest 10-30 times slower than the host: an answer may take
 // more than the host's 1.5 s (only a DROP flow waits this long)
 const GUEST_FLOW_TIMEOUT_MS = 5000;
+// kpng --once takes 10-20 s there (to-nft), 20-40 s with to-ebpf beside it
+// (a cold start, the BPF object loaded); more under load
+const GUEST_KPNG_TIMEOUT_MS = 180_000;
 
 export const resultKey = (b: LabBackend, file: string, index: number): string => `${backendTag(b)} ${file} #${index}`;
 
@@ -48,7 +56,7 @@ async function guest(jobs: FlowJob[]): Promise<[string, FlowJobResult][]> {
   const out = new Map<string, FlowJobResult>();
   for (const job of jobs) {
     const b = job.backend;
-    const why = await backendLabUnsupported(b);
+    const why = (b.name === 'ebpf+nft' ? (labCgroupUnsupported() ?? libbpfUnavailable()) : undefined) ?? (await backendLabUnsupported(b));
     if (why) {
       for (const i of job.flows) out.set(resultKey(b, job.file, i), { problems: [], skip: why });
       continue;
@@ -56,29 +64,39 @@ async function guest(jobs: FlowJob[]): Promise<[string, FlowJobResult][]> {
     const t0 = Date.now();
     const s = loadScenario(job.file);
     let lab: Lab | undefined;
+    let cg: LabCgroup | undefined;
     try {
+      if (b.name === 'ebpf+nft') cg = LabCgroup.create('vmflows');
       lab = await Lab.create(labSpecFor(s, `vmflows${backendTag(b)}`));
       if (!lab.closedPortsMarked) throw new Error('the lab cannot tell a closed port from REJECT here (nft socket expression missing?)');
+      if (cg) placePodAgents(lab, s, cg);
       await serveScenario(
         lab,
         s,
         job.flows.map((i) => s.flows[i]),
       );
-      const kpngMs = await applyOnce(b, lab, stateFor(s).items, configFor(s, proxyMode(b)));
+      const kb: LabBackend = cg ? { name: 'ebpf+nft', cgroupPath: cg.path, bpffs: join(cg.bpffs, 'kpng') } : b;
+      const kpngMs = await applyOnce(kb, lab, stateFor(s).items, configFor(s, proxyMode(b)), GUEST_KPNG_TIMEOUT_MS);
       const t1 = Date.now();
       // kpng trace reads the rules back first (to-nft, to-iptables); it must predict what the packets did
-      const traceable = b.name !== 'ipvs';
-      const traces = traceable ? await Promise.all(job.flows.map((i) => traceInLab(lab!, s.flows[i]))) : [];
-      const checked = await Promise.all(job.flows.map((i) => checkFlow(lab!, s, s.flows[i], GUEST_FLOW_TIMEOUT_MS)));
+      // (not for flows eBPF translates at the socket: nftables never sees them)
+      const traceable = (i: number) => b.name !== 'ipvs' && !(cg && socketTranslated(lab!, s, s.flows[i]));
+      const traces = await Promise.all(job.flows.map((i) => (traceable(i) ? traceInLab(lab!, s.flows[i]) : undefined)));
+      const checked = await Promise.all(job.flows.map((i) => checkFlow(lab!, s, s.flows[i], GUEST_FLOW_TIMEOUT_MS, { socketLB: !!cg })));
       checked.forEach((c, k) => {
-        const traced = traceable && !c.problems.length ? compareTrace(s.flows[job.flows[k]!]!, traces[k]!, c.outcomes).map((p) => `kpng trace does not predict the real outcome: ${p}`) : [];
+        const t = traces[k];
+        const traced = t && !c.problems.length ? compareTrace(s.flows[job.flows[k]!]!, t, c.outcomes).map((p) => `kpng trace does not predict the real outcome: ${p}`) : [];
         out.set(resultKey(b, job.file, job.flows[k]), { problems: [...c.problems, ...traced] });
       });
       console.log(`${job.file} (${backendTag(b)}): lab ${t1 - t0 - kpngMs} ms, kpng --once ${kpngMs} ms, ${job.flows.length} flow(s) ${Date.now() - t1} ms`);
     } catch (e) {
       for (const i of job.flows) if (!out.has(resultKey(b, job.file, i))) out.set(resultKey(b, job.file, i), { problems: [`the lab failed: ${(e as Error).stack ?? e}`] });
     } finally {
-      await lab?.close();
+      try {
+        await lab?.close();
+      } finally {
+        cg?.close();
+      }
     }
   }
   return [...out];

@@ -4,7 +4,7 @@
 import { readFileSync, readdirSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { canonicalIP, cidrContains, ipFamily, parseCIDR } from '../../src/api/ip.js';
-import { describeOutcome, hostPort, kernelHasSCTP, seenSource, spread, verdict, type Lab, type LabSpec, type Outcome } from '../../src/lab/index.js';
+import { describeOutcome, hostPort, kernelHasSCTP, seenSource, spread, verdict, type Lab, type LabCgroup, type LabSpec, type Outcome } from '../../src/lab/index.js';
 import { trace, type TraceRequest, type TraceResult } from '../../src/trace/index.js';
 import { kubeProxyConfig, list, type ProxyMode } from './lab-kpng.js';
 
@@ -238,6 +238,14 @@ export async function checkFlow(lab: Lab, s: Scenario, f: Flow, timeoutMs = 1500
     }
   }
   return { problems, outcomes };
+}
+
+/** Puts the scenario's pod agents (those of the lab's pods) in cg, so to-ebpf's programs on it see their sockets. */
+export function placePodAgents(lab: Lab, s: Scenario, cg: LabCgroup): void {
+  for (const p of labSpecFor(s).pods ?? []) {
+    const pid = lab.namespaces.length && p.ips.some((ip) => lab.ownerOf(ip) === p.name) ? lab.agent(p.name).pid : undefined;
+    if (pid) cg.place(pid);
+  }
 }
 
 /**

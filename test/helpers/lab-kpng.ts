@@ -225,14 +225,14 @@ export class KpngLab {
   }
 }
 
-/** Applies objects once (kpng --once, this backend) in a lab; throws with kpng's stderr on failure. */
-export async function applyOnce(backend: LabBackend, lab: Lab, objects: Obj[], config: Obj): Promise<number> {
+/** Applies objects once (kpng --once, this backend) in a lab; throws with kpng's stderr on failure (or after timeoutMs). */
+export async function applyOnce(backend: LabBackend, lab: Lab, objects: Obj[], config: Obj, timeoutMs = 60_000): Promise<number> {
   const dir = mkdtempSync(join(tmpdir(), 'kpng-lab-'));
   try {
     writeFileSync(join(dir, 'state.json'), JSON.stringify(list(objects)));
     writeFileSync(join(dir, 'config.json'), JSON.stringify(config));
     const t0 = Date.now();
-    const r = await lab.runKpng(kpngArgs(backend, join(dir, 'state.json'), lab.nodeName, join(dir, 'config.json'), { once: true }));
+    const r = await lab.runKpng(kpngArgs(backend, join(dir, 'state.json'), lab.nodeName, join(dir, 'config.json'), { once: true }), timeoutMs);
     if (r.code !== 0) throw new Error(`kpng --once failed (${r.code}):\n${r.stderr.slice(-4000)}`);
     return Date.now() - t0;
   } finally {
