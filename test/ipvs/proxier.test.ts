@@ -85,10 +85,16 @@ class FakeNode implements IpvsNode {
   async addresses(): Promise<Set<string>> {
     return new Set(this.bound);
   }
+  /** addresses whose next add fails */
+  readonly failOnce = new Set<string>();
   async change(add: readonly string[], del: readonly string[]): Promise<string[]> {
+    const failed: string[] = [];
     for (const a of del) this.bound.delete(a), this.changes++;
-    for (const a of add) this.bound.add(a), this.changes++;
-    return [];
+    for (const a of add) {
+      if (this.failOnce.delete(a)) failed.push(`address add ${a}/32 dev kube-ipvs0`);
+      else this.bound.add(a), this.changes++;
+    }
+    return failed;
   }
   async remove(): Promise<boolean> {
     return true;
@@ -320,6 +326,24 @@ test('two Services wanting one virtual server: the first by name has it, named o
   assert.equal(shared(), 'tcp 203.0.113.7:80 rr 0 0 -> 10.3.0.2:8080:1', 'b-dup has it (a-dup’s endpoint, without connections, is gone)');
   assert.ok(p.node.bound.has('203.0.113.7'), 'the shared address stays bound');
   assert.ok(!p.node.bound.has('172.30.0.31'));
+  await h.close();
+});
+
+test('an address kube-ipvs0 refused is named, reported by the periodic check and bound by the repair', async () => {
+  const store = syncedStore(cluster());
+  const p = parts();
+  p.node.failOnce.add('172.30.0.53');
+  const h = harness(store, p);
+  await h.sync();
+  assert.ok(!p.node.bound.has('172.30.0.53'));
+  assert.equal(h.lines.filter((l) => l.includes('could not be bound') && l.includes('172.30.0.53')).length, 1);
+  const check = () => (h.proxier as unknown as { checkDrift(): Promise<string | undefined> }).checkDrift();
+  assert.match((await check()) ?? '', /1 service address\(es\) to bind or unbind again/);
+  // an unrelated change binds it too (it is still to do)
+  load(store, [slice('ns', 'web-1', 'web', [ep('10.1.0.1')], [{ name: 'http', port: 8080 }, { name: 'alt', port: 8081 }])]);
+  await h.sync();
+  assert.ok(p.node.bound.has('172.30.0.53'));
+  assert.equal(await check(), undefined);
   await h.close();
 });
 

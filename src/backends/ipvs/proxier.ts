@@ -103,6 +103,8 @@ export class IpvsProxier extends ProxierBase {
   private readonly draining = new Map<string, { vs: VirtualServer; rs: RealServer }>();
   /** address -> owners binding it */
   private readonly addressRefs = new Map<string, number>();
+  /** addresses whose first owner came or last owner went since the last sync: what a sync compares with kube-ipvs0 */
+  private readonly addressesDirty = new Set<string>();
   private boundAddresses = new Set<string>();
   /** addresses bound or unbound by the last sync */
   private addressChanges = 0;
@@ -305,13 +307,20 @@ export class IpvsProxier extends ProxierBase {
       else this.wanting.delete(k);
       mine.add(k);
     }
-    for (const a of before?.addresses ?? []) this.addressRefs.set(a, (this.addressRefs.get(a) ?? 1) - 1);
+    for (const a of before?.addresses ?? []) {
+      const n = (this.addressRefs.get(a) ?? 1) - 1;
+      if (n > 0) this.addressRefs.set(a, n);
+      else (this.addressRefs.delete(a), this.addressesDirty.add(a));
+    }
     for (const [k, d] of state.servers) {
       this.wanting.set(k, [...(this.wanting.get(k) ?? []), d]);
       mine.add(k);
     }
-    for (const a of state.addresses) this.addressRefs.set(a, (this.addressRefs.get(a) ?? 0) + 1);
-    for (const [a, n] of this.addressRefs) if (n <= 0) this.addressRefs.delete(a);
+    for (const a of state.addresses) {
+      const n = this.addressRefs.get(a) ?? 0;
+      this.addressRefs.set(a, n + 1);
+      if (n === 0) this.addressesDirty.add(a);
+    }
     if (state.servers.size || state.addresses.size) this.owners.set(owner, state);
     else this.owners.delete(owner);
     for (const k of mine) {
@@ -401,7 +410,7 @@ export class IpvsProxier extends ProxierBase {
     this.commitOps(ops, results);
     this.touched.clear();
     const t3 = Date.now();
-    await this.bindAddresses();
+    await this.bindAddresses(req.full);
     const t4 = Date.now();
     await this.drain();
     const phases = (this.stats.lastPhases = { computeMs: t1 - t0, nftMs: t2 - t1, ipvsMs: t3 - t2, addressMs: t4 - t3 });
@@ -471,10 +480,17 @@ export class IpvsProxier extends ProxierBase {
   }
 
   /** binds and unbinds the service addresses on kube-ipvs0 */
-  private async bindAddresses(): Promise<void> {
-    const want = new Set(this.addressRefs.keys());
-    const add = [...want].filter((a) => !this.boundAddresses.has(a));
-    const del = [...this.boundAddresses].filter((a) => !want.has(a) && !this.isExcluded(a));
+  private async bindAddresses(full: boolean): Promise<void> {
+    // a full sync compares everything (kube-ipvs0 was read again); otherwise only what changed owners
+    const candidates = full ? new Set([...this.addressRefs.keys(), ...this.boundAddresses]) : this.addressesDirty;
+    const add: string[] = [];
+    const del: string[] = [];
+    for (const a of candidates) {
+      if (this.addressRefs.has(a)) {
+        if (!this.boundAddresses.has(a)) add.push(a);
+      } else if (this.boundAddresses.has(a) && !this.isExcluded(a)) del.push(a);
+    }
+    this.addressesDirty.clear();
     this.addressChanges = add.length + del.length;
     if (!add.length && !del.length) return;
     const failed = await this.host.change(add, del);
@@ -486,6 +502,9 @@ export class IpvsProxier extends ProxierBase {
     }
     this.o.log.warn({ failed: failed.join('; ') }, 'ipvs: some service addresses could not be bound or unbound; the next sync tries again');
     this.boundAddresses = await this.readAddresses();
+    // what is still not as wanted is compared again at the next sync
+    for (const a of add) if (!this.boundAddresses.has(a)) this.addressesDirty.add(a);
+    for (const a of del) if (this.boundAddresses.has(a)) this.addressesDirty.add(a);
   }
 
   private isExcluded(address: string): boolean {
@@ -572,6 +591,7 @@ export class IpvsProxier extends ProxierBase {
       if (!v) return `IPVS virtual server ${k} is gone`;
       if (v.scheduler !== c.vs.scheduler || v.flags !== c.vs.flags || v.timeout !== c.vs.timeout) return `IPVS virtual server ${k} was changed`;
     }
+    if (this.addressesDirty.size) return `${this.addressesDirty.size} service address(es) to bind or unbind again`;
     const bound = await this.readAddresses();
     for (const a of this.boundAddresses) if (!bound.has(a)) return `${a} is no longer on ${DUMMY}`;
     return undefined;
