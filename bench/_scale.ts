@@ -138,12 +138,23 @@ export class BenchNamespaces {
   }
 
   /**
+   * The kernel's part of a first connection through the rules left in ns:
+   * a blocking connect() timed around the system call alone (on loopback
+   * the handshake completes inside it), from a small Python process, the
+   * server a listening socket of the same process (the kernel answers; it
+   * is accepted and closed after). Microseconds, per connection.
+   */
+  async connectProbe(ns: string, host: string, opts: { n: number; warmup?: number; port?: number; cgroup?: string }, what: string): Promise<number[]> {
+    return this.script<number[]>(ns, CONNECT_PROBE, { host, n: opts.n, warmup: opts.warmup ?? 100, port: opts.port ?? 80, endpoint: ENDPOINT }, `connect probe for ${what}`, opts.cgroup, 'python3');
+  }
+
+  /**
    * Runs a small node script in ns (argv[1]: params as JSON), in a cgroup
    * from its first instruction when given (eBPF programs attached there see
    * its sockets); returns what it printed, parsed as JSON.
    */
-  async script<R>(ns: string, script: string, params: object, what: string, cgroup?: string): Promise<R> {
-    const inNs = ['ip', 'netns', 'exec', ns, process.execPath, '-e', script, JSON.stringify(params)];
+  async script<R>(ns: string, script: string, params: object, what: string, cgroup?: string, interpreter: 'node' | 'python3' = 'node'): Promise<R> {
+    const inNs = ['ip', 'netns', 'exec', ns, ...(interpreter === 'node' ? [process.execPath, '-e'] : ['python3', '-c']), script, JSON.stringify(params)];
     const p = await this.exec(cgroup ? ['sh', '-c', 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, ...inNs] : inNs, {});
     if (p.code !== 0) throw new Error(`${what} failed: ${p.stderr}`);
     return JSON.parse(p.stdout);
@@ -181,6 +192,28 @@ const srv = net.createServer((s) => (close === 'end' ? s.end() : s.destroy())).l
   console.log(JSON.stringify(out));
   srv.close();
 });
+`;
+
+/** the connect() probe (python3): argv[1] is JSON { host, n, warmup, port, endpoint }; prints microseconds */
+const CONNECT_PROBE = `
+import json, socket, sys, time
+a = json.loads(sys.argv[1])
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((a['endpoint'], 8080))
+srv.listen(1024)
+out = []
+for i in range(a['warmup'] + a['n']):
+    c = socket.socket()
+    t = time.perf_counter_ns()
+    c.connect((a['host'], a['port']))
+    us = (time.perf_counter_ns() - t) / 1e3
+    s, _ = srv.accept()
+    s.close()
+    c.close()
+    if i >= a['warmup']:
+        out.append(us)
+print(json.dumps(out))
 `;
 
 // --- the child side, in its namespace

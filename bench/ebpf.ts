@@ -6,7 +6,8 @@
 //   npm run bench -- ebpf [--sizes 1000,30000] [--changes 300] [--connections 2000] [--rate-ms 2000]
 // Reports: one endpoint change from the store to the kernel (p50/p99, to-ebpf
 // and to-nft); first-connection latency through a ClusterIP (connect() to
-// established); short-connection rate (connect, one request, answer, close)
+// established, from a Node client, and the blocking connect() system call
+// alone, from a Python one: the kernel's part); short-connection rate (connect, one request, answer, close)
 // through a ClusterIP. Changes alternate between backends and sizes, and so
 // do the connection rounds, so the machine's noise hits them alike.
 import { execFileSync } from 'node:child_process';
@@ -63,7 +64,7 @@ export default async function (args: string[]) {
   const rateMs = Number(arg(args, 'rate-ms', '2000'));
   const spaces = new BenchNamespaces('ebpf', 'kpng-bench-ebpf');
   const cgroups: LabCgroup[] = [];
-  type Run = { backend: Backend; services: number; ns: string; cgroup?: string; cold?: { computeMs: number; applyMs: number }; change: number[]; apply: number[]; lat: number[]; rate: number[]; rss?: number };
+  type Run = { backend: Backend; services: number; ns: string; cgroup?: string; cold?: { computeMs: number; applyMs: number }; change: number[]; apply: number[]; lat: number[]; sys: number[]; rate: number[]; rss?: number };
   const runs: Run[] = [];
   try {
     for (const services of sizes) {
@@ -75,7 +76,7 @@ export default async function (args: string[]) {
           cgroups.push(cg);
           params = { ...params, cgroup: cg.path, bpffs: join(cg.bpffs, 'kpng') };
         }
-        runs.push({ backend, services, ns, cgroup: params.cgroup, change: [], apply: [], lat: [], rate: [] });
+        runs.push({ backend, services, ns, cgroup: params.cgroup, change: [], apply: [], lat: [], sys: [], rate: [] });
         void params;
         (runs.at(-1) as Run & { params?: Params }).params = params;
       }
@@ -104,6 +105,7 @@ export default async function (args: string[]) {
       for (const r of runs) {
         const [us] = await spaces.probe(r.ns, [vip(0)], { n: Math.ceil(connections / rounds), warmup: 50, close: 'destroy', cgroup: r.cgroup }, `${r.backend} ${r.services}`);
         r.lat.push(...us);
+        r.sys.push(...(await spaces.connectProbe(r.ns, vip(0), { n: Math.ceil(connections / rounds), warmup: 50, cgroup: r.cgroup }, `${r.backend} ${r.services}`)));
         r.rate.push(await spaces.script<number>(r.ns, RATE, { host: vip(0), ms: rateMs / rounds, conc: 4, endpoint: ENDPOINT }, `rate ${r.backend} ${r.services}`, r.cgroup));
       }
     }
@@ -114,12 +116,12 @@ export default async function (args: string[]) {
   const f = (x: number) => x.toFixed(x < 10 ? 2 : 0);
   const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
   console.log(`ebpf benchmark: services x 5 endpoints, each backend and size in a fresh network namespace; ${changes} changes; ${connections} first connections; short connections ${rateMs} ms x 4 at once; node ${process.version}, kernel ${execFileSync('uname', ['-r'], { encoding: 'utf8' }).trim()}, ${execFileSync('nft', ['--version'], { encoding: 'utf8' }).trim()}`);
-  console.log('backend | services | cold sync (compute + apply) | one endpoint change p50 / p99 (the sync alone: p50 / p99) | first connection p50 / p99 | vs to-nft (p50) | short connections/s | vs to-nft | RSS');
+  console.log('backend | services | cold sync (compute + apply) | one endpoint change p50 / p99 (the sync alone: p50 / p99) | first connection p50 / p99 | vs to-nft (p50) | connect() alone p50 / p99 | vs to-nft (p50) | short connections/s | vs to-nft | RSS');
   for (const r of runs) {
     const nft = runs.find((x) => x.backend === 'nft' && x.services === r.services)!;
     const p50 = pct(r.lat, 50);
     console.log(
-      `to-${r.backend} | ${r.services} | ${f(r.cold!.computeMs)} + ${f(r.cold!.applyMs)} ms | ${r.change.length ? `${f(pct(r.change, 50))} / ${f(pct(r.change, 99))} ms (${f(pct(r.apply, 50))} / ${f(pct(r.apply, 99))})` : '-'} | ${p50.toFixed(0)} / ${pct(r.lat, 99).toFixed(0)} us | ${(p50 / pct(nft.lat, 50)).toFixed(2)}x | ${mean(r.rate).toFixed(0)} | ${(mean(r.rate) / mean(nft.rate)).toFixed(2)}x | ${r.rss!.toFixed(0)} MiB`,
+      `to-${r.backend} | ${r.services} | ${f(r.cold!.computeMs)} + ${f(r.cold!.applyMs)} ms | ${r.change.length ? `${f(pct(r.change, 50))} / ${f(pct(r.change, 99))} ms (${f(pct(r.apply, 50))} / ${f(pct(r.apply, 99))})` : '-'} | ${p50.toFixed(0)} / ${pct(r.lat, 99).toFixed(0)} us | ${(p50 / pct(nft.lat, 50)).toFixed(2)}x | ${pct(r.sys, 50).toFixed(1)} / ${pct(r.sys, 99).toFixed(1)} us | ${(pct(r.sys, 50) / pct(nft.sys, 50)).toFixed(2)}x | ${mean(r.rate).toFixed(0)} | ${(mean(r.rate) / mean(nft.rate)).toFixed(2)}x | ${r.rss!.toFixed(0)} MiB`,
     );
   }
 }
