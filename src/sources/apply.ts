@@ -25,6 +25,17 @@ export function applyObject(tx: StoreTx, c: ModelObject): void {
   }
 }
 
+/** Deletes the object a model key names (modelKey): a source need not keep the object to delete it. */
+export function deleteByKey(tx: StoreTx, key: string): void {
+  const [kind, a, b] = key.split('/');
+  switch (kind) {
+    case 'Service': return tx.deleteService(a, b);
+    case 'EndpointSlice': return tx.deleteSlice(a, b);
+    case 'Node': return tx.deleteNode(a);
+    case 'ServiceCIDR': return tx.deleteServiceCIDR(a);
+  }
+}
+
 export function deleteObject(tx: StoreTx, c: ModelObject): void {
   switch (c.kind) {
     case 'Service': return tx.deleteService(c.namespace, c.name);

@@ -14,7 +14,7 @@ import { setImmediate as nextTurn } from 'node:timers/promises';
 import type { Logger } from '../../log.js';
 import type { Store } from '../../store/store.js';
 import { KINDS } from '../../store/store.js';
-import { applyObject, deleteObject, type ModelObject } from '../apply.js';
+import { applyObject, deleteByKey, type ModelObject } from '../apply.js';
 import { registerSource } from '../registry.js';
 import { ConfigError } from '../../backends/shared/config.js';
 import { ParseFailed, parseObjects, type ParsedItem } from './parse.js';
@@ -50,7 +50,12 @@ export interface FileSourceOptions {
 }
 
 interface Entry {
-  object: ModelObject;
+  /**
+   * until it is in the store: the store keeps it then, and a second copy
+   * here would be a third of kpng's memory (the file is read again in the
+   * rare case it is needed: an object two files define, one of them gone)
+   */
+  object?: ModelObject;
   /** of the converted object: an unchanged object keeps its entry and is not written again */
   hash: string;
 }
@@ -83,8 +88,8 @@ export class FileSource {
   private readonly graceMs: number;
   private readonly watching: boolean;
   private files = new Map<string, FileState>();
-  /** what is in the store from us */
-  private readonly applied = new Map<string, Entry>();
+  /** what is in the store from us: the hash of each object by model key */
+  private readonly applied = new Map<string, string>();
   /** per directory: its watcher and the directory's dev:ino when it was set up */
   private readonly watchers = new Map<string, { w: FSWatcher; id?: string }>();
   /** per path: the last problem logged about it, so it is logged once */
@@ -419,7 +424,8 @@ export class FileSource {
         continue;
       }
       if (out.has(it.key)) this.log.warn({ file, object: it.key }, 'file source: object defined twice in this file; the later one wins');
-      out.set(it.key, last && last.hash === it.hash ? last : { object: it.object, hash: it.hash });
+      // the last entry may have let its object go: kept only while the store has it
+      out.set(it.key, last && last.hash === it.hash && (last.object || this.applied.get(it.key) === it.hash) ? last : { object: it.object, hash: it.hash });
     }
     return out;
   }
@@ -457,7 +463,17 @@ export class FileSource {
     }
     const writes: [string, Entry | undefined][] = [];
     for (const k of this.applied.keys()) if (!desired.has(k)) writes.push([k, undefined]);
-    for (const [k, { entry }] of desired) if (this.applied.get(k) !== entry) writes.push([k, entry]);
+    let reread = false;
+    for (const [k, { entry, file }] of desired) {
+      if (this.applied.get(k) === entry.hash) continue;
+      if (entry.object) writes.push([k, entry]);
+      else {
+        // its object was let go once applied, and another file's version replaced it since
+        this.files.get(file)!.seen = undefined;
+        reread = true;
+      }
+    }
+    if (reread) this.changed();
     let i = 0;
     while (i < writes.length) {
       if (i) await nextTurn();
@@ -468,10 +484,11 @@ export class FileSource {
           if (i % BATCH_MIN === 0 && i && performance.now() - t0 > SLICE_MS) break;
           const [k, entry] = writes[i];
           if (entry) {
-            applyObject(tx, entry.object);
-            this.applied.set(k, entry);
+            applyObject(tx, entry.object!);
+            this.applied.set(k, entry.hash);
+            entry.object = undefined;
           } else {
-            deleteObject(tx, this.applied.get(k)!.object);
+            deleteByKey(tx, k);
             this.applied.delete(k);
           }
         }
