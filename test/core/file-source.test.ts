@@ -186,3 +186,28 @@ test('reloads run one at a time; asked for while one runs, one more runs after i
     t.done();
   }
 });
+
+test('an object two files define: when the later file lets it go, the earlier version comes back (the source keeps no copy of applied objects)', async () => {
+  const t = tmp();
+  const store = new Store();
+  const src = new FileSource(store, recordingLogger().log, { input: t.dir, debounceMs: 20 });
+  try {
+    writeFileSync(join(t.dir, 'a.yaml'), stringify(service('ns', 'web', { clusterIP: '10.96.0.1' })));
+    // a.yaml settled: the source trusts its stat and does not read it again by itself
+    await new Promise((r) => setTimeout(r, 2200));
+    await src.start();
+    const ip = () => store.getService('ns/web')?.service.IPs?.ClusterIPs?.V4[0];
+    assert.equal(ip(), '10.96.0.1');
+    writeFileSync(join(t.dir, 'b.yaml'), stringify(service('ns', 'web', { clusterIP: '10.96.0.2' })));
+    await until(() => ip() === '10.96.0.2', 'the later file wins');
+    rmSync(join(t.dir, 'b.yaml'));
+    await until(() => ip() === '10.96.0.1', 'the earlier file version back in the store');
+    // and it stays (no reload loop rewrites it)
+    const rev = store.rev;
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(store.rev, rev);
+  } finally {
+    await src.stop();
+    t.done();
+  }
+});
