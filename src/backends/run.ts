@@ -27,20 +27,35 @@ export function addBackendOptions(cmd: Command, def: BackendDefinition): void {
 /** backends one stream can feed at once (`to-local to-ebpf to-nft`) */
 const MAX_BACKENDS = 3;
 
+// The command line names at most a few backends; the full tree of
+// `to-<backend>` commands (each with the others under it) is hundreds of
+// commands: half a second and megabytes at every start. Once the words of
+// the command line are known, only the named backends get their subtrees;
+// the others are listed (for help) without theirs.
+let namedBackends: ReadonlySet<string> | undefined;
+
+/** Builds only the backends argv names in full (see addBackendCommands); undefined: all. */
+export function buildBackendsNamedIn(argv: readonly string[] | undefined): void {
+  namedBackends = argv && new Set(argv.filter((w) => w.startsWith('to-')).map((w) => w.slice(3)));
+}
+
 /**
  * `to-<backend> [flags]` commands under cmd, each with the other backends
  * under it again (up to MAX_BACKENDS in a row): the command line names
  * several backends for one stream, each with its own flags.
  */
 export function addBackendCommands(cmd: Command, go: (backends: readonly BackendSpec[]) => Promise<void> | void, chain: readonly { name: string; cmd: Command }[] = []): void {
-  for (const b of registeredBackends()) {
-    if (chain.some((c) => c.name === b.name)) continue;
+  const candidates = registeredBackends().filter((b) => !chain.some((c) => c.name === b.name));
+  const named = namedBackends && candidates.filter((b) => namedBackends!.has(b.name));
+  const pruned = named !== undefined && named.length > 0;
+  for (const b of pruned ? named : candidates) {
     const bc = cmd.command(`to-${b.name}`).description(chain.length ? `${b.description} (beside ${chain.map((c) => `to-${c.name}`).join(', ')})` : b.description);
     if (chain.length + 1 < MAX_BACKENDS) bc.enablePositionalOptions();
     addBackendOptions(bc, b);
     const here = [...chain, { name: b.name, cmd: bc }];
     bc.action(() => go(here.map((c) => ({ name: c.name, opts: c.cmd.opts() }))));
-    if (here.length < MAX_BACKENDS) addBackendCommands(bc, go, here);
+    // a backend the command line does not name only needs its own flags (for help)
+    if (here.length < MAX_BACKENDS && (namedBackends === undefined || pruned)) addBackendCommands(bc, go, here);
   }
 }
 

@@ -6,7 +6,7 @@ import { Store } from '../store/store.js';
 import { ServiceViews } from '../localstate/views.js';
 import { registeredSources, type SourceDefinition } from '../sources/registry.js';
 import { registeredSinks, type SinkDefinition } from '../sinks/registry.js';
-import { addBackendCommands, type BackendSpec } from '../backends/run.js';
+import { addBackendCommands, buildBackendsNamedIn, type BackendSpec } from '../backends/run.js';
 import { ConfigError } from '../backends/shared/config.js';
 import { startStats } from './stats.js';
 import { registeredCommands } from './commands.js';
@@ -99,5 +99,6 @@ export async function runMain(fn: (log: Logger, signal: AbortSignal) => Promise<
 }
 
 export async function main(argv = process.argv): Promise<void> {
+  buildBackendsNamedIn(argv);
   await buildProgram().parseAsync(argv);
 }

@@ -1,8 +1,23 @@
 // Applying converted Kubernetes objects to the store, shared by sources.
-import type { StoreTx } from '../store/store.js';
+import { encodeSlice, type StoreTx } from '../store/store.js';
 import type { Converted } from './objects.js';
 
-export type ModelObject = Exclude<Converted, { kind: 'Ignored' }>;
+/** an EndpointSlice already in the store's form (encodeSlice): what the file source's worker thread hands over */
+export interface EncodedSlice {
+  kind: 'EncodedSlice';
+  namespace: string;
+  name: string;
+  serviceName: string;
+  bytes: Uint8Array;
+}
+
+export type ModelObject = Exclude<Converted, { kind: 'Ignored' }> | EncodedSlice;
+
+/** the object in the form that costs least to hand over and store: a slice encoded */
+export function encodedObject(c: ModelObject): ModelObject {
+  if (c.kind !== 'EndpointSlice') return c;
+  return { kind: 'EncodedSlice', namespace: c.namespace, name: c.name, serviceName: c.serviceName, bytes: encodeSlice(c.serviceName, c.endpoints) };
+}
 
 /** kind/namespace/name: identifies an object across reloads */
 export function modelKey(c: ModelObject): string {
@@ -10,6 +25,8 @@ export function modelKey(c: ModelObject): string {
     case 'Service':
     case 'EndpointSlice':
       return `${c.kind}/${c.namespace}/${c.name}`;
+    case 'EncodedSlice':
+      return `EndpointSlice/${c.namespace}/${c.name}`;
     case 'Node':
     case 'ServiceCIDR':
       return `${c.kind}/${c.name}`;
@@ -20,6 +37,7 @@ export function applyObject(tx: StoreTx, c: ModelObject): void {
   switch (c.kind) {
     case 'Service': return tx.setService(c.service);
     case 'EndpointSlice': return tx.setSlice(c.namespace, c.name, c.serviceName, c.endpoints);
+    case 'EncodedSlice': return tx.setSliceBytes(c.namespace, c.name, c.serviceName, c.bytes);
     case 'Node': return tx.setNode(c.node);
     case 'ServiceCIDR': return tx.setServiceCIDR(c.cidr);
   }
@@ -39,7 +57,8 @@ export function deleteByKey(tx: StoreTx, key: string): void {
 export function deleteObject(tx: StoreTx, c: ModelObject): void {
   switch (c.kind) {
     case 'Service': return tx.deleteService(c.namespace, c.name);
-    case 'EndpointSlice': return tx.deleteSlice(c.namespace, c.name);
+    case 'EndpointSlice':
+    case 'EncodedSlice': return tx.deleteSlice(c.namespace, c.name);
     case 'Node': return tx.deleteNode(c.name);
     case 'ServiceCIDR': return tx.deleteServiceCIDR(c.name);
   }

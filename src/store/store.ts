@@ -3,7 +3,7 @@
 // update really changed something: writing what is already stored is a no-op
 // (compared on canonical protobuf bytes), so resyncs and irrelevant status
 // updates never wake anyone.
-import { toBinary } from '@bufbuild/protobuf';
+import { fromBinary, toBinary } from '@bufbuild/protobuf';
 import { EndpointInfoSchema, NodeSchema, type EndpointInfo, type Node } from '../api/gen/api/globalv1/api_pb.js';
 import { ServiceSchema, ServiceCIDRSchema, type Service, type ServiceCIDR } from '../api/gen/api/localv1/api_pb.js';
 import { bytesEqual, serviceKey } from '../api/model.js';
@@ -24,9 +24,39 @@ export interface StoredSlice {
   readonly namespace: string;
   readonly name: string;
   readonly serviceName: string;
+  /** decoded from bytes when read (SliceRecord) */
   readonly endpoints: readonly EndpointInfo[];
+  /** the canonical encoding (encodeSlice) */
   readonly bytes: Uint8Array;
 }
+
+/**
+ * An EndpointSlice as the store keeps it: its canonical bytes only. The
+ * decoded endpoints are most of a cluster's objects and are read only when
+ * a view is computed (once per change in a node agent), so they are decoded
+ * then; the last few decoded are kept, for the reads that come together.
+ */
+class SliceRecord implements StoredSlice {
+  constructor(
+    readonly key: string,
+    readonly namespace: string,
+    readonly name: string,
+    readonly serviceName: string,
+    readonly bytes: Uint8Array,
+  ) {}
+
+  get endpoints(): readonly EndpointInfo[] {
+    let eps = recentlyDecoded.get(this);
+    if (eps) return eps;
+    eps = decodeSliceEndpoints(this.bytes);
+    if (recentlyDecoded.size >= RECENT_MAX) recentlyDecoded.delete(recentlyDecoded.keys().next().value!);
+    recentlyDecoded.set(this, eps);
+    return eps;
+  }
+}
+
+const RECENT_MAX = 256;
+const recentlyDecoded = new Map<SliceRecord, readonly EndpointInfo[]>();
 
 export interface StoredNode {
   readonly node: Node;
@@ -55,6 +85,8 @@ export interface StoreTx {
   setService(svc: Service): void;
   deleteService(namespace: string, name: string): void;
   setSlice(namespace: string, name: string, serviceName: string, endpoints: EndpointInfo[]): void;
+  /** setSlice with the slice already encoded (encodeSlice), by a source that encoded it elsewhere (a worker thread) */
+  setSliceBytes(namespace: string, name: string, serviceName: string, bytes: Uint8Array): void;
   deleteSlice(namespace: string, name: string): void;
   setNode(node: Node): void;
   deleteNode(name: string): void;
@@ -136,13 +168,13 @@ export class Store {
         this.services.delete(key);
         touchService(key);
       },
-      setSlice: (namespace, name, serviceName, endpoints) => {
+      setSlice: (namespace, name, serviceName, endpoints) => tx.setSliceBytes(namespace, name, serviceName, encodeSlice(serviceName, endpoints)),
+      setSliceBytes: (namespace, name, serviceName, bytes) => {
         this.eventCount++;
         const key = `${namespace}/${name}`;
-        const bytes = encodeSlice(serviceName, endpoints);
         const prev = this.slices.get(key);
         if (prev && bytesEqual(prev.bytes, bytes)) return;
-        const stored: StoredSlice = { key, namespace, name, serviceName, endpoints: compact(EndpointInfoSchema, endpoints), bytes };
+        const stored = new SliceRecord(key, namespace, name, serviceName, bytes);
         undo.push(() => {
           this.unindexSlice(stored);
           if (prev) {
@@ -282,7 +314,8 @@ export class Store {
   }
 }
 
-function encodeSlice(serviceName: string, endpoints: EndpointInfo[]): Uint8Array {
+/** A slice's canonical bytes: the service name, a NUL, then each endpoint's encoding after its length (4 bytes, big-endian). */
+export function encodeSlice(serviceName: string, endpoints: readonly EndpointInfo[]): Uint8Array {
   const parts: Uint8Array[] = [Buffer.from(serviceName + '\0')];
   for (const e of endpoints) {
     const b = toBinary(EndpointInfoSchema, e);
@@ -290,5 +323,24 @@ function encodeSlice(serviceName: string, endpoints: EndpointInfo[]): Uint8Array
     len.writeUInt32BE(b.length);
     parts.push(len, b);
   }
-  return Buffer.concat(parts);
+  // a buffer of its own: a slice of Buffer's shared pool would keep the whole pool alive
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let off = 0;
+  for (const p of parts) {
+    out.set(p, off);
+    off += p.length;
+  }
+  return out;
+}
+
+function decodeSliceEndpoints(bytes: Uint8Array): readonly EndpointInfo[] {
+  let off = bytes.indexOf(0) + 1;
+  const out: EndpointInfo[] = [];
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  while (off < bytes.length) {
+    const len = view.getUint32(off);
+    out.push(fromBinary(EndpointInfoSchema, bytes.subarray(off + 4, off + 4 + len)));
+    off += 4 + len;
+  }
+  return out;
 }

@@ -4,7 +4,7 @@
 import { createHash } from 'node:crypto';
 import { Composer, LineCounter, Parser } from 'yaml';
 import { convertObject, flattenObjects, InvalidObject, objectRef } from '../objects.js';
-import { modelKey, type ModelObject } from '../apply.js';
+import { encodedObject, modelKey, type ModelObject } from '../apply.js';
 
 /** the file's content cannot be taken: a syntax error, Lists nested too deep */
 export class ParseFailed extends Error {}
@@ -76,7 +76,10 @@ function convert(raw: unknown): ParsedItem {
     return { key: keyOfRaw(raw), ref: objectRef(raw), field: e.field, reason: e.reason, message: e.message };
   }
   if (c.kind === 'Ignored') return { ref: objectRef(raw), ignored: c.reason };
-  return { key: modelKey(c), object: c, hash: objectHash(c) };
+  // slices (most objects) cross to the main thread as their bytes: cheap to
+  // clone, nothing to encode or copy there, and the hash comes from them
+  const object = encodedObject(c);
+  return { key: modelKey(object), object, hash: object.kind === 'EncodedSlice' ? createHash('sha1').update(object.bytes).digest('base64') : objectHash(object) };
 }
 
 /** the model key an object would have, to find its last good version */
