@@ -259,6 +259,8 @@ export async function runLocalDiff(diff: LocalDiff, sink: { send(op: LocalOp): v
       if (signal?.aborted) break;
       const ops = diff.next();
       for (const op of ops) await sink.send(op);
+      // waiting for the next change, this frame must not keep the ops (and their views)
+      ops.length = 0;
     }
   } finally {
     signal?.removeEventListener('abort', onAbort);

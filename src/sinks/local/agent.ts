@@ -10,6 +10,7 @@ import type { LocalOp, LocalSink } from '../../diff/ops.js';
 import { startBackends, type BackendSpec, type StartedBackend } from '../../backends/run.js';
 import type { SyncResult } from '../../backends/shared/runner.js';
 import { metrics } from '../../backends/shared/metrics.js';
+import { trimMemory } from '../../memory.js';
 
 export interface NodeAgentOptions {
   /** one backend, or several on the same stream (each gets every op) */
@@ -115,7 +116,11 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
   o.signal.addEventListener('abort', onAbort, { once: true });
   void b.done.then(() => stop.abort());
   const latency = new ProgrammingLatency(b.reporting, o.changedAt);
-  const unsubscribe = b.onResult((r, backend) => latency.synced(r, backend));
+  const unsubscribe = b.onResult((r, backend) => {
+    latency.synced(r, backend);
+    // a full sync (start-up, a reconnect) is the burst that grows the heap
+    if (r.ok && r.full) trimMemory();
+  });
   const sink: LocalSink = {
     send: (op: LocalOp) => {
       latency.delivering(op);

@@ -54,6 +54,8 @@ registerSink({
               changed.clear();
               for (const op of ops) await sink.send(op);
               if (!ops.length) continue;
+              // this frame waits for the next change: it must not keep the ops (and their views) meanwhile
+              ops.length = 0;
               metrics.apiEvents.set(ctx.store.events);
               metrics.revisions.set(ctx.store.rev);
             }

@@ -11,6 +11,7 @@ import { constants, watch, type BigIntStats, type Dirent, type FSWatcher } from 
 import { open, readdir, stat } from 'node:fs/promises';
 import { dirname, extname, join, resolve, sep } from 'node:path';
 import { setImmediate as nextTurn } from 'node:timers/promises';
+import { availableParallelism } from 'node:os';
 import type { Logger } from '../../log.js';
 import type { Store } from '../../store/store.js';
 import { KINDS } from '../../store/store.js';
@@ -25,6 +26,7 @@ const EXTENSIONS = new Set(['.yaml', '.yml', '.json']);
 const INLINE_MAX = { yaml: 64 * 1024, json: 1024 * 1024 };
 /** files read at once */
 const READ_CONCURRENCY = 8;
+const PARSER_THREADS = Math.min(2, availableParallelism());
 /** store writes between two looks at the clock: a reload is one store update unless it takes longer than SLICE_MS */
 const BATCH_MIN = 100;
 /** main-thread work between two turns of the event loop */
@@ -94,7 +96,9 @@ export class FileSource {
   private readonly watchers = new Map<string, { w: FSWatcher; id?: string }>();
   /** per path: the last problem logged about it, so it is logged once */
   private readonly noted = new Map<string, string>();
-  private readonly parser = new ParserThread();
+  // while the threads parse a directory of large files, the main thread
+  // mostly waits: on two cores, two threads halve a cold start's parsing
+  private readonly parsers = Array.from({ length: PARSER_THREADS }, () => new ParserThread());
   private running?: Promise<void>;
   private queued?: Promise<void>;
   private stopped = false;
@@ -133,7 +137,7 @@ export class FileSource {
     clearTimeout(this.debounceTimer);
     clearTimeout(this.heldTimer);
     clearTimeout(this.retryTimer);
-    await this.parser.close();
+    await Promise.all(this.parsers.map((p) => p.close()));
     await this.running;
   }
 
@@ -406,7 +410,8 @@ export class FileSource {
     }
     // the buffer goes to the worker; it must be ours alone
     const own = data.byteOffset === 0 && data.byteLength === data.buffer.byteLength ? data : new Uint8Array(data);
-    return this.parser.parse(own, json, take).then(() => items);
+    const parser = this.parsers.reduce((a, b) => (b.pending < a.pending ? b : a));
+    return parser.parse(own, json, take).then(() => items);
   }
 
   /** the file's objects from a good read; invalid ones keep their last good version */

@@ -22,6 +22,11 @@ export class ParserThread {
 
   constructor(private readonly idleMs = 2000) {}
 
+  /** parses under way */
+  get pending(): number {
+    return this.jobs.size;
+  }
+
   /**
    * Parses data (its buffer is transferred: the caller must not use it
    * again), handing out converted objects as they come. Fails with
