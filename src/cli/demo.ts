@@ -162,16 +162,18 @@ export async function runDemo(opts: { example?: string; node?: string; backend?:
       }
     }
     if (!rows.length) throw new Error('kpng demo: the example has no Service to send traffic to');
-    const first = rows[0];
+    // one row from inside and one from outside: with --backend ebpf the pod
+    // client is served by eBPF and outside traffic by to-nft, which may sync later
+    const firsts = rows.filter((r, i) => rows.findIndex((x) => x.fromLabel === r.fromLabel) === i);
     const ready = await poll(
       () => {
         if (kpng!.process.exitCode !== null) throw new Error(`kpng exited (${kpng!.process.exitCode}):\n${kpng!.stderr.slice(-3000)}`);
-        return lab!.connect({ from: first.from, to: first.to, port: first.port, protocol: first.protocol });
+        return Promise.all(firsts.map((r) => lab!.connect({ from: r.from, to: r.to, port: r.port, protocol: r.protocol })));
       },
-      (o) => o.kind === 'answered',
+      (os) => os.every((o) => o.kind === 'answered'),
       { timeoutMs: 30_000, everyMs: 100, signal },
     );
-    if (!ready.ok) throw new Error(`kpng did not program ${rows[0].to}:${rows[0].port} within 30 s\n${kpng.stderr.slice(-3000)}`);
+    if (!ready.ok) throw new Error(`kpng did not program ${firsts.map((r) => `${r.to}:${r.port}`).join(' and ')} within 30 s\n${kpng.stderr.slice(-3000)}`);
     say(`  kpng programmed the node ${ready.ms} ms after it started`);
 
     const measure = (r: Row) => lab!.burst({ from: r.from, to: r.to, port: r.port, protocol: r.protocol, count: CONNECTIONS });
