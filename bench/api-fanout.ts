@@ -208,7 +208,7 @@ export default async function main(args: string[]) {
   if (!process.env.KPNG_BENCH_PRETENURING) tuneHeapForFanOut(Number(process.env.KPNG_BENCH_HEAP_GROWTH ?? DEFAULT_HEAP_GROWTH_PERCENT));
   const log = pino({ level: 'warn' });
   const t0 = now();
-  const store = new Store();
+  const store = new Store({ keepDecodedSlices: true }); // as to-api runs it
   const cluster = buildCluster(store, c);
   const views = new ServiceViews(store, "", { keepDecoded: false }); // as to-api runs it
   console.log(`cluster: ${c.nodes} nodes, ${c.services} services, ${c.services * c.endpoints} endpoints (built in ${(now() - t0).toFixed(0)} ms, rss ${mb(process.memoryUsage.rss())} MB)`);

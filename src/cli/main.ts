@@ -30,7 +30,8 @@ export async function runPipeline(p: {
   log: Logger;
   signal: AbortSignal;
 }): Promise<void> {
-  const store = new Store();
+  // a server fanning out views computes each slice's many times: it keeps them decoded
+  const store = new Store({ keepDecodedSlices: !!p.sink.compactViews });
   const views = new ServiceViews(store, p.sourceOpts.serviceProxyName ?? '', { keepDecoded: !p.sink.compactViews });
   const stopStats = p.sourceOpts.stats ? startStats(store) : undefined;
   const source = await p.source.start(p.sourceOpts, { store, log: p.log, signal: p.signal });

@@ -55,6 +55,21 @@ class SliceRecord implements StoredSlice {
   }
 }
 
+/** A slice kept decoded as well (Store's keepDecodedSlices): for a process that computes many views of each slice. */
+class DecodedSliceRecord implements StoredSlice {
+  readonly endpoints: readonly EndpointInfo[];
+  constructor(
+    readonly key: string,
+    readonly namespace: string,
+    readonly name: string,
+    readonly serviceName: string,
+    readonly bytes: Uint8Array,
+    endpoints: readonly EndpointInfo[] | undefined,
+  ) {
+    this.endpoints = compact(EndpointInfoSchema, endpoints ?? decodeSliceEndpoints(bytes));
+  }
+}
+
 const RECENT_MAX = 256;
 const recentlyDecoded = new Map<SliceRecord, readonly EndpointInfo[]>();
 
@@ -98,7 +113,22 @@ export interface StoreTx {
 
 type Listener = (change: StoreChange) => void;
 
+export interface StoreOptions {
+  /**
+   * keep each EndpointSlice decoded as well as encoded: a brain (to-api)
+   * computes a view of a slice for every class of node, and decoding it each
+   * time costs more than keeping it; a node agent computes one
+   */
+  readonly keepDecodedSlices?: boolean;
+}
+
 export class Store {
+  private readonly keepDecodedSlices: boolean;
+
+  constructor(opts: StoreOptions = {}) {
+    this.keepDecodedSlices = opts.keepDecodedSlices ?? false;
+  }
+
   private readonly services = new Map<string, StoredService>();
   private readonly slices = new Map<string, StoredSlice>();
   private readonly slicesByService = new Map<string, Set<string>>();
@@ -149,6 +179,27 @@ export class Store {
       undo.push(() => (had ? m.set(key, prev as V) : m.delete(key)));
     };
 
+    const setSlice = (namespace: string, name: string, serviceName: string, bytes: Uint8Array, endpoints: readonly EndpointInfo[] | undefined) => {
+      this.eventCount++;
+      const key = `${namespace}/${name}`;
+      const prev = this.slices.get(key);
+      if (prev && bytesEqual(prev.bytes, bytes)) return;
+      const stored: StoredSlice = this.keepDecodedSlices ? new DecodedSliceRecord(key, namespace, name, serviceName, bytes, endpoints) : new SliceRecord(key, namespace, name, serviceName, bytes);
+      undo.push(() => {
+        this.unindexSlice(stored);
+        if (prev) {
+          this.slices.set(key, prev);
+          this.indexSlice(prev);
+        } else this.slices.delete(key);
+      });
+      if (prev && prev.serviceName !== serviceName) this.unindexSlice(prev);
+      this.slices.set(key, stored);
+      this.indexSlice(stored);
+      slices.add(key);
+      if (prev && prev.serviceName !== serviceName) touchService(serviceKey(namespace, prev.serviceName));
+      touchService(serviceKey(namespace, serviceName));
+    };
+
     const tx: StoreTx = {
       setService: (svc) => {
         this.eventCount++;
@@ -168,27 +219,8 @@ export class Store {
         this.services.delete(key);
         touchService(key);
       },
-      setSlice: (namespace, name, serviceName, endpoints) => tx.setSliceBytes(namespace, name, serviceName, encodeSlice(serviceName, endpoints)),
-      setSliceBytes: (namespace, name, serviceName, bytes) => {
-        this.eventCount++;
-        const key = `${namespace}/${name}`;
-        const prev = this.slices.get(key);
-        if (prev && bytesEqual(prev.bytes, bytes)) return;
-        const stored = new SliceRecord(key, namespace, name, serviceName, bytes);
-        undo.push(() => {
-          this.unindexSlice(stored);
-          if (prev) {
-            this.slices.set(key, prev);
-            this.indexSlice(prev);
-          } else this.slices.delete(key);
-        });
-        if (prev && prev.serviceName !== serviceName) this.unindexSlice(prev);
-        this.slices.set(key, stored);
-        this.indexSlice(stored);
-        slices.add(key);
-        if (prev && prev.serviceName !== serviceName) touchService(serviceKey(namespace, prev.serviceName));
-        touchService(serviceKey(namespace, serviceName));
-      },
+      setSlice: (namespace, name, serviceName, endpoints) => setSlice(namespace, name, serviceName, encodeSlice(serviceName, endpoints), endpoints),
+      setSliceBytes: (namespace, name, serviceName, bytes) => setSlice(namespace, name, serviceName, bytes, undefined),
       deleteSlice: (namespace, name) => {
         this.eventCount++;
         const key = `${namespace}/${name}`;

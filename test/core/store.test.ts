@@ -2,7 +2,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { syncedStore, load, service, slice, node } from '../helpers/k8s.js';
-import { Store, KINDS } from '../../src/store/store.js';
+import { Store, KINDS, encodeSlice } from '../../src/store/store.js';
 import { convertObject } from '../../src/sources/objects.js';
 
 const convertOne = (o: Record<string, unknown>) => {
@@ -109,4 +109,32 @@ test('the bookkeeping of deleted Services stays bounded', () => {
   load(store, [service('ns', 'x'), slice('ns', 'x-1', 'x', [{ ip: '10.0.0.1' }])]);
   store.update((tx) => tx.deleteService('ns', 'x'));
   assert.ok(store.serviceVersion('ns/x') > 0);
+});
+
+test('a slice kept as bytes (a node agent) or decoded too (a brain) reads back the same endpoints, written either way; the same bytes again change nothing', () => {
+  const conv = (o: Record<string, unknown>) => {
+    const c = convertObject(o);
+    if (c.kind !== 'EndpointSlice') throw new Error('not a slice');
+    return c;
+  };
+  const s1 = conv(slice('ns', 'a-1', 'a', [{ ip: '10.0.0.1', node: 'n1', pod: 'p1' }, { ip: '10.0.0.2', node: 'n2', pod: 'p2' }]));
+  for (const keepDecodedSlices of [false, true]) {
+    const byObjects = new Store({ keepDecodedSlices });
+    const byBytes = new Store({ keepDecodedSlices });
+    byObjects.update((tx) => tx.setSlice('ns', 'a-1', 'a', s1.endpoints));
+    byBytes.update((tx) => tx.setSliceBytes('ns', 'a-1', 'a', encodeSlice('a', s1.endpoints)));
+    for (const st of [byObjects, byBytes]) {
+      const got = st.getSlice('ns/a-1')!;
+      assert.equal(got.serviceName, 'a');
+      assert.deepEqual(got.endpoints.map((e) => [e.PodName, e.Endpoint?.IPs?.V4, e.Endpoint?.IPs?.V6, e.Topology?.Node]), [
+        ['p1', ['10.0.0.1'], [], 'n1'],
+        ['p2', ['10.0.0.2'], [], 'n2'],
+      ]);
+      // many slices read in turn (past any cache of decoded ones) still read right
+      assert.deepEqual(st.getSlice('ns/a-1')!.endpoints, got.endpoints);
+    }
+    const rev = byObjects.rev;
+    byObjects.update((tx) => tx.setSliceBytes('ns', 'a-1', 'a', encodeSlice('a', s1.endpoints)));
+    assert.equal(byObjects.rev, rev, 'the same bytes are no change');
+  }
 });
