@@ -17,18 +17,19 @@
 // inspector, opened with SIGUSR1 once everything else is measured), CPU
 // seconds (utime + stime) to programmed and in all; then one endpoint change
 // (a slice file rewritten, or the slice replaced on the API server) -> the
-// kernel has the new endpoint (nft monitor), p50/p99.
-// kpng runs compiled (tsc into .scratch/, as dist/ is built); --tsx runs
+// kernel has the new endpoint (nftables' change events, over netlink),
+// p50/p99.
+// kpng runs compiled (tsc into .bench-dist/, as dist/ is built: its ../package.json is kpng's); --tsx runs
 // bin/kpng.js from the sources instead.
 import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync, statSync } from 'node:fs';
-import { createInterface } from 'node:readline';
 import { loadavg, tmpdir, totalmem, freemem, cpus } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { BenchNamespaces, arg, pct, now, vip } from './_scale.js';
 import { service, slice, node } from '../test/helpers/k8s.js';
 import { TestApiServer, certKubeconfig, type KubeObject } from '../test/helpers/apiserver.js';
+import { NetlinkSocket, NetlinkWriter, NLM_F_DUMP, NLM_F_REQUEST } from '../src/backends/shared/kernel.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const NODES = 100;
@@ -70,7 +71,7 @@ const list = (items: object[]) => JSON.stringify({ apiVersion: 'v1', kind: 'List
  * Services and slices in files of 1000; the slices changes touch are each in
  * a file of their own (a change rewrites one small file).
  */
-function writeCluster(dir: string, services: number, targets: number): void {
+export function writeCluster(dir: string, services: number, targets: number): void {
   mkdirSync(dir, { recursive: true });
   writeFileSync(join(dir, 'nodes.json'), list(nodeObjs()));
   const changing = new Set(Array.from({ length: targets }, (_, i) => target(services, targets, i)));
@@ -85,7 +86,7 @@ function writeCluster(dir: string, services: number, targets: number): void {
 }
 
 /** rewrites one slice file as editors and config tools do: a temporary name (skipped: it starts with a dot), then rename */
-function rewriteSlice(dir: string, s: number, gen: number): void {
+export function rewriteSlice(dir: string, s: number, gen: number): void {
   const tmp = join(dir, `.slice-${s}.json.tmp`);
   writeFileSync(tmp, JSON.stringify(sliceObj(s, gen)));
   renameSync(tmp, join(dir, `slice-${s}.json`));
@@ -173,20 +174,75 @@ async function lastUpdated(port: number): Promise<string> {
   }
 }
 
-/**
- * Elements in kpng's table (ip kpng), per set or map. One listing: counted
- * after /healthz said synced (the sync it reports is one committed
- * transaction), so its own time does not count.
- */
-function tableElements(): Map<string, number> {
-  const r = spawnSync('nft', ['-j', 'list', 'table', 'ip', 'kpng'], { encoding: 'utf8', maxBuffer: 2 ** 30, timeout: 120_000 });
+// The kernel read over netlink (kpng's own netlink code): the nft tool
+// takes minutes on a table of 150k elements here, and nft monitor as long
+// to start listening.
+const NETLINK_NETFILTER = 12;
+const NFNLGRP_NFTABLES = 7;
+const NFT_MSG_NEWSETELEM = (10 << 8) | 12;
+const NFT_MSG_GETSETELEM = (10 << 8) | 13;
+const NFPROTO_IPV4 = 2;
+
+/** the payload attributes of one list attribute, counted (every entry has the same type) */
+function countAttrs(b: Buffer | undefined): number {
+  let n = 0;
+  for (let a = 0; b && a + 4 <= b.length; n++) {
+    const len = b.readUInt16LE(a);
+    if (len < 4) break;
+    a += (len + 3) & ~3;
+  }
+  return n;
+}
+
+/** Elements in kpng's table (ip kpng) per set or map, dumped from the kernel. */
+function tableElements(sets: string[]): Map<string, number> {
+  const nl = new NetlinkSocket(NETLINK_NETFILTER, undefined, 32 << 20);
   const counts = new Map<string, number>();
-  if (r.status !== 0) return counts;
-  for (const o of (JSON.parse(r.stdout) as { nftables: Record<string, { name: string; elem?: unknown[] }>[] }).nftables) {
-    const x = o.set ?? o.map;
-    if (x) counts.set(x.name, x.elem?.length ?? 0);
+  try {
+    for (const [i, set] of sets.entries()) {
+      nl.send(new NetlinkWriter().begin(NFT_MSG_GETSETELEM, NLM_F_REQUEST | NLM_F_DUMP, i + 1, [NFPROTO_IPV4, 0, 0]).string(1, 'kpng').string(2, set).end().take());
+      let n = 0;
+      let done = false;
+      nl.await(
+        () => done,
+        (m) => {
+          if (m.seq !== i + 1) return;
+          if (m.isDone || m.isError) done = true;
+          else if (m.type === NFT_MSG_NEWSETELEM) n += countAttrs(m.bytes(m.attrs().get(3)));
+        },
+        120_000,
+      );
+      counts.set(set, n);
+    }
+  } catch {
+    // no table yet
+  } finally {
+    nl.close();
   }
   return counts;
+}
+
+/** Set element additions as they are committed: has(ip) once one carried ip. */
+class ElementWatch {
+  private readonly nl = new NetlinkSocket(NETLINK_NETFILTER, undefined, 32 << 20);
+  private readonly seen = new Set<string>();
+
+  constructor() {
+    this.nl.membership(NFNLGRP_NFTABLES, true);
+  }
+
+  /** whether an element with ip (IPv4) was added since the last call that found it */
+  has(ip: string): boolean {
+    const want = Buffer.from(ip.split('.').map(Number));
+    this.nl.drain((m) => {
+      if (m.type === NFT_MSG_NEWSETELEM && m.bytes(m.attrs().get(3))!.indexOf(want) >= 0) this.seen.add(ip);
+    });
+    return this.seen.delete(ip);
+  }
+
+  close(): void {
+    this.nl.close();
+  }
 }
 
 /** what the table must hold for `services` Services: each one's ClusterIP, and its 5 endpoints */
@@ -269,7 +325,7 @@ async function runOne(p: RunParams): Promise<RunResult> {
   const sock = (n: string) => `unix://${join(p.run, n)}`;
   let server: TestApiServer | undefined;
   const procs: Kpng[] = [];
-  let monitor: ChildProcess | undefined;
+  let watch: ElementWatch | undefined;
   try {
     let kubeconfig = '';
     if (p.way === 'kube') {
@@ -304,7 +360,7 @@ async function runOne(p: RunParams): Promise<RunResult> {
     let elements = new Map<string, number>();
     let listings = 0;
     await until(
-      () => (listings++, (elements = tableElements()), Object.entries(want).every(([k, n]) => elements.get(k) === n)),
+      () => (listings++, (elements = tableElements(Object.keys(want))), Object.entries(want).every(([k, n]) => elements.get(k) === n)),
       p.timeoutMs,
       () => `the kernel's table holds ${JSON.stringify(Object.fromEntries(elements))}, expected ${JSON.stringify(want)}`,
       500,
@@ -317,23 +373,15 @@ async function runOne(p: RunParams): Promise<RunResult> {
     const steady = procs.map((k) => procStat(k.pid).rss);
 
     // one endpoint change at a time -> the kernel has its new IP
-    monitor = spawn('nft', ['monitor', 'elements'], { stdio: ['ignore', 'pipe', 'ignore'] });
-    let seen = '';
-    let lines = 0;
-    createInterface({ input: monitor.stdout! }).on('line', (l) => {
-      lines++;
-      if (seen && l.includes(seen)) seen = '';
-    });
-    await sleep(300);
+    watch = new ElementWatch();
     const changeMs: number[] = [];
     for (let i = 0; i < p.changes; i++) {
       const s = target(p.services, p.targets, i);
       const ip = changedIP(i);
-      seen = ` ${ip} `;
       const t = now();
       if (p.way === 'kube') server!.put(sliceObj(s, i + 1));
       else rewriteSlice(p.dir, s, i + 1);
-      await until(() => (alive(), seen === ''), 30_000, () => `change ${i} (${ip} for svc-${s}) did not reach the kernel (${lines} monitor lines)\n${tail()}`, 1);
+      await until(() => (alive(), watch!.has(ip)), 30_000, () => `change ${i} (${ip} for svc-${s}) did not reach the kernel\n${tail()}`, 1);
       changeMs.push(now() - t);
       await sleep(CHANGE_GAP_MS);
     }
@@ -353,7 +401,7 @@ async function runOne(p: RunParams): Promise<RunResult> {
       changeMs,
     };
   } finally {
-    monitor?.kill('SIGKILL');
+    watch?.close();
     for (const k of procs) await k.stop();
     await server?.close();
   }
@@ -402,9 +450,9 @@ function toFile(kpng: string[], dir: string, out: string, format: string, timeou
 
 // --- the benchmark
 
-/** Compiles kpng once for this run, as dist/ is built but into .scratch/ (others may use dist/). */
+/** Compiles kpng once for this run, as dist/ is built but into .bench-dist/ (others may use dist/; its ../package.json must be kpng's). */
 function compile(): string[] {
-  const out = join(ROOT, '.scratch/bench-node-agent');
+  const out = join(ROOT, '.bench-dist');
   const r = spawnSync(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', 'tsconfig.build.json', '--outDir', out, '--declaration', 'false', '--sourceMap', 'false'], { cwd: ROOT, encoding: 'utf8' });
   if (r.status !== 0) throw new Error(`node-agent: tsc failed (use --tsx to run the sources):\n${(r.stdout + r.stderr).slice(0, 2000)}`);
   return [process.execPath, join(out, 'cli/index.js')];
