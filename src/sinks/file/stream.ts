@@ -28,11 +28,13 @@ const jsonAt = (v: unknown, depth: number) => JSON.stringify(v, null, 2).replace
 /**
  * Strings the yaml library writes plain (unquoted): letters, digits and
  * `_ . / -`, not starting with an indicator, a digit, `.`, `-`, or a sign,
- * not one of YAML 1.2's null and boolean words. Anything else is asked of
- * the library.
+ * not one of YAML 1.2's null and boolean words; and dotted ones (DOTTED).
+ * Anything else is asked of the library.
  */
 const PLAIN = /^[A-Za-z_][A-Za-z0-9_./-]*$/;
 const RESERVED = /^(?:[Nn]ull|NULL|[Tt]rue|TRUE|[Ff]alse|FALSE)$/;
+/** IPv4 addresses and CIDRs, versions: two dots or more are never a number (most of a state's strings) */
+const DOTTED = /^[0-9][0-9]*(?:\.[0-9A-Za-z_-]+){2,}(?:\/[0-9]+)?$/;
 const SINGLE_LINE = /^[^\n]*\n$/;
 
 class Scalars {
@@ -46,7 +48,7 @@ class Scalars {
       if (Number.isSafeInteger(v) && !Object.is(v, -0)) return String(v);
       return this.ask(this.values, `n:${v}`, () => toYAML(v, YAML_OPTIONS));
     }
-    if (PLAIN.test(v) && !RESERVED.test(v)) return v;
+    if ((PLAIN.test(v) && !RESERVED.test(v)) || DOTTED.test(v)) return v;
     return this.ask(this.values, v, () => toYAML(v, YAML_OPTIONS));
   }
 
