@@ -70,8 +70,19 @@ export class BenchNamespaces {
     return ns;
   }
 
+  /** kills what still runs in ns (the processes of a killed child), then removes it */
   remove(ns: string): void {
-    if (this.live.delete(ns)) spawnSync('ip', ['netns', 'del', ns]);
+    if (!this.live.delete(ns)) return;
+    // a namespace outlives its removal while a process is in it
+    const pids = spawnSync('ip', ['netns', 'pids', ns], { encoding: 'utf8' }).stdout ?? '';
+    for (const pid of pids.split('\n').filter(Boolean)) {
+      try {
+        process.kill(Number(pid), 'SIGKILL');
+      } catch {
+        /* gone already */
+      }
+    }
+    spawnSync('ip', ['netns', 'del', ns]);
   }
 
   /** kills what runs, removes every namespace left, stops handling signals */

@@ -1,7 +1,8 @@
 // to-file: the node-local state (with --node-name) or the global state, as
 // YAML or JSON, rewritten atomically (temp file + rename) after each change;
-// "-" writes each new state to stdout.
-import { writeFileSync, renameSync } from 'node:fs';
+// "-" writes each new state to stdout. The text is streamed one Service at a
+// time (stream.ts): the same bytes as formatDocument of the whole document.
+import { writeFileSync, renameSync, openSync, writeSync, closeSync, rmSync } from 'node:fs';
 import { toJson, type DescMessage, type MessageShape } from '@bufbuild/protobuf';
 import { stringify as toYAML } from 'yaml';
 import * as L from '../../api/gen/api/localv1/api_pb.js';
@@ -12,6 +13,7 @@ import { FullStateSink, type FullState } from '../../diff/fullstate.js';
 import type { Store } from '../../store/store.js';
 import { DEFAULT_BRAIN_SOCKET, STATE_SOCKET_HELP, startStateSocket } from '../api/state-socket.js';
 import { registerSink } from '../registry.js';
+import { documentChunks, type Format } from './stream.js';
 
 const json = <D extends DescMessage>(schema: D, m: MessageShape<D>) => toJson(schema, m);
 
@@ -38,6 +40,31 @@ export function globalStateDocument(store: Store): Record<string, unknown> {
   };
 }
 
+/** nodeStateDocument(state) as text, one Service at a time */
+export function nodeStateChunks(state: FullState, format: Format): Iterable<string> {
+  const head = { node: state.node ? json(L.NodeSchema, state.node) : null, serviceCIDRs: state.serviceCIDRs.map((c) => json(L.ServiceCIDRSchema, c)) };
+  const items = (function* () {
+    for (const s of state.services) yield { service: json(L.ServiceSchema, s.service), endpoints: s.endpoints.map((e) => json(L.EndpointSchema, e)) };
+  })();
+  return documentChunks(format, head, 'services', items, state.services.length);
+}
+
+/** globalStateDocument(store) as text, one Service at a time (read from the store as it goes: write it before the store changes) */
+export function globalStateChunks(store: Store, format: Format): Iterable<string> {
+  const byName = <T>(list: T[], key: (x: T) => string) => list.sort((a, b) => (key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0));
+  const head = {
+    nodes: byName([...store.allNodes()], (n) => n.node.Name).map((n) => json(G.NodeSchema, n.node)),
+    serviceCIDRs: store.serviceCIDRs().map((c) => json(L.ServiceCIDRSchema, c.cidr)),
+  };
+  const services = byName([...store.allServices()], (s) => s.key);
+  const items = (function* () {
+    for (const s of services) {
+      yield { service: json(L.ServiceSchema, s.service), endpoints: store.slicesOfService(s.key).flatMap((sl) => sl.endpoints.map((e) => json(G.EndpointInfoSchema, e))) };
+    }
+  })();
+  return documentChunks(format, head, 'services', items, services.length);
+}
+
 export function formatDocument(doc: unknown, format: 'yaml' | 'json'): string {
   return format === 'json' ? JSON.stringify(doc, null, 2) + '\n' : toYAML(doc, { lineWidth: 0 });
 }
@@ -45,6 +72,37 @@ export function formatDocument(doc: unknown, format: 'yaml' | 'json'): string {
 export function writeAtomically(path: string, text: string): void {
   const tmp = `${path}.tmp-${process.pid}`;
   writeFileSync(tmp, text);
+  renameSync(tmp, path);
+}
+
+/** about this much text goes to one write */
+const BATCH = 1 << 20;
+
+/** chunks into batches of about BATCH characters */
+function* batches(chunks: Iterable<string>): Generator<string> {
+  let buf = '';
+  for (const c of chunks) {
+    buf += c;
+    if (buf.length >= BATCH) {
+      yield buf;
+      buf = '';
+    }
+  }
+  if (buf) yield buf;
+}
+
+/** writeAtomically, the text coming in chunks: a temporary file written as they come, then renamed */
+export function writeChunksAtomically(path: string, chunks: Iterable<string>): void {
+  const tmp = `${path}.tmp-${process.pid}`;
+  const fd = openSync(tmp, 'w');
+  try {
+    for (const b of batches(chunks)) writeSync(fd, b);
+  } catch (e) {
+    closeSync(fd);
+    rmSync(tmp, { force: true });
+    throw e;
+  }
+  closeSync(fd);
   renameSync(tmp, path);
 }
 
@@ -60,12 +118,14 @@ registerSink({
       .option('--state-socket <address>', STATE_SOCKET_HELP, DEFAULT_BRAIN_SOCKET);
   },
   async run(opts, ctx) {
-    const format = opts.format === 'json' ? 'json' : 'yaml';
+    const format: Format = opts.format === 'json' ? 'json' : 'yaml';
     let first = true;
-    const write = (doc: unknown) => {
-      const text = formatDocument(doc, format);
-      if (opts.output === '-') process.stdout.write((format === 'yaml' && !first ? '---\n' : '') + text);
-      else writeAtomically(opts.output, text);
+    // synchronously, whole: the state does not change while it is written
+    const write = (chunks: Iterable<string>) => {
+      if (opts.output === '-') {
+        if (format === 'yaml' && !first) process.stdout.write('---\n');
+        for (const b of batches(chunks)) process.stdout.write(b);
+      } else writeChunksAtomically(opts.output, chunks);
       first = false;
     };
     const stop = new AbortController();
@@ -77,7 +137,7 @@ registerSink({
     try {
       if (nodeName) {
         const sink = new FullStateSink((state) => {
-          write(nodeStateDocument(state));
+          write(nodeStateChunks(state, format));
           if (opts.once) stop.abort();
         });
         const diff = new LocalDiff(ctx.store, ctx.views, nodeName, { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
@@ -90,7 +150,7 @@ registerSink({
         const flush = () => {
           scheduled = false;
           if (stop.signal.aborted || !ctx.store.allSynced) return;
-          write(globalStateDocument(ctx.store));
+          write(globalStateChunks(ctx.store, format));
           if (opts.once) stop.abort();
         };
         const unsubscribe = ctx.store.subscribe(() => {

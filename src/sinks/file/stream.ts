@@ -1,0 +1,165 @@
+// The state documents as a stream of text: the same bytes as rendering the
+// whole document (JSON.stringify(doc, null, 2), or the yaml library with
+// lineWidth 0), produced one Service at a time, so that neither the whole
+// document, nor a YAML tree of it, nor the output string is ever held: at
+// 30k Services these took seconds and over a gigabyte.
+//
+// YAML is written here for the JSON values protobuf's toJson gives (maps,
+// arrays, strings, numbers, booleans, null), in the yaml library's block
+// layout; every scalar the plain form might not read back the same is
+// rendered by the library itself (remembered per value), and a value this
+// cannot lay out for sure (a string across lines, a key not plain) is
+// rendered whole by it.
+import { stringify as toYAML } from 'yaml';
+
+export type Format = 'yaml' | 'json';
+
+type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
+
+const YAML_OPTIONS = { lineWidth: 0 } as const;
+
+// --- JSON
+
+/** JSON.stringify(v, null, 2) as it reads at nesting depth `depth` of a document */
+const jsonAt = (v: unknown, depth: number) => JSON.stringify(v, null, 2).replaceAll('\n', '\n' + '  '.repeat(depth));
+
+// --- YAML scalars
+
+/**
+ * Strings the yaml library writes plain (unquoted): letters, digits and
+ * `_ . / -`, not starting with an indicator, a digit, `.`, `-`, or a sign,
+ * not one of YAML 1.2's null and boolean words; and dotted ones (DOTTED).
+ * Anything else is asked of the library.
+ */
+const PLAIN = /^[A-Za-z_][A-Za-z0-9_./-]*$/;
+const RESERVED = /^(?:[Nn]ull|NULL|[Tt]rue|TRUE|[Ff]alse|FALSE)$/;
+/** IPv4 addresses and CIDRs, versions: two dots or more are never a number (most of a state's strings) */
+const DOTTED = /^[0-9][0-9]*(?:\.[0-9A-Za-z_-]+){2,}(?:\/[0-9]+)?$/;
+const SINGLE_LINE = /^[^\n]*\n$/;
+
+class Scalars {
+  private readonly values = new Map<string, string | undefined>();
+
+  /** a scalar value as the library writes it in block context, or undefined when it would take more than a line */
+  value(v: null | boolean | number | string): string | undefined {
+    if (v === null) return 'null';
+    if (typeof v === 'boolean') return v ? 'true' : 'false';
+    if (typeof v === 'number') {
+      if (Number.isSafeInteger(v) && !Object.is(v, -0)) return String(v);
+      return this.ask(this.values, `n:${v}`, () => toYAML(v, YAML_OPTIONS));
+    }
+    if ((PLAIN.test(v) && !RESERVED.test(v)) || DOTTED.test(v)) return v;
+    return this.ask(this.values, v, () => toYAML(v, YAML_OPTIONS));
+  }
+
+  /** a map key written plain, or undefined: how the library writes others depends on where they are ("---" at the start of a line) */
+  key(k: string): string | undefined {
+    return PLAIN.test(k) && !RESERVED.test(k) ? k : undefined;
+  }
+
+  private ask(cache: Map<string, string | undefined>, k: string, render: () => string): string | undefined {
+    if (cache.has(k)) return cache.get(k);
+    const text = render();
+    const r = SINGLE_LINE.test(text) ? text.slice(0, -1) : undefined;
+    // bounded: distinct odd strings (IPv6 addresses) could be many
+    if (cache.size > 100_000) cache.clear();
+    cache.set(k, r);
+    return r;
+  }
+}
+
+/** thrown inside the YAML writer when a value needs the library's own layout */
+class NotPlain extends Error {}
+
+const isEmpty = (v: Json) => (Array.isArray(v) ? v.length === 0 : typeof v === 'object' && v !== null && Object.keys(v).length === 0);
+const isCollection = (v: Json): v is Json[] | { [k: string]: Json } => typeof v === 'object' && v !== null;
+
+class YamlWriter {
+  constructor(private readonly scalars: Scalars) {}
+
+  /** the text of a value in block context at `indent` spaces, each line ending in \n (a non-empty collection) */
+  block(v: Json[] | { [k: string]: Json }, indent: number): string {
+    const pad = ' '.repeat(indent);
+    let out = '';
+    if (Array.isArray(v)) {
+      for (const item of v) {
+        if (isCollection(item) && !isEmpty(item)) {
+          // the item laid out 2 deeper, its first line's indentation taken by "- "
+          out += pad + '- ' + this.block(item, indent + 2).slice(indent + 2);
+        } else out += pad + '- ' + this.inline(item) + '\n';
+      }
+      return out;
+    }
+    for (const [k, x] of Object.entries(v)) {
+      const key = this.scalars.key(k);
+      if (key === undefined) throw new NotPlain();
+      if (isCollection(x) && !isEmpty(x)) out += pad + key + ':\n' + this.block(x, indent + 2);
+      else out += pad + key + ': ' + this.inline(x) + '\n';
+    }
+    return out;
+  }
+
+  /** a scalar or an empty collection, on the line it belongs to */
+  private inline(v: Json): string {
+    if (Array.isArray(v)) return '[]';
+    if (typeof v === 'object' && v !== null) return '{}';
+    const s = this.scalars.value(v);
+    if (s === undefined) throw new NotPlain();
+    return s;
+  }
+
+  /** an item of the sequence under top-level key `key` (indentSeq: items 2 deeper than the key) */
+  item(key: string, v: Json): string {
+    try {
+      return this.block([v], 2);
+    } catch (e) {
+      if (!(e instanceof NotPlain)) throw e;
+      // the library's own layout of the item, where it stands
+      const text = toYAML({ [key]: [v] }, YAML_OPTIONS);
+      return text.slice(text.indexOf('\n') + 1);
+    }
+  }
+
+  /** a top-level "key: value" pair */
+  pair(k: string, v: Json): string {
+    try {
+      return this.block({ [k]: v }, 0);
+    } catch (e) {
+      if (!(e instanceof NotPlain)) throw e;
+      return toYAML({ [k]: v }, YAML_OPTIONS);
+    }
+  }
+}
+
+// --- documents
+
+/**
+ * A document `{ ...head, [listKey]: items }` as text chunks: the head's
+ * fields, then the list one item at a time (items is iterated once; an
+ * item is rendered only when its turn comes).
+ */
+export function* documentChunks(format: Format, head: Record<string, unknown>, listKey: string, items: Iterable<unknown>, count: number): Generator<string> {
+  if (format === 'json') {
+    let text = '{\n';
+    for (const [k, v] of Object.entries(head)) text += `  ${JSON.stringify(k)}: ${jsonAt(v, 1)},\n`;
+    text += `  ${JSON.stringify(listKey)}: `;
+    if (!count) {
+      yield text + '[]\n}\n';
+      return;
+    }
+    yield text + '[\n';
+    let i = 0;
+    for (const item of items) yield `    ${jsonAt(item, 2)}${++i < count ? ',' : ''}\n`;
+    yield '  ]\n}\n';
+    return;
+  }
+  const w = new YamlWriter(new Scalars());
+  let text = '';
+  for (const [k, v] of Object.entries(head)) text += w.pair(k, v as Json);
+  if (!count) {
+    yield text + w.pair(listKey, []);
+    return;
+  }
+  yield text + `${listKey}:\n`;
+  for (const item of items) yield w.item(listKey, item as Json);
+}
