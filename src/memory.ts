@@ -2,9 +2,27 @@
 // for a cold sync (two to three times what stays in use) until its memory
 // reducer notices the process is idle, which may be never on a busy node; a
 // node agent's RSS is multiplied by the cluster. A full collection after
-// the burst returns the free pages at once (measured: docs/benchmarks.md).
+// the burst returns the free pages at once, and glibc's malloc_trim the
+// memory malloc kept of freed buffers (the kube source's list pages, TLS)
+// (measured: docs/benchmarks.md).
+import { createRequire } from 'node:module';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
+
+let trim: (() => void) | undefined | null;
+
+/** glibc's malloc_trim(0) through koffi; null where there is none (musl, no koffi) */
+function mallocTrim(): (() => void) | null {
+  if (trim !== undefined) return trim;
+  try {
+    const koffi = createRequire(import.meta.url)('koffi');
+    const f = koffi.load('libc.so.6').func('int malloc_trim(size_t)');
+    trim = () => void f(0);
+  } catch {
+    trim = null;
+  }
+  return trim;
+}
 
 let collect: (() => void) | undefined;
 
@@ -21,5 +39,8 @@ function collector(): () => void {
 
 /** A full collection, on the next turn of the event loop (the caller's garbage is then garbage). */
 export function trimMemory(): void {
-  setImmediate(() => collector()());
+  setImmediate(() => {
+    collector()();
+    mallocTrim()?.();
+  });
 }
