@@ -6,7 +6,7 @@
 import type { Logger } from '../../log.js';
 import type { Kind, StoreTx } from '../../store/store.js';
 import { convertObject, InvalidObject, objectRef } from '../objects.js';
-import { applyObject, type ModelObject } from '../apply.js';
+import { applyObject, encodedObject, type ModelObject } from '../apply.js';
 import { formatBytes, IdleTimeout, readBody, statusError, StatusError, TooLarge, watchLines, type KubeClient } from './client.js';
 
 export type KubeKind = 'Service' | 'EndpointSlice' | 'Node' | 'ServiceCIDR';
@@ -454,7 +454,9 @@ export class Reflector {
     const c = this.convert(obj, key, rv);
     if (c === 'invalid') return undefined;
     if (c === 'ignored') return prev === undefined ? undefined : (tx) => this.deleteKey(tx, key);
-    return (tx) => applyObject(tx, c);
+    // a list holds every write until its last page: a slice waits as its bytes, not as its objects
+    const e = encodedObject(c);
+    return (tx) => applyObject(tx, e);
   }
 
   private convert(obj: any, key: string, rv: string): ModelObject | 'ignored' | 'invalid' {
