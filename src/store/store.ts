@@ -3,11 +3,12 @@
 // update really changed something: writing what is already stored is a no-op
 // (compared on canonical protobuf bytes), so resyncs and irrelevant status
 // updates never wake anyone.
-import { fromBinary, toBinary } from '@bufbuild/protobuf';
+import { toBinary } from '@bufbuild/protobuf';
 import { EndpointInfoSchema, NodeSchema, type EndpointInfo, type Node } from '../api/gen/api/globalv1/api_pb.js';
 import { ServiceSchema, ServiceCIDRSchema, type Service, type ServiceCIDR } from '../api/gen/api/localv1/api_pb.js';
 import { bytesEqual, serviceKey } from '../api/model.js';
 import { compact } from '../api/compact.js';
+import { decodeEndpointInfoFast } from '../api/fast-decode.js';
 
 export type Kind = 'services' | 'endpointSlices' | 'nodes' | 'serviceCIDRs';
 export const KINDS: readonly Kind[] = ['services', 'endpointSlices', 'nodes', 'serviceCIDRs'];
@@ -371,7 +372,7 @@ function decodeSliceEndpoints(bytes: Uint8Array): readonly EndpointInfo[] {
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   while (off < bytes.length) {
     const len = view.getUint32(off);
-    out.push(fromBinary(EndpointInfoSchema, bytes.subarray(off + 4, off + 4 + len)));
+    out.push(decodeEndpointInfoFast(bytes.subarray(off + 4, off + 4 + len)));
     off += 4 + len;
   }
   return out;
