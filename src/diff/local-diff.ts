@@ -10,10 +10,17 @@ import type { ServiceView, EndpointView } from '../localstate/service-view.js';
 import type { NodeContext } from '../localstate/topology.js';
 import type { LocalOp, LocalValue } from './ops.js';
 import { StoreFollower } from './store-follower.js';
+import { BucketDigests, bucketOf, heldBucketCount, serviceKeyOf, viewDigest } from './resume.js';
 
 export interface LocalDiffOptions {
   /** extra sets beyond services and endpoints (NodesSet, ServiceCIDRsSet) */
   sets?: readonly LocalSet[];
+  /**
+   * kpng-ts resume: the node's HeldDigests. The first diff is then a Resume
+   * that carries only the buckets whose digest differs (src/diff/resume.ts);
+   * ignored when not a valid bucket count.
+   */
+  held?: Uint8Array;
 }
 
 // Set ops of views read the value only when a sink asks for it (a getter:
@@ -46,6 +53,7 @@ export class LocalDiff extends StoreFollower {
   private ctx: NodeContext;
   private readonly wantNode: boolean;
   private readonly wantCIDRs: boolean;
+  private held?: Uint8Array;
 
   constructor(
     store: Store,
@@ -56,6 +64,7 @@ export class LocalDiff extends StoreFollower {
     super(store);
     this.wantNode = opts.sets?.includes(LocalSet.NodesSet) ?? false;
     this.wantCIDRs = opts.sets?.includes(LocalSet.ServiceCIDRsSet) ?? false;
+    if (opts.held && heldBucketCount(opts.held)) this.held = opts.held;
     this.ctx = this.nodeContext();
   }
 
@@ -114,6 +123,7 @@ export class LocalDiff extends StoreFollower {
     this.forgetSent();
     this.sentNode = undefined;
     this.sentCIDRs.clear();
+    this.held = undefined;
     this.first = true;
     this.allDirty = this.nodeDirty = this.cidrsDirty = true;
   }
@@ -177,7 +187,30 @@ export class LocalDiff extends StoreFollower {
     }
 
     const ops: LocalOp[] = [];
-    if (first) ops.push({ kind: 'reset' });
+    if (first && this.held) {
+      // resume: what the node holds is what the views say for every bucket
+      // whose digest matches; only the others are sent (and the node drops
+      // what it holds in them that is not resent)
+      const held = this.held;
+      this.held = undefined;
+      const buckets = heldBucketCount(held)!;
+      const digests = new BucketDigests(buckets);
+      const bucketOfKey = new Map<string, number>();
+      for (const v of svcSets) {
+        const { hash, digest } = viewDigest(v);
+        const b = bucketOf(hash, buckets);
+        digests.add(b, digest);
+        bucketOfKey.set(v.key, b);
+      }
+      const resent = digests.differing(held);
+      const resend = new Set(resent);
+      const inResent = (key: string | undefined) => key !== undefined && resend.has(bucketOfKey.get(key) ?? -1);
+      const keep = <T extends EndpointView>(eps: T[]) => eps.filter((e) => inResent(serviceKeyOf(LocalSet.EndpointsSet, e.path)));
+      svcSets.splice(0, svcSets.length, ...svcSets.filter((v) => inResent(v.key)));
+      namedSets.splice(0, namedSets.length, ...keep(namedSets));
+      anonSets.splice(0, anonSets.length, ...keep(anonSets));
+      ops.push({ kind: 'reset', resume: { buckets, resent } });
+    } else if (first) ops.push({ kind: 'reset' });
     const nodeOps = this.nodeDirty && this.wantNode ? this.diffNode() : { sets: [], deletes: [] };
     const cidrOps = this.cidrsDirty && this.wantCIDRs ? this.diffCIDRs() : { sets: [], deletes: [] };
     this.nodeDirty = this.cidrsDirty = false;

@@ -25,7 +25,7 @@ import { metrics } from '../../backends/shared/metrics.js';
 import { formatAddress, isLoopback, parseAddress, type ApiAddress } from '../../api/grpc/address.js';
 import { serverTLSOptions, type TLSFiles } from '../../api/grpc/tls.js';
 import { rawCallInterceptor, StreamWriter } from '../../api/grpc/server-stream.js';
-import { encodeDeleteOp, encodeSetOp, GLOBAL_SETS_HEADER, globalServerDefinition, localServerDefinition, RESET_FRAME, setOpFrame, SYNC_FRAME } from '../../api/grpc/wire.js';
+import { encodeDeleteOp, encodeResumeOp, encodeSetOp, GLOBAL_SETS_HEADER, globalServerDefinition, localServerDefinition, RESET_FRAME, setOpFrame, SYNC_FRAME } from '../../api/grpc/wire.js';
 import { GlobalDiff, GlobalEncoder, type GlobalOp } from './global-diff.js';
 import { ConnectionGate, DEFAULT_HANDSHAKE_TIMEOUT_MS, defaultMaxConnections, openFileLimit, RESERVED_FDS } from './listener.js';
 
@@ -129,7 +129,7 @@ class Requests<Req> {
 
 export function localOpFrame(op: LocalOp): Buffer {
   switch (op.kind) {
-    case 'reset': return RESET_FRAME;
+    case 'reset': return op.resume ? encodeResumeOp(op.resume.resent, op.resume.buckets) : RESET_FRAME;
     case 'sync': return SYNC_FRAME;
     case 'set': return op.frame ?? setOpFrame(op.set, op.path, op.bytes);
     case 'delete': return encodeDeleteOp(op.set, op.path);
@@ -352,7 +352,8 @@ export class ApiServer {
             diff?.close();
             if (nodeName === '') log.warn({ peer: call.getPeer() }, 'to-api: watch without a node name; no endpoint is local to it');
             log.debug({ node: nodeName, peer: call.getPeer(), sets: sets.map((s) => LocalSet[s]) }, 'to-api: node watching');
-            diff = new LocalDiff(this.opts.store, this.opts.views, nodeName, { sets });
+            // a client that holds a state says so (HeldDigests): it gets a Resume, only what differs
+            diff = new LocalDiff(this.opts.store, this.opts.views, nodeName, { sets, held: req.HeldDigests });
             setsKey = sets.join(',');
           }
           await this.nextDiff('local', diff, writer, () => diff!.next(), localOpFrame);
