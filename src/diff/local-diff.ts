@@ -10,7 +10,7 @@ import type { ServiceView, EndpointView } from '../localstate/service-view.js';
 import type { NodeContext } from '../localstate/topology.js';
 import type { LocalOp, LocalValue } from './ops.js';
 import { StoreFollower } from './store-follower.js';
-import { BucketDigests, bucketOf, heldBucketCount, serviceKeyOf, viewDigest } from './resume.js';
+import { BucketDigests, bucketOf, heldBucketCount, viewDigest } from './resume.js';
 
 export interface LocalDiffOptions {
   /** extra sets beyond services and endpoints (NodesSet, ServiceCIDRsSet) */
@@ -156,6 +156,7 @@ export class LocalDiff extends StoreFollower {
     this.dirty = new Set();
     this.allDirty = false;
 
+    const resuming = first && this.held !== undefined;
     const svcSets: ServiceView[] = [];
     const svcDeletes: string[] = [];
     const namedSets: EndpointView[] = [];
@@ -171,8 +172,9 @@ export class LocalDiff extends StoreFollower {
       this.setSent(slot!, view);
       if (view && (!prev || !bytesEqual(prev.bytes, view.bytes))) svcSets.push(view);
       if (!prev) {
-        // nothing sent before (a first diff): no lookup table to build
-        for (const ep of view!.endpoints) (ep.named ? namedSets : anonSets).push(ep);
+        // nothing sent before (a first diff): no lookup table to build; a
+        // resume sends the endpoints of the buckets that differ only (below)
+        if (!resuming) for (const ep of view!.endpoints) (ep.named ? namedSets : anonSets).push(ep);
         continue;
       }
       const prevEps = new Map(prev.endpoints.map((e) => [e.path, e]));
@@ -187,28 +189,30 @@ export class LocalDiff extends StoreFollower {
     }
 
     const ops: LocalOp[] = [];
-    if (first && this.held) {
+    if (resuming) {
       // resume: what the node holds is what the views say for every bucket
       // whose digest matches; only the others are sent (and the node drops
       // what it holds in them that is not resent)
-      const held = this.held;
+      const held = this.held!;
       this.held = undefined;
       const buckets = heldBucketCount(held)!;
       const digests = new BucketDigests(buckets);
-      const bucketOfKey = new Map<string, number>();
-      for (const v of svcSets) {
+      const bucketAt = new Int32Array(svcSets.length);
+      svcSets.forEach((v, i) => {
         const { hash, digest } = viewDigest(v);
-        const b = bucketOf(hash, buckets);
-        digests.add(b, digest);
-        bucketOfKey.set(v.key, b);
-      }
+        digests.add((bucketAt[i] = bucketOf(hash, buckets)), digest);
+      });
       const resent = digests.differing(held);
-      const resend = new Set(resent);
-      const inResent = (key: string | undefined) => key !== undefined && resend.has(bucketOfKey.get(key) ?? -1);
-      const keep = <T extends EndpointView>(eps: T[]) => eps.filter((e) => inResent(serviceKeyOf(LocalSet.EndpointsSet, e.path)));
-      svcSets.splice(0, svcSets.length, ...svcSets.filter((v) => inResent(v.key)));
-      namedSets.splice(0, namedSets.length, ...keep(namedSets));
-      anonSets.splice(0, anonSets.length, ...keep(anonSets));
+      const resend = new Uint8Array(buckets);
+      for (const b of resent) resend[b] = 1;
+      // keep the services of the buckets resent, in place
+      let kept = 0;
+      svcSets.forEach((v, i) => {
+        if (!resend[bucketAt[i]]) return;
+        svcSets[kept++] = v;
+        for (const ep of v.endpoints) (ep.named ? namedSets : anonSets).push(ep);
+      });
+      svcSets.length = kept;
       ops.push({ kind: 'reset', resume: { buckets, resent } });
     } else if (first) ops.push({ kind: 'reset' });
     const nodeOps = this.nodeDirty && this.wantNode ? this.diffNode() : { sets: [], deletes: [] };
