@@ -14,7 +14,8 @@ import { fileURLToPath } from 'node:url';
 import { watchLocalApi, QuietResyncSink } from '../../src/sinks/local/remote.js';
 import { brainOrder, parseBrains } from '../../src/api/grpc/client.js';
 import type { LocalOp } from '../../src/diff/ops.js';
-import { KINDS, Store } from '../../src/store/store.js';
+import { KINDS, Store, type StoreChange } from '../../src/store/store.js';
+import { ApiSource } from '../../src/sources/api/index.js';
 import { apply, quiet, opText, slice, smallCluster, startServer, svc, syncedStore, waitFor, sleepMs, testResources, type TestServer } from './helpers.js';
 
 const { dirs, cleanups } = testResources();
@@ -166,6 +167,32 @@ test('a silent brain (connected, never answering) is given up by the watchdog; t
   await waitFor('the node back on its own brain', () => streams(own) === 1 && streams(other) === 0, 5000);
   await sleepMs(100);
   assert.deepEqual(backend.take(), []);
+});
+
+test('kpng api with several brains: a chained store follows one, and the other when that one dies, writing only what changed', async () => {
+  const a = brain(syncedStore(smallCluster()));
+  const b = brain(syncedStore(smallCluster()));
+  await a.start();
+  await b.start();
+  const chained = new Store();
+  const changes: StoreChange[] = [];
+  chained.subscribe((c) => changes.push(c));
+  const src = new ApiSource(chained, quiet, { address: `${a.address},${b.address}`, minBackoffMs: 20, maxBackoffMs: 100, failbackMs: 200 });
+  src.start();
+  cleanups.push(() => src.stop());
+  await waitFor('the chained store to sync', () => chained.allSynced);
+  const [first, second] = streams(a) === 1 ? [a, b] : [b, a];
+  assert.equal(streams(first) + streams(second), 1, 'one global watch');
+  const before = changes.length;
+  await first.stop();
+  apply(second.store, svc('ns', 'api', '10.96.0.30'));
+  await waitFor('the change through the other brain', () => !!chained.getService('ns/api'), 5000);
+  assert.equal(streams(second), 1);
+  // the other brain's full state, diffed against what the store had: one update, only the new service
+  const after = changes.slice(before);
+  assert.equal(after.length, 1);
+  assert.deepEqual([...after[0].services], ['ns/api']);
+  assert.equal(after[0].slices.size, 0);
 });
 
 function manyServices(n: number): object[] {
