@@ -16,7 +16,10 @@ import { brainOrder, parseBrains } from '../../src/api/grpc/client.js';
 import type { LocalOp } from '../../src/diff/ops.js';
 import { KINDS, Store, type StoreChange } from '../../src/store/store.js';
 import { ApiSource } from '../../src/sources/api/index.js';
-import { apply, quiet, opText, slice, smallCluster, startServer, svc, syncedStore, waitFor, sleepMs, testResources, type TestServer } from './helpers.js';
+import { create } from '@bufbuild/protobuf';
+import { WatchReqSchema } from '../../src/api/gen/api/localv1/api_pb.js';
+import { localWatchMethod } from '../../src/api/grpc/wire.js';
+import { RawWatch, apply, quiet, opText, slice, smallCluster, startServer, svc, syncedStore, waitFor, sleepMs, testResources, type TestServer } from './helpers.js';
 
 const { dirs, cleanups } = testResources();
 
@@ -167,6 +170,29 @@ test('a silent brain (connected, never answering) is given up by the watchdog; t
   await waitFor('the node back on its own brain', () => streams(own) === 1 && streams(other) === 0, 5000);
   await sleepMs(100);
   assert.deepEqual(backend.take(), []);
+});
+
+test('a busy brain (synced, its first state queued behind another node) is not given up by the watchdog: its headers say it will answer', async () => {
+  const [p1, p2] = [socket(), socket()];
+  const [ownAddress, otherAddress] = brainOrder([p1, p2], 'node-a');
+  const own = brain(syncedStore(manyServices(3000)), ownAddress);
+  const other = brain(syncedStore(manyServices(3000)), otherAddress);
+  own.s = await startServer(own.store, ownAddress, { bigDiffs: 1 });
+  await other.start();
+  // another node takes the only big-diff slot and stops reading its first state: HTTP/2 flow control holds it
+  const hog = new RawWatch(ownAddress, localWatchMethod, create(WatchReqSchema, { NodeName: 'node-b' }));
+  cleanups.push(() => hog.close());
+  hog.pause();
+  await waitFor('the other node to hold the slot', () => own.s!.server.stats.messages > 0);
+  const backend = new Backend();
+  follow([p1, p2], backend, { watchdogMs: 300 });
+  await sleepMs(1000);
+  assert.equal(backend.syncs, 0, 'still queued');
+  assert.equal(streams(other), 0, 'never went to the other brain');
+  hog.resume();
+  await waitFor('its first state, from its own brain', () => backend.syncs === 1, 10_000);
+  assert.equal(streams(other), 0);
+  assert.equal(backend.take()[0], 'reset');
 });
 
 test('kpng api with several brains: a chained store follows one, and the other when that one dies, writing only what changed', async () => {

@@ -28,9 +28,11 @@ export interface WatchClientOptions {
   /** with several brains: what orders them for this client (its node name), see brainOrder */
   readonly key?: string;
   /**
-   * a stream's first answer must come within this, and so must each op of a
-   * diff after the one before (between diffs a brain is silent, keepalive
-   * pings watch the connection); otherwise the brain is given up (default 60 s)
+   * a stream's first answer (a kpng-ts brain's headers, sent once it can
+   * answer, or else its first op) must come within this, and so must each
+   * op of a diff after the one before (between diffs a brain is silent,
+   * keepalive pings watch the connection); otherwise the brain is given up
+   * (default 60 s)
    */
   readonly watchdogMs?: number;
   /** on another brain than its own: how often it checks whether its own answers again (default 30 s) */
@@ -235,6 +237,13 @@ async function watchOnce<Req>(
     clearTimeout(watchdog);
     watchdog = setTimeout(() => ((silent = true), call.cancel()), watchdogMs);
   };
+  // a kpng-ts brain sends its headers once it can answer: from then on its
+  // first state may take as long as its queue of big diffs (keepalive
+  // still watches the connection)
+  let firstOp = false;
+  call.on('metadata', () => {
+    if (!firstOp) clearTimeout(watchdog);
+  });
   try {
     handler.streamStart?.();
     call.write(handler.request(true));
@@ -242,6 +251,7 @@ async function watchOnce<Req>(
     try {
       for await (const op of call as AsyncIterable<OpItem>) {
         clearTimeout(watchdog); // the handler's time is not the brain's silence
+        firstOp = true;
         stream.betweenDiffs = false;
         await handler.op(op);
         if (op.Op.case === 'Sync') {

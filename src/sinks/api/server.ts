@@ -341,6 +341,7 @@ export class ApiServer {
     const log = this.opts.log;
     let diff: LocalDiff | undefined;
     let setsKey = '';
+    let announced = false;
     const { writer, requests, finish } = this.track('local', call, () => diff?.close());
     void (async () => {
       try {
@@ -356,6 +357,7 @@ export class ApiServer {
             diff = new LocalDiff(this.opts.store, this.opts.views, nodeName, { sets, held: req.HeldDigests });
             setsKey = sets.join(',');
           }
+          if (!announced) announced = await this.announce(call, diff, writer);
           await this.nextDiff('local', diff, writer, () => diff!.next(), localOpFrame);
         }
       } catch (e) {
@@ -377,7 +379,9 @@ export class ApiServer {
     log.debug({ peer: call.getPeer() }, 'to-api: global watch');
     void (async () => {
       try {
+        let announced = false;
         for (let req = await requests.next(); req && !writer.isClosed; req = await requests.next()) {
+          if (!announced) announced = await this.announce(call, diff, writer);
           await this.nextDiff('global', diff, writer, () => diff.next(), globalOpFrame);
         }
       } catch (e) {
@@ -386,6 +390,20 @@ export class ApiServer {
         finish();
       }
     })();
+  }
+
+  /**
+   * Sends the response headers once this brain can answer (its source has
+   * synced): a client's watchdog then knows the brain is alive and has it
+   * queued, however long the first state takes to come (big diffs wait for
+   * a slot); a brain that cannot answer sends nothing, and the client goes
+   * to another one. Clients that do not look at headers are not affected.
+   */
+  private async announce(call: grpc.ServerDuplexStream<unknown, Buffer> | grpc.ServerDuplexStream<WatchReq, Buffer>, diff: LocalDiff | GlobalDiff, writer: StreamWriter): Promise<boolean> {
+    await diff.changed();
+    if (writer.isClosed) return false;
+    call.sendMetadata(new grpc.Metadata());
+    return true;
   }
 
   /** Waits for a non-empty diff and sends it (kpng: an empty diff is not answered). */
