@@ -16,6 +16,8 @@ import { brainOrder, parseBrains } from '../../src/api/grpc/client.js';
 import type { LocalOp } from '../../src/diff/ops.js';
 import { KINDS, Store, type StoreChange } from '../../src/store/store.js';
 import { ApiSource } from '../../src/sources/api/index.js';
+import { LocalSet } from '../../src/api/model.js';
+import { serviceCIDR } from '../helpers/k8s.js';
 import { create } from '@bufbuild/protobuf';
 import { WatchReqSchema } from '../../src/api/gen/api/localv1/api_pb.js';
 import { localWatchMethod } from '../../src/api/grpc/wire.js';
@@ -64,12 +66,12 @@ function brain(store: Store, address = socket()) {
   return b;
 }
 
-function follow(addresses: string[], backend: Backend, extra: { watchdogMs?: number; resume?: boolean } = {}) {
+function follow(addresses: string[], backend: Backend, extra: { watchdogMs?: number; resume?: boolean; sets?: LocalSet[] } = {}) {
   const ac = new AbortController();
   const done = watchLocalApi(
     { address: addresses.join(','), log: quiet, signal: ac.signal, minBackoffMs: 20, maxBackoffMs: 200, failbackMs: 200, watchdogMs: extra.watchdogMs ?? 5000 },
     'node-a',
-    [],
+    extra.sets ?? [],
     new QuietResyncSink(backend),
     { resume: extra.resume },
   );
@@ -262,6 +264,24 @@ test('a brain restart with resume sends only the difference (counted); without r
     await stop();
     await restarted.stop();
   }
+});
+
+test('resume with the node and ServiceCIDR sets: always resent, so a ServiceCIDR gone while the brain was down is deleted, and nothing else moves', async () => {
+  const objects = [...smallCluster(), serviceCIDR('kubernetes', ['10.96.0.0/16']), serviceCIDR('extra', ['10.97.0.0/16'])];
+  const b = brain(syncedStore(objects));
+  await b.start();
+  const backend = new Backend();
+  follow([b.address], backend, { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
+  await waitFor('the first sync', () => backend.syncs === 1);
+  assert.ok(backend.take().includes('set ServiceCIDRsSet extra'));
+  await b.stop();
+  const changed = syncedStore(objects.filter((o: any) => o.metadata.name !== 'extra'));
+  const restarted = brain(changed, b.address);
+  const r = await restarted.start();
+  await waitFor('the sync after the restart', () => backend.syncs === 2, 5000);
+  assert.deepEqual(backend.take(), ['delete ServiceCIDRsSet extra', 'sync']);
+  // Resume, the node, the remaining ServiceCIDR, Sync: no service, no endpoint
+  assert.equal(r.server.stats.messages, 4);
 });
 
 // --- as processes: two `kpng file ... to-api` brains, `kpng local --api A,B ... to-log`
