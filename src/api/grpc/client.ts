@@ -231,26 +231,21 @@ async function watchOnce<Req>(
   const signal = stream.signal;
   const onAbort = () => call.cancel();
   signal.addEventListener('abort', onAbort, { once: true });
-  let silent = false;
-  let watchdog: NodeJS.Timeout | undefined;
-  const arm = () => {
-    clearTimeout(watchdog);
-    watchdog = setTimeout(() => ((silent = true), call.cancel()), watchdogMs);
-  };
+  const watchdog = new Watchdog(watchdogMs, () => call.cancel());
   // a kpng-ts brain sends its headers once it can answer: from then on its
   // first state may take as long as its queue of big diffs (keepalive
   // still watches the connection)
   let firstOp = false;
   call.on('metadata', () => {
-    if (!firstOp) clearTimeout(watchdog);
+    if (!firstOp) watchdog.pause();
   });
   try {
     handler.streamStart?.();
     call.write(handler.request(true));
-    arm(); // the first answer
+    watchdog.watch(); // the first answer
     try {
       for await (const op of call as AsyncIterable<OpItem>) {
-        clearTimeout(watchdog); // the handler's time is not the brain's silence
+        watchdog.pause(); // the handler's time is not the brain's silence
         firstOp = true;
         stream.betweenDiffs = false;
         await handler.op(op);
@@ -260,16 +255,59 @@ async function watchOnce<Req>(
           stream.betweenDiffs = true;
           if (stream.leaving) return stream.leave();
           call.write(handler.request(false));
-        } else arm(); // the rest of this diff
+        } else watchdog.watch(); // the rest of this diff
       }
     } catch (e) {
-      throw silent ? silence(watchdogMs) : e;
+      throw watchdog.fired ? silence(watchdogMs) : e;
     }
-    if (silent) throw silence(watchdogMs);
+    if (watchdog.fired) throw silence(watchdogMs);
     if (!signal.aborted) throw Object.assign(new Error('server ended the watch'), { code: grpc.status.UNAVAILABLE });
   } finally {
-    clearTimeout(watchdog);
+    watchdog.stop();
     signal.removeEventListener('abort', onAbort);
     call.cancel();
+  }
+}
+
+/**
+ * Fires when watched for ms without a watch() since. One timer per stream,
+ * not one per op (a first state is tens of thousands of ops): it checks the
+ * time of the last watch() when it expires.
+ */
+class Watchdog {
+  fired = false;
+  private watching = false;
+  private since = 0;
+  private timer?: NodeJS.Timeout;
+
+  constructor(
+    private readonly ms: number,
+    private readonly onFire: () => void,
+  ) {}
+
+  /** (re)starts the count */
+  watch(): void {
+    this.watching = true;
+    this.since = performance.now();
+    this.timer ??= setTimeout(() => this.check(), this.ms);
+  }
+
+  pause(): void {
+    this.watching = false;
+  }
+
+  stop(): void {
+    this.watching = false;
+    clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+
+  private check(): void {
+    this.timer = undefined;
+    if (!this.watching) return;
+    const left = this.ms - (performance.now() - this.since);
+    if (left > 0) return void (this.timer = setTimeout(() => this.check(), left));
+    this.fired = true;
+    this.onFire();
   }
 }
