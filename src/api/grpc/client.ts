@@ -2,9 +2,12 @@
 // hands every OpItem to the consumer (awaiting it: the consumer's pace is
 // the stream's pace), asks for the next diff only after a Sync was handled
 // (kpng's flow control), and after any failure reopens the stream with
-// exponential backoff and jitter. Every new stream starts with Reset and the
-// full state; the consumer makes that invisible (FilterResetSink, or the api
-// source's own diff).
+// exponential backoff and jitter. Given several brains, it follows the
+// client's own (rendezvous order of its name), fails over to the next one
+// on an error or a silent stream (the watchdog) and goes back when its own
+// answers again. Every new stream starts with Reset and the full state, or
+// a Resume when the request said what the client holds; the consumer makes
+// that invisible (FilterResetSink, or the api source's own diff).
 import { createHash } from 'node:crypto';
 import * as grpc from '@grpc/grpc-js';
 import type { Logger } from '../../log.js';
