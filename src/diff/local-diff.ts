@@ -148,16 +148,30 @@ export class LocalDiff extends StoreFollower {
       if (ctx.zone !== this.ctx.zone) this.allDirty = true; // topology of every service may change
       this.ctx = ctx;
     }
+    const resuming = first && this.held !== undefined;
+    const svcSets: ServiceView[] = [];
     let keys: Set<string> = this.dirty;
-    if (this.allDirty) {
+    if (resuming) {
+      // a resume looks at every service, as a first diff does, but from the
+      // views shared by the nodes of its zone, looking up only the services
+      // this node is special to (thousands of nodes resume at once after a
+      // brain restart)
+      const g = this.views.generic(this.ctx.zone);
+      const own = new Map((g.special.get(this.nodeName) ?? []).map((i) => [i, this.views.view(g.keys[i], this.ctx)]));
+      for (let i = 0; i < g.keys.length; i++) {
+        const view = own.has(i) ? own.get(i) : g.views[i];
+        if (!view) continue;
+        this.setSent(this.views.slot(g.keys[i]), view);
+        svcSets.push(view);
+      }
+      keys = new Set();
+    } else if (this.allDirty) {
       keys = new Set(this.store.serviceKeys());
       for (const id of this.sent) if (id) keys.add(this.views.viewById(id)!.key);
     }
     this.dirty = new Set();
     this.allDirty = false;
 
-    const resuming = first && this.held !== undefined;
-    const svcSets: ServiceView[] = [];
     const svcDeletes: string[] = [];
     const namedSets: EndpointView[] = [];
     const namedDeletes: string[] = [];
