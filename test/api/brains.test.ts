@@ -18,10 +18,13 @@ import { KINDS, Store, type StoreChange } from '../../src/store/store.js';
 import { ApiSource } from '../../src/sources/api/index.js';
 import { LocalSet } from '../../src/api/model.js';
 import { serviceCIDR } from '../helpers/k8s.js';
+import { ServiceViews } from '../../src/localstate/views.js';
+import { LocalDiff } from '../../src/diff/local-diff.js';
+import { FilterResetSink } from '../../src/diff/filter-reset.js';
 import { create } from '@bufbuild/protobuf';
 import { WatchReqSchema } from '../../src/api/gen/api/localv1/api_pb.js';
 import { localWatchMethod } from '../../src/api/grpc/wire.js';
-import { RawWatch, apply, quiet, opText, slice, smallCluster, startServer, svc, syncedStore, waitFor, sleepMs, testResources, type TestServer } from './helpers.js';
+import { RawWatch, apply, node, quiet, opText, slice, smallCluster, startServer, svc, syncedStore, waitFor, sleepMs, testResources, type TestServer } from './helpers.js';
 
 const { dirs, cleanups } = testResources();
 
@@ -282,6 +285,47 @@ test('resume with the node and ServiceCIDR sets: always resent, so a ServiceCIDR
   assert.deepEqual(backend.take(), ['delete ServiceCIDRsSet extra', 'sync']);
   // Resume, the node, the remaining ServiceCIDR, Sync: no service, no endpoint
   assert.equal(r.server.stats.messages, 4);
+});
+
+test('a resuming first diff agrees with the full one for every node: zones, zone hints, local endpoints, a service not proxied', async () => {
+  const objects: object[] = [node('n1', 'z1'), node('n2', 'z1'), node('n3', 'z2'), node('n4', 'z3')];
+  for (let i = 0; i < 60; i++) {
+    objects.push(svc('ns', `s${i}`, `10.96.1.${i}`, i % 10 === 0 ? { type: 'ExternalName', externalName: 'x.example', clusterIP: undefined, clusterIPs: undefined } : {}));
+    const hinted = i % 3 === 0;
+    objects.push(
+      slice('ns', `s${i}-1`, `s${i}`, [
+        { ip: `10.1.1.${i}`, node: `n${1 + (i % 4)}`, pod: `a${i}`, ...(hinted ? { zoneHints: ['z1'] } : {}) },
+        { ip: `10.2.1.${i}`, node: `n${1 + ((i + 1) % 4)}`, pod: `b${i}`, ...(hinted ? { zoneHints: ['z2'] } : {}) },
+      ]),
+    );
+  }
+  const store = syncedStore(objects);
+  const views = new ServiceViews(store, '', { keepDecoded: false });
+  const held = new Map<string, Uint8Array>();
+  for (const n of ['n1', 'n2', 'n3', 'n4', 'elsewhere']) {
+    const d = new LocalDiff(store, views, n);
+    const f = new FilterResetSink({ send() {} });
+    for (const op of d.next()) await f.send(op);
+    d.close();
+    held.set(n, f.heldDigests());
+    const r = new LocalDiff(store, views, n, { held: held.get(n) });
+    const ops = r.next();
+    r.close();
+    assert.deepEqual(ops.map((o) => o.kind), ['reset', 'sync'], `${n}: nothing differs`);
+    assert.deepEqual(ops[0].kind === 'reset' && ops[0].resume?.resent, [], n);
+  }
+  // one service changes: each node gets that service's bucket back, nothing else
+  apply(store, slice('ns', 's7-1', 's7', [{ ip: '10.3.1.7', node: 'n2', pod: 'c7' }]));
+  for (const n of ['n1', 'n2', 'n3', 'n4']) {
+    const r = new LocalDiff(store, views, n, { held: held.get(n) });
+    const ops = r.next();
+    r.close();
+    const reset = ops[0];
+    assert.ok(reset.kind === 'reset' && reset.resume?.resent.length === 1, n);
+    const paths = ops.flatMap((o) => (o.kind === 'set' ? [o.path] : []));
+    assert.ok(paths.includes('ns/s7') && paths.includes('ns/s7/c7'), `${n}: ${paths.join(' ')}`);
+    assert.ok(paths.length < 20, `${n}: one bucket of 64 services, not all: ${paths.length}`);
+  }
 });
 
 // --- as processes: two `kpng file ... to-api` brains, `kpng local --api A,B ... to-log`
