@@ -70,6 +70,8 @@ export class ServiceViews {
     this.keepDecoded = opts.keepDecoded ?? true;
     // drop entries of deleted services as soon as the store forgets them
     this.unsubscribe = store.subscribe((change) => {
+      // generic views are per revision: do not keep old ones alive
+      if (this.generics.size) this.generics = new Map();
       for (const key of change.services) {
         if (!this.gone(key)) continue;
         this.entries.delete(key);
