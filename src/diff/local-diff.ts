@@ -186,9 +186,8 @@ export class LocalDiff extends StoreFollower {
       this.setSent(slot!, view);
       if (view && (!prev || !bytesEqual(prev.bytes, view.bytes))) svcSets.push(view);
       if (!prev) {
-        // nothing sent before (a first diff): no lookup table to build; a
-        // resume sends the endpoints of the buckets that differ only (below)
-        if (!resuming) for (const ep of view!.endpoints) (ep.named ? namedSets : anonSets).push(ep);
+        // nothing sent before (a first diff): no lookup table to build
+        for (const ep of view!.endpoints) (ep.named ? namedSets : anonSets).push(ep);
         continue;
       }
       const prevEps = new Map(prev.endpoints.map((e) => [e.path, e]));
@@ -205,8 +204,8 @@ export class LocalDiff extends StoreFollower {
     const ops: LocalOp[] = [];
     if (resuming) {
       // resume: what the node holds is what the views say for every bucket
-      // whose digest matches; only the others are sent (and the node drops
-      // what it holds in them that is not resent)
+      // whose digest matches; only the others are sent, with their endpoints
+      // (and the node drops what it holds in them that is not resent)
       const held = this.held!;
       this.held = undefined;
       const buckets = heldBucketCount(held)!;
