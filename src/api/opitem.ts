@@ -77,6 +77,27 @@ export function encodeSetOp(set: number, path: string, bytes: Uint8Array, own = 
   return buf;
 }
 
+/** kpng-ts: OpItem{Resume: ResumeOp{Buckets (packed), BucketCount}} */
+export function encodeResumeOp(buckets: readonly number[], bucketCount: number): Buffer {
+  let packed = 0;
+  for (const b of buckets) packed += varintLen(b);
+  const inner = (packed > 0 ? 1 + varintLen(packed) + packed : 0) + (bucketCount > 0 ? 1 + varintLen(bucketCount) : 0);
+  const buf = Buffer.allocUnsafe(1 + varintLen(inner) + inner);
+  let off = 0;
+  buf[off++] = 0x2a; // OpItem.Resume (5, length-delimited)
+  off = putVarint(buf, off, inner);
+  if (packed > 0) {
+    buf[off++] = 0x0a; // ResumeOp.Buckets (1, packed)
+    off = putVarint(buf, off, packed);
+    for (const b of buckets) off = putVarint(buf, off, b);
+  }
+  if (bucketCount > 0) {
+    buf[off++] = 0x10; // ResumeOp.BucketCount (2, varint)
+    off = putVarint(buf, off, bucketCount);
+  }
+  return buf;
+}
+
 /** OpItem{Delete: Ref{set, path}} */
 export function encodeDeleteOp(set: number, path: string): Buffer {
   const pb = Buffer.byteLength(path, 'utf8');

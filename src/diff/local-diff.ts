@@ -10,10 +10,17 @@ import type { ServiceView, EndpointView } from '../localstate/service-view.js';
 import type { NodeContext } from '../localstate/topology.js';
 import type { LocalOp, LocalValue } from './ops.js';
 import { StoreFollower } from './store-follower.js';
+import { BucketDigests, bucketOf, heldBucketCount, viewDigest } from './resume.js';
 
 export interface LocalDiffOptions {
   /** extra sets beyond services and endpoints (NodesSet, ServiceCIDRsSet) */
   sets?: readonly LocalSet[];
+  /**
+   * kpng-ts resume: the node's HeldDigests. The first diff is then a Resume
+   * that carries only the buckets whose digest differs (src/diff/resume.ts);
+   * ignored when not a valid bucket count.
+   */
+  held?: Uint8Array;
 }
 
 // Set ops of views read the value only when a sink asks for it (a getter:
@@ -46,6 +53,7 @@ export class LocalDiff extends StoreFollower {
   private ctx: NodeContext;
   private readonly wantNode: boolean;
   private readonly wantCIDRs: boolean;
+  private held?: Uint8Array;
 
   constructor(
     store: Store,
@@ -56,6 +64,7 @@ export class LocalDiff extends StoreFollower {
     super(store);
     this.wantNode = opts.sets?.includes(LocalSet.NodesSet) ?? false;
     this.wantCIDRs = opts.sets?.includes(LocalSet.ServiceCIDRsSet) ?? false;
+    if (opts.held && heldBucketCount(opts.held)) this.held = opts.held;
     this.ctx = this.nodeContext();
   }
 
@@ -114,6 +123,7 @@ export class LocalDiff extends StoreFollower {
     this.forgetSent();
     this.sentNode = undefined;
     this.sentCIDRs.clear();
+    this.held = undefined;
     this.first = true;
     this.allDirty = this.nodeDirty = this.cidrsDirty = true;
   }
@@ -138,15 +148,30 @@ export class LocalDiff extends StoreFollower {
       if (ctx.zone !== this.ctx.zone) this.allDirty = true; // topology of every service may change
       this.ctx = ctx;
     }
+    const resuming = first && this.held !== undefined;
+    const svcSets: ServiceView[] = [];
     let keys: Set<string> = this.dirty;
-    if (this.allDirty) {
+    if (resuming) {
+      // a resume looks at every service, as a first diff does, but from the
+      // views shared by the nodes of its zone, looking up only the services
+      // this node is special to (thousands of nodes resume at once after a
+      // brain restart)
+      const g = this.views.generic(this.ctx.zone);
+      const own = new Map((g.special.get(this.nodeName) ?? []).map((i) => [i, this.views.view(g.keys[i], this.ctx)]));
+      for (let i = 0; i < g.keys.length; i++) {
+        const view = own.has(i) ? own.get(i) : g.views[i];
+        if (!view) continue;
+        this.setSent(this.views.slot(g.keys[i]), view);
+        svcSets.push(view);
+      }
+      keys = new Set();
+    } else if (this.allDirty) {
       keys = new Set(this.store.serviceKeys());
       for (const id of this.sent) if (id) keys.add(this.views.viewById(id)!.key);
     }
     this.dirty = new Set();
     this.allDirty = false;
 
-    const svcSets: ServiceView[] = [];
     const svcDeletes: string[] = [];
     const namedSets: EndpointView[] = [];
     const namedDeletes: string[] = [];
@@ -177,7 +202,32 @@ export class LocalDiff extends StoreFollower {
     }
 
     const ops: LocalOp[] = [];
-    if (first) ops.push({ kind: 'reset' });
+    if (resuming) {
+      // resume: what the node holds is what the views say for every bucket
+      // whose digest matches; only the others are sent, with their endpoints
+      // (and the node drops what it holds in them that is not resent)
+      const held = this.held!;
+      this.held = undefined;
+      const buckets = heldBucketCount(held)!;
+      const digests = new BucketDigests(buckets);
+      const bucketAt = new Int32Array(svcSets.length);
+      svcSets.forEach((v, i) => {
+        const { hash, digest } = viewDigest(v);
+        digests.add((bucketAt[i] = bucketOf(hash, buckets)), digest);
+      });
+      const resent = digests.differing(held);
+      const resend = new Uint8Array(buckets);
+      for (const b of resent) resend[b] = 1;
+      // keep the services of the buckets resent, in place
+      let kept = 0;
+      svcSets.forEach((v, i) => {
+        if (!resend[bucketAt[i]]) return;
+        svcSets[kept++] = v;
+        for (const ep of v.endpoints) (ep.named ? namedSets : anonSets).push(ep);
+      });
+      svcSets.length = kept;
+      ops.push({ kind: 'reset', resume: { buckets, resent } });
+    } else if (first) ops.push({ kind: 'reset' });
     const nodeOps = this.nodeDirty && this.wantNode ? this.diffNode() : { sets: [], deletes: [] };
     const cidrOps = this.cidrsDirty && this.wantCIDRs ? this.diffCIDRs() : { sets: [], deletes: [] };
     this.nodeDirty = this.cidrsDirty = false;

@@ -5,7 +5,14 @@ import { LocalSet } from '../api/model.js';
 export type LocalValue = Service | Endpoint | LocalNode | ServiceCIDR;
 
 export type LocalOp =
-  | { readonly kind: 'reset' }
+  | {
+      readonly kind: 'reset';
+      /**
+       * kpng-ts resume: only these buckets (of this many) of services and
+       * endpoints are resent; the rest the receiver holds stays (src/diff/resume.ts)
+       */
+      readonly resume?: { readonly buckets: number; readonly resent: readonly number[] };
+    }
   | { readonly kind: 'sync' }
   | {
       readonly kind: 'set';

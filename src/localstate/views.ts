@@ -30,8 +30,22 @@ interface Entry {
   endpoints?: Map<string, LazyEndpointView[]>;
 }
 
+/** Every service's view for the nodes of a zone that are special to none of it, at one store revision (ServiceViews.generic). */
+export interface GenericViews {
+  readonly keys: readonly string[];
+  /** keys[i]'s view (undefined: none, e.g. a service not proxied) */
+  readonly views: readonly (ServiceView | undefined)[];
+  /** per node, the indexes of the keys it is special to (hosts an endpoint, named in a hint) */
+  readonly special: ReadonlyMap<string, readonly number[]>;
+}
+
+/** a node name no node has: its class is the generic one */
+const NO_NODE = '\0';
+
 export class ServiceViews {
   private readonly entries = new Map<string, Entry>();
+  private generics = new Map<string, GenericViews>();
+  private genericsRev = -1;
   private readonly unsubscribe: () => void;
   /** views computed (cache misses), for benchmarks and stats */
   computed = 0;
@@ -56,6 +70,8 @@ export class ServiceViews {
     this.keepDecoded = opts.keepDecoded ?? true;
     // drop entries of deleted services as soon as the store forgets them
     this.unsubscribe = store.subscribe((change) => {
+      // generic views are per revision: do not keep old ones alive
+      if (this.generics.size) this.generics = new Map();
       for (const key of change.services) {
         if (!this.gone(key)) continue;
         this.entries.delete(key);
@@ -156,6 +172,35 @@ export class ServiceViews {
   close(): void {
     this.unsubscribe();
     this.entries.clear();
+  }
+
+  /**
+   * Every service's view as the nodes of this zone see it unless they are
+   * special to it, and which nodes are special to which: a node's whole
+   * state without looking each service up for it (a resuming node's first
+   * diff), built once per zone and store revision.
+   */
+  generic(zone: string): GenericViews {
+    if (this.genericsRev !== this.store.rev) {
+      this.generics = new Map();
+      this.genericsRev = this.store.rev;
+    }
+    let g = this.generics.get(zone);
+    if (g) return g;
+    const keys = [...this.store.serviceKeys()];
+    const views = keys.map((k) => this.view(k, { name: NO_NODE, zone }));
+    // every key's entry is current now: its special nodes are this revision's
+    const special = new Map<string, number[]>();
+    keys.forEach((k, i) => {
+      for (const n of this.entries.get(k)?.specialNodes ?? []) {
+        const l = special.get(n);
+        if (l) l.push(i);
+        else special.set(n, [i]);
+      }
+    });
+    g = { keys, views, special };
+    this.generics.set(zone, g);
+    return g;
   }
 
   view(key: string, node: NodeContext): ServiceView | undefined {

@@ -10,7 +10,10 @@ import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
 import protobuf from 'protobufjs';
 import { LocalSet } from '../../src/api/model.js';
-import { TRANSPORTS, ORIGINAL_PROTO_DIR, apply, listenAddress, slice, smallCluster, startServer, syncedStore, waitFor, testResources } from './helpers.js';
+import { create } from '@bufbuild/protobuf';
+import { WatchReqSchema } from '../../src/api/gen/api/localv1/api_pb.js';
+import { localWatchMethod } from '../../src/api/grpc/wire.js';
+import { TRANSPORTS, ORIGINAL_PROTO_DIR, RawWatch, apply, listenAddress, slice, smallCluster, startServer, syncedStore, waitFor, testResources } from './helpers.js';
 import { grpcTarget, parseAddress } from '../../src/api/grpc/address.js';
 
 const { dirs, cleanups } = testResources();
@@ -104,3 +107,18 @@ for (const t of TRANSPORTS) {
     assert.equal(LocalSet[LocalSet.GlobalServiceCIDRInfos], 'GlobalServiceCIDRInfos');
   });
 }
+
+test('an original localv1 client still gets Reset and the full state from a brain that resumes kpng-ts clients', async () => {
+  const store = syncedStore(smallCluster());
+  const s = await startServer(store, listenAddress('unix', dirs));
+  cleanups.push(() => s.stop());
+  // a kpng-ts node that holds something else (16 buckets of zero digests): it gets a Resume
+  const resuming = new RawWatch(s.address, localWatchMethod, create(WatchReqSchema, { NodeName: 'node-a', HeldDigests: new Uint8Array(16 * 8) }));
+  cleanups.push(() => resuming.close());
+  await resuming.waitSyncs(1);
+  assert.equal(resuming.items[0].Op.case, 'Resume');
+  const w = originalWatch(pkg.localv1.Sets, s.address, { NodeName: 'node-a' });
+  await waitFor('the first sync', () => w.syncs() === 1 || !!w.error());
+  assert.equal(w.error(), undefined);
+  assert.deepEqual(w.items.map((i) => i.Op), ['Reset', 'Set', 'Set', 'Set', 'Set', 'Set', 'Sync']);
+});

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { create, toBinary } from '@bufbuild/protobuf';
 import * as L from '../../src/api/gen/api/localv1/api_pb.js';
 import { LocalSet } from '../../src/api/model.js';
-import { encodeDeleteOp, encodeSetOp, RESET_FRAME, setOpFrame, SYNC_FRAME, LOCAL_WATCH_PATH, GLOBAL_WATCH_PATH } from '../../src/api/grpc/wire.js';
+import { encodeDeleteOp, encodeResumeOp, encodeSetOp, RESET_FRAME, setOpFrame, SYNC_FRAME, LOCAL_WATCH_PATH, GLOBAL_WATCH_PATH } from '../../src/api/grpc/wire.js';
 import { isLoopback, parseAddress, formatAddress, grpcTarget } from '../../src/api/grpc/address.js';
 
 const ref = (set: number, path: string) => create(L.RefSchema, { Set: set, Path: path });
@@ -30,6 +30,13 @@ test('Set, Delete, Sync and Reset encode exactly as toBinary(OpItem)', () => {
   const empty = create(L.EmptyOpSchema);
   assert.deepEqual(new Uint8Array(SYNC_FRAME), toBinary(L.OpItemSchema, create(L.OpItemSchema, { Op: { case: 'Sync', value: empty } })));
   assert.deepEqual(new Uint8Array(RESET_FRAME), toBinary(L.OpItemSchema, create(L.OpItemSchema, { Op: { case: 'Reset', value: empty } })));
+});
+
+test('Resume (kpng-ts) encodes exactly as toBinary(OpItem)', () => {
+  for (const [buckets, count] of [[[], 16], [[0], 16], [[3, 200, 70000], 1 << 16], [[], 0]] as [number[], number][]) {
+    const want = toBinary(L.OpItemSchema, create(L.OpItemSchema, { Op: { case: 'Resume', value: create(L.ResumeOpSchema, { Buckets: buckets, BucketCount: count }) } }));
+    assert.deepEqual(new Uint8Array(encodeResumeOp(buckets, count)), want, `${buckets} ${count}`);
+  }
 });
 
 test('a value fanned out to many nodes is encoded once', () => {

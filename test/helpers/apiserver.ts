@@ -133,6 +133,8 @@ export class TestApiServer {
   private readonly hung = new Set<ServerResponse>();
   private readonly server: https.Server;
   private uid = 0;
+  /** what the watches were sent (events and bookmarks: their JSON lines), for benchmarks */
+  readonly watchStats = { events: 0, bytes: 0 };
   url = '';
 
   constructor(opts: ApiServerOptions = {}) {
@@ -532,6 +534,8 @@ export class TestApiServer {
       w.res.write(line.slice(0, line.length >> 1), () => w.res.socket?.destroy());
       return;
     }
+    this.watchStats.events++;
+    this.watchStats.bytes += Buffer.byteLength(line);
     w.res.write(line);
   }
 

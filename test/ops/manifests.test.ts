@@ -9,6 +9,7 @@ import type { Command } from 'commander';
 import { buildProgram } from '../../src/cli/main.js';
 import { parseConfig } from '../../src/backends/shared/config.js';
 import { ROOT } from '../helpers/cli.js';
+import { parseBrains } from '../../src/api/grpc/client.js';
 
 const DIR = join(ROOT, 'deploy/kubernetes');
 const docs = readdirSync(DIR)
@@ -40,6 +41,41 @@ test('the manifests hold what a deployment needs', () => {
   assert.ok(args.some((a) => /^kube .*to-local to-nft/.test(a)), 'single-process mode');
   assert.ok(args.some((a) => /^kube .*to-api /.test(a)), 'brain');
   assert.ok(args.some((a) => /^local .*to-nft/.test(a)), 'node of a brain');
+});
+
+test('split mode: several brains, one per node, a disruption budget, found without a Service', () => {
+  const split = docs.filter((d) => d.file === 'kpng-split.yaml').map((d) => d.obj);
+  const brain = split.find((o) => o.kind === 'Deployment' && o.metadata.name === 'kpng-brain');
+  assert.ok(brain, 'the brain Deployment');
+  const replicas = brain.spec.replicas;
+  assert.ok(replicas >= 2, `replicas: ${replicas}`);
+  const labels = brain.spec.template.metadata.labels;
+  assert.notEqual(brain.spec.strategy?.type, 'Recreate', 'an update must not take every brain down at once');
+  // one per node: required anti-affinity on the host name, against its own pods
+  const anti = brain.spec.template.spec.affinity?.podAntiAffinity?.requiredDuringSchedulingIgnoredDuringExecution ?? [];
+  assert.ok(
+    anti.some((t: any) => t.topologyKey === 'kubernetes.io/hostname' && Object.entries(t.labelSelector?.matchLabels ?? {}).every(([k, v]) => labels[k] === v)),
+    'required anti-affinity between brains',
+  );
+  // a PodDisruptionBudget that leaves at least one brain up
+  const pdb = split.find((o) => o.kind === 'PodDisruptionBudget' && Object.entries(o.spec.selector.matchLabels).every(([k, v]) => labels[k] === v));
+  assert.ok(pdb, 'a PodDisruptionBudget for the brains');
+  const down = pdb.spec.maxUnavailable ?? replicas - pdb.spec.minAvailable;
+  assert.ok(down >= 1 && down < replicas, `the budget lets ${down} of ${replicas} brains go at once`);
+  // nodes find the brains by a list of host-network addresses, not by a Service kpng itself would program
+  assert.equal(brain.spec.template.spec.hostNetwork, true);
+  assert.ok(!split.some((o) => o.kind === 'Service'), 'no Service between nodes and brains');
+  const node = split.find((o) => o.kind === 'DaemonSet');
+  const c = node.spec.template.spec.containers[0];
+  const api = c.args.find((a: string) => a.startsWith('--api='))!.slice('--api='.length);
+  const ref = /^\$\((\w+)\)$/.exec(api);
+  assert.ok(ref, `--api from the environment: ${api}`);
+  const key = c.env.find((e: any) => e.name === ref[1])?.valueFrom?.configMapKeyRef;
+  const cm = split.find((o) => o.kind === 'ConfigMap' && o.metadata.name === key?.name);
+  const brains = parseBrains(cm.data[key.key]);
+  assert.equal(brains.length, replicas, 'one address per brain');
+  for (const b of brains) assert.match(b, /^tcp:\/\/[\d.]+:12090$/, 'a node IP and the brains\' port');
+  assert.ok(brain.spec.template.spec.containers[0].args.includes('--listen=tcp://0.0.0.0:12090'));
 });
 
 test('RBAC: get, list and watch of Services, EndpointSlices, Nodes and ServiceCIDRs, nothing else', () => {

@@ -74,7 +74,7 @@ export const GLOBAL_SETS_HEADER = 'kpng-global-sets';
 
 // --- OpItem encoding (src/api/opitem.ts), and a frame cache for values without their own
 
-export { RESET_FRAME, SYNC_FRAME, encodeSetOp, encodeDeleteOp } from '../opitem.js';
+export { RESET_FRAME, SYNC_FRAME, encodeSetOp, encodeDeleteOp, encodeResumeOp } from '../opitem.js';
 
 interface CachedFrame {
   readonly set: number;

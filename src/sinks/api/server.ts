@@ -25,7 +25,7 @@ import { metrics } from '../../backends/shared/metrics.js';
 import { formatAddress, isLoopback, parseAddress, type ApiAddress } from '../../api/grpc/address.js';
 import { serverTLSOptions, type TLSFiles } from '../../api/grpc/tls.js';
 import { rawCallInterceptor, StreamWriter } from '../../api/grpc/server-stream.js';
-import { encodeDeleteOp, encodeSetOp, GLOBAL_SETS_HEADER, globalServerDefinition, localServerDefinition, RESET_FRAME, setOpFrame, SYNC_FRAME } from '../../api/grpc/wire.js';
+import { encodeDeleteOp, encodeResumeOp, encodeSetOp, GLOBAL_SETS_HEADER, globalServerDefinition, localServerDefinition, RESET_FRAME, setOpFrame, SYNC_FRAME } from '../../api/grpc/wire.js';
 import { GlobalDiff, GlobalEncoder, type GlobalOp } from './global-diff.js';
 import { ConnectionGate, DEFAULT_HANDSHAKE_TIMEOUT_MS, defaultMaxConnections, openFileLimit, RESERVED_FDS } from './listener.js';
 
@@ -129,7 +129,7 @@ class Requests<Req> {
 
 export function localOpFrame(op: LocalOp): Buffer {
   switch (op.kind) {
-    case 'reset': return RESET_FRAME;
+    case 'reset': return op.resume ? encodeResumeOp(op.resume.resent, op.resume.buckets) : RESET_FRAME;
     case 'sync': return SYNC_FRAME;
     case 'set': return op.frame ?? setOpFrame(op.set, op.path, op.bytes);
     case 'delete': return encodeDeleteOp(op.set, op.path);
@@ -341,6 +341,7 @@ export class ApiServer {
     const log = this.opts.log;
     let diff: LocalDiff | undefined;
     let setsKey = '';
+    let announced = false;
     const { writer, requests, finish } = this.track('local', call, () => diff?.close());
     void (async () => {
       try {
@@ -352,9 +353,11 @@ export class ApiServer {
             diff?.close();
             if (nodeName === '') log.warn({ peer: call.getPeer() }, 'to-api: watch without a node name; no endpoint is local to it');
             log.debug({ node: nodeName, peer: call.getPeer(), sets: sets.map((s) => LocalSet[s]) }, 'to-api: node watching');
-            diff = new LocalDiff(this.opts.store, this.opts.views, nodeName, { sets });
+            // a client that holds a state says so (HeldDigests): it gets a Resume, only what differs
+            diff = new LocalDiff(this.opts.store, this.opts.views, nodeName, { sets, held: req.HeldDigests });
             setsKey = sets.join(',');
           }
+          if (!announced) announced = await this.announce(call, diff, writer);
           await this.nextDiff('local', diff, writer, () => diff!.next(), localOpFrame);
         }
       } catch (e) {
@@ -376,7 +379,9 @@ export class ApiServer {
     log.debug({ peer: call.getPeer() }, 'to-api: global watch');
     void (async () => {
       try {
+        let announced = false;
         for (let req = await requests.next(); req && !writer.isClosed; req = await requests.next()) {
+          if (!announced) announced = await this.announce(call, diff, writer);
           await this.nextDiff('global', diff, writer, () => diff.next(), globalOpFrame);
         }
       } catch (e) {
@@ -385,6 +390,20 @@ export class ApiServer {
         finish();
       }
     })();
+  }
+
+  /**
+   * Sends the response headers once this brain can answer (its source has
+   * synced): a client's watchdog then knows the brain is alive and has it
+   * queued, however long the first state takes to come (big diffs wait for
+   * a slot); a brain that cannot answer sends nothing, and the client goes
+   * to another one. Clients that do not look at headers are not affected.
+   */
+  private async announce(call: grpc.ServerDuplexStream<unknown, Buffer> | grpc.ServerDuplexStream<WatchReq, Buffer>, diff: LocalDiff | GlobalDiff, writer: StreamWriter): Promise<boolean> {
+    await diff.changed();
+    if (writer.isClosed) return false;
+    call.sendMetadata(new grpc.Metadata());
+    return true;
   }
 
   /** Waits for a non-empty diff and sends it (kpng: an empty diff is not answered). */

@@ -11,7 +11,8 @@ import { WatchReqSchema, type OpItem } from '../../api/gen/api/localv1/api_pb.js
 import { LocalSet, decodeEndpoint, decodeLocalNode, decodeService, decodeServiceCIDR, type Endpoint, type LocalNode, type Service, type ServiceCIDR } from '../../api/model.js';
 import { endpointProblem, localPathProblem, nodeProblem, serviceCIDRProblem, serviceProblem } from '../../api/validate.js';
 import { DEFAULT_API } from '../../api/grpc/address.js';
-import { runWatch, type WatchClientOptions } from '../../api/grpc/client.js';
+import { DEFAULT_FAILBACK_MS, DEFAULT_WATCHDOG_MS, runWatch, type WatchClientOptions } from '../../api/grpc/client.js';
+import { MAX_BUCKETS } from '../../diff/resume.js';
 import { addClientTLSOptions, clientTLSFromOpts } from '../../api/grpc/tls.js';
 import { localWatchMethod } from '../../api/grpc/wire.js';
 import { FilterResetSink } from '../../diff/filter-reset.js';
@@ -44,6 +45,12 @@ export function toLocalOp(item: OpItem): LocalOp | string {
   switch (op.case) {
     case 'Sync': return SYNC;
     case 'Reset': return RESET;
+    case 'Resume': {
+      // kpng-ts: a resent part only makes sense with a bucket count; without one it is a full Reset
+      const buckets = op.value.BucketCount;
+      if (!heldBucketCountOk(buckets)) return RESET;
+      return { kind: 'reset', resume: { buckets, resent: op.value.Buckets.filter((b) => b < buckets) } };
+    }
     case 'Set': {
       const set = op.value.Ref?.Set ?? LocalSet.UnknownSet;
       const path = op.value.Ref?.Path ?? '';
@@ -73,6 +80,8 @@ export function toLocalOp(item: OpItem): LocalOp | string {
   }
 }
 
+const heldBucketCountOk = (n: number) => n > 0 && n <= MAX_BUCKETS && (n & (n - 1)) === 0;
+
 /**
  * After a reconnect the resend ends with a Sync even when FilterResetSink
  * found nothing changed: that Sync is dropped, so the backend does not even
@@ -93,6 +102,11 @@ export class QuietResyncSink implements LocalSink {
     });
   }
 
+  /** what the node holds, for a new stream's first request (resume) */
+  heldDigests(): Uint8Array {
+    return this.inner.heldDigests();
+  }
+
   async send(op: LocalOp): Promise<void> {
     // ops a broken stream left without their Sync still count as forwarded
     if (op.kind === 'reset') this.resending = true;
@@ -101,15 +115,27 @@ export class QuietResyncSink implements LocalSink {
   }
 }
 
+/** what watchLocalApi needs beyond the connection */
+export interface LocalWatchOptions {
+  /** send what the node holds on a new stream (HeldDigests), so that a brain resends only the difference (default: when the sink knows it) */
+  readonly resume?: boolean;
+}
+
 /**
- * Watches one node's state until the signal aborts, reconnecting as needed;
- * ops go to sink as they arrive, but for those refused by toLocalOp (one
- * log line each).
+ * Watches one node's state until the signal aborts, reconnecting (or
+ * failing over to the next brain) as needed; ops go to sink as they arrive,
+ * but for those refused by toLocalOp (one log line each). A sink that knows
+ * what the node holds (QuietResyncSink) lets a new stream resume: it sends
+ * its digests, and a brain that understands them resends only what differs.
  */
-export async function watchLocalApi(opts: WatchClientOptions, nodeName: string, sets: readonly LocalSet[], sink: LocalSink): Promise<void> {
+export async function watchLocalApi(opts: WatchClientOptions, nodeName: string, sets: readonly LocalSet[], sink: LocalSink & { heldDigests?(): Uint8Array }, local: LocalWatchOptions = {}): Promise<void> {
   const req = create(WatchReqSchema, { NodeName: nodeName, Sets: [...sets] });
-  await runWatch(opts, localWatchMethod, {
-    request: () => req,
+  const resume = local.resume !== false && sink.heldDigests ? () => sink.heldDigests!() : undefined;
+  await runWatch({ key: nodeName, ...opts }, localWatchMethod, {
+    request: (first) => {
+      const held = first && resume ? resume() : undefined;
+      return held?.length ? create(WatchReqSchema, { NodeName: nodeName, Sets: [...sets], HeldDigests: held }) : req;
+    },
     op: (item) => {
       const op = toLocalOp(item);
       if (typeof op !== 'string') return sink.send(op);
@@ -186,10 +212,13 @@ export async function runLocal(localOpts: Record<string, any>, backends: readonl
             signal: stop,
             minBackoffMs: localOpts.errorDelay,
             maxBackoffMs: localOpts.maxErrorDelay,
+            watchdogMs: localOpts.watchdog,
+            failbackMs: localOpts.failback,
           },
           b.nodeName,
           b.sets ?? [],
           new QuietResyncSink(new ValidatingSink(mirror.wrap(sink), log)),
+          { resume: localOpts.resume !== false },
         );
       } finally {
         await served?.stop();
@@ -206,9 +235,11 @@ const ms = (v: string) => {
 
 export function addApiClientOptions(cmd: Command): void {
   cmd
-    .option('--api <address>', 'the kpng API: unix:///path/to.sock, tcp://host:port or host:port', DEFAULT_API)
+    .option('--api <address>[,<address>...]', 'the kpng API: unix:///path/to.sock, tcp://host:port or host:port; several brains comma-separated (each client picks its own by its name and fails over to the others)', DEFAULT_API)
     .option('--error-delay <ms>', 'first retry delay after a failure (doubles, with jitter)', ms, 200)
-    .option('--max-error-delay <ms>', 'longest retry delay', ms, 10_000);
+    .option('--max-error-delay <ms>', 'longest retry delay', ms, 10_000)
+    .option('--watchdog <ms>', "give a brain up when a stream's first answer, or the rest of a diff, does not come within this", ms, DEFAULT_WATCHDOG_MS)
+    .option('--failback <ms>', 'on another brain than its own: how often to check whether its own answers again', ms, DEFAULT_FAILBACK_MS);
   addClientTLSOptions(cmd);
 }
 
@@ -218,6 +249,7 @@ registerCommand((program, run) => {
     .description("program this node from another kpng's node-local API (to-api): kpng local --api ADDR to-<backend>")
     .enablePositionalOptions()
     .option('--node-name <name>', 'the node to watch (default: the backend\'s --node-name, hostnameOverride, then the hostname)')
+    .option('--no-resume', 'after a reconnect, ask for the full state instead of sending what this node holds')
     .option('--state-socket <address>', STATE_SOCKET_HELP, DEFAULT_NODE_SOCKET);
   addApiClientOptions(lc);
   addBackendCommands(lc, (backends) => run((log, signal) => runLocal(lc.opts(), backends, log, signal)));

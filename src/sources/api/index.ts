@@ -9,6 +9,7 @@
 // every node behind it) sees only what really changed.
 import type * as L from '../../api/gen/api/localv1/api_pb.js';
 import * as G from '../../api/gen/api/globalv1/api_pb.js';
+import { hostname } from 'node:os';
 import { fromBinary } from '@bufbuild/protobuf';
 import { LocalSet } from '../../api/model.js';
 import { endpointInfoProblem, globalPath, nodeProblem, serviceCIDRProblem, serviceProblem } from '../../api/validate.js';
@@ -40,6 +41,9 @@ export interface ApiSourceOptions {
   readonly tls?: ClientTLS;
   readonly minBackoffMs?: number;
   readonly maxBackoffMs?: number;
+  /** with several brains (address a,b,...): see WatchClientOptions */
+  readonly watchdogMs?: number;
+  readonly failbackMs?: number;
 }
 
 export class ApiSource {
@@ -66,6 +70,10 @@ export class ApiSource {
         signal: this.ac.signal,
         minBackoffMs: this.opts.minBackoffMs,
         maxBackoffMs: this.opts.maxBackoffMs,
+        watchdogMs: this.opts.watchdogMs,
+        failbackMs: this.opts.failbackMs,
+        // chained brains spread over their upstream brains by host name
+        key: hostname(),
         metadata: { [GLOBAL_SETS_HEADER]: LocalSet[LocalSet.GlobalServiceCIDRInfos] },
       },
       globalWatchMethod,
@@ -243,6 +251,8 @@ registerSource({
       tls: clientTLSFromOpts(opts),
       minBackoffMs: opts.errorDelay,
       maxBackoffMs: opts.maxErrorDelay,
+      watchdogMs: opts.watchdog,
+      failbackMs: opts.failback,
     });
     src.start();
     return { stop: () => src.stop() };

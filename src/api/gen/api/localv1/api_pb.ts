@@ -18,7 +18,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file api/localv1/api.proto.
  */
 export const file_api_localv1_api: GenFile = /*@__PURE__*/
-  fileDesc("ChVhcGkvbG9jYWx2MS9hcGkucHJvdG8SB2xvY2FsdjEiOAoIV2F0Y2hSZXESEAoITm9kZU5hbWUYASABKAkSGgoEU2V0cxgCIAMoDjIMLmxvY2FsdjEuU2V0IpIBCgZPcEl0ZW0SIAoEU3luYxgBIAEoCzIQLmxvY2FsdjEuRW1wdHlPcEgAEiEKBVJlc2V0GAQgASgLMhAubG9jYWx2MS5FbXB0eU9wSAASHQoDU2V0GAIgASgLMg4ubG9jYWx2MS5WYWx1ZUgAEh4KBkRlbGV0ZRgDIAEoCzIMLmxvY2FsdjEuUmVmSABCBAoCT3AiCQoHRW1wdHlPcCIuCgNSZWYSGQoDU2V0GAEgASgOMgwubG9jYWx2MS5TZXQSDAoEUGF0aBgCIAEoCSIxCgVWYWx1ZRIZCgNSZWYYASABKAsyDC5sb2NhbHYxLlJlZhINCgVCeXRlcxgCIAEoDCK5BAoHU2VydmljZRIRCglOYW1lc3BhY2UYASABKAkSDAoETmFtZRgCIAEoCRIMCgRUeXBlGAMgASgJEiwKBkxhYmVscxgIIAMoCzIcLmxvY2FsdjEuU2VydmljZS5MYWJlbHNFbnRyeRI2CgtBbm5vdGF0aW9ucxgJIAMoCzIhLmxvY2FsdjEuU2VydmljZS5Bbm5vdGF0aW9uc0VudHJ5EiAKA0lQcxgEIAEoCzITLmxvY2FsdjEuU2VydmljZUlQcxIkCglJUEZpbHRlcnMYCiADKAsyES5sb2NhbHYxLklQRmlsdGVyEg0KBU1hcElQGAUgASgIEiMKBVBvcnRzGAYgAygLMhQubG9jYWx2MS5Qb3J0TWFwcGluZxIeChZFeHRlcm5hbFRyYWZmaWNUb0xvY2FsGAcgASgIEi0KCENsaWVudElQGAsgASgLMhkubG9jYWx2MS5DbGllbnRJUEFmZmluaXR5SAASHgoWSW50ZXJuYWxUcmFmZmljVG9Mb2NhbBgMIAEoCBIbChNIZWFsdGhDaGVja05vZGVQb3J0GA0gASgFEhsKE1RyYWZmaWNEaXN0cmlidXRpb24YDiABKAkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ARoyChBBbm5vdGF0aW9uc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCEQoPU2Vzc2lvbkFmZmluaXR5IkMKCElQRmlsdGVyEiEKCVRhcmdldElQcxgBIAEoCzIOLmxvY2FsdjEuSVBTZXQSFAoMU291cmNlUmFuZ2VzGAIgAygJIr4BCgpTZXJ2aWNlSVBzEiIKCkNsdXN0ZXJJUHMYASABKAsyDi5sb2NhbHYxLklQU2V0EiMKC0V4dGVybmFsSVBzGAIgASgLMg4ubG9jYWx2MS5JUFNldBInCg9Mb2FkQmFsYW5jZXJJUHMYBCABKAsyDi5sb2NhbHYxLklQU2V0EhAKCEhlYWRsZXNzGAMgASgIEiwKFFByb3h5TG9hZEJhbGFuY2VySVBzGAUgASgLMg4ubG9jYWx2MS5JUFNldCLCAQoIRW5kcG9pbnQSEAoISG9zdG5hbWUYASABKAkSGwoDSVBzGAIgASgLMg4ubG9jYWx2MS5JUFNldBINCgVMb2NhbBgDIAEoCBIoCg1Qb3J0T3ZlcnJpZGVzGAQgAygLMhEubG9jYWx2MS5Qb3J0TmFtZRInCgZTY29wZXMYBSABKAsyFy5sb2NhbHYxLkVuZHBvaW50U2NvcGVzEhMKC1Rlcm1pbmF0aW5nGAYgASgIEhAKCE5vZGVOYW1lGAcgASgJIkUKDkVuZHBvaW50U2NvcGVzEhAKCEludGVybmFsGAEgASgIEhAKCEV4dGVybmFsGAIgASgIEg8KB0NsdXN0ZXIYAyABKAgiHwoFSVBTZXQSCgoCVjQYASADKAkSCgoCVjYYAiADKAkiSwoIUG9ydE5hbWUSDAoETmFtZRgBIAEoCRIMCgRQb3J0GAIgASgFEiMKCFByb3RvY29sGAMgASgOMhEubG9jYWx2MS5Qcm90b2NvbCK8AQoLUG9ydE1hcHBpbmcSDAoETmFtZRgBIAEoCRIjCghQcm90b2NvbBgCIAEoDjIRLmxvY2FsdjEuUHJvdG9jb2wSDAoEUG9ydBgDIAEoBRIQCghOb2RlUG9ydBgEIAEoBRISCgpUYXJnZXRQb3J0GAUgASgFEhYKDlRhcmdldFBvcnROYW1lGAYgASgJEhYKDkhhc0VuZHBvaW50c1Y0GAcgASgIEhYKDkhhc0VuZHBvaW50c1Y2GAggASgIIioKEENsaWVudElQQWZmaW5pdHkSFgoOVGltZW91dFNlY29uZHMYASABKAUivQEKBE5vZGUSDAoETmFtZRgBIAEoCRIMCgRab25lGAIgASgJEhsKA0lQcxgDIAEoCzIOLmxvY2FsdjEuSVBTZXQSEAoIUG9kQ0lEUnMYBCADKAkSKQoGTGFiZWxzGAUgAygLMhkubG9jYWx2MS5Ob2RlLkxhYmVsc0VudHJ5EhAKCERlbGV0aW5nGAYgASgIGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiKgoLU2VydmljZUNJRFISDAoETmFtZRgBIAEoCRINCgVDSURScxgCIAMoCSq9AQoDU2V0Eg4KClVua25vd25TZXQQABIPCgtTZXJ2aWNlc1NldBABEhAKDEVuZHBvaW50c1NldBACEgwKCE5vZGVzU2V0EAMSEwoPU2VydmljZUNJRFJzU2V0EAQSFgoSR2xvYmFsU2VydmljZUluZm9zEAoSFwoTR2xvYmFsRW5kcG9pbnRJbmZvcxALEhMKD0dsb2JhbE5vZGVJbmZvcxAMEhoKFkdsb2JhbFNlcnZpY2VDSURSSW5mb3MQDSo7CghQcm90b2NvbBITCg9Vbmtub3duUHJvdG9jb2wQABIHCgNUQ1AQARIHCgNVRFAQAhIICgRTQ1RQEAMyNwoEU2V0cxIvCgVXYXRjaBIRLmxvY2FsdjEuV2F0Y2hSZXEaDy5sb2NhbHYxLk9wSXRlbSgBMAFCHlocc2lncy5rOHMuaW8va3BuZy9hcGkvbG9jYWx2MWIGcHJvdG8z");
+  fileDesc("ChVhcGkvbG9jYWx2MS9hcGkucHJvdG8SB2xvY2FsdjEiTQoIV2F0Y2hSZXESEAoITm9kZU5hbWUYASABKAkSGgoEU2V0cxgCIAMoDjIMLmxvY2FsdjEuU2V0EhMKC0hlbGREaWdlc3RzGAMgASgMIrcBCgZPcEl0ZW0SIAoEU3luYxgBIAEoCzIQLmxvY2FsdjEuRW1wdHlPcEgAEiEKBVJlc2V0GAQgASgLMhAubG9jYWx2MS5FbXB0eU9wSAASHQoDU2V0GAIgASgLMg4ubG9jYWx2MS5WYWx1ZUgAEh4KBkRlbGV0ZRgDIAEoCzIMLmxvY2FsdjEuUmVmSAASIwoGUmVzdW1lGAUgASgLMhEubG9jYWx2MS5SZXN1bWVPcEgAQgQKAk9wIjAKCFJlc3VtZU9wEg8KB0J1Y2tldHMYASADKA0SEwoLQnVja2V0Q291bnQYAiABKA0iCQoHRW1wdHlPcCIuCgNSZWYSGQoDU2V0GAEgASgOMgwubG9jYWx2MS5TZXQSDAoEUGF0aBgCIAEoCSIxCgVWYWx1ZRIZCgNSZWYYASABKAsyDC5sb2NhbHYxLlJlZhINCgVCeXRlcxgCIAEoDCK5BAoHU2VydmljZRIRCglOYW1lc3BhY2UYASABKAkSDAoETmFtZRgCIAEoCRIMCgRUeXBlGAMgASgJEiwKBkxhYmVscxgIIAMoCzIcLmxvY2FsdjEuU2VydmljZS5MYWJlbHNFbnRyeRI2CgtBbm5vdGF0aW9ucxgJIAMoCzIhLmxvY2FsdjEuU2VydmljZS5Bbm5vdGF0aW9uc0VudHJ5EiAKA0lQcxgEIAEoCzITLmxvY2FsdjEuU2VydmljZUlQcxIkCglJUEZpbHRlcnMYCiADKAsyES5sb2NhbHYxLklQRmlsdGVyEg0KBU1hcElQGAUgASgIEiMKBVBvcnRzGAYgAygLMhQubG9jYWx2MS5Qb3J0TWFwcGluZxIeChZFeHRlcm5hbFRyYWZmaWNUb0xvY2FsGAcgASgIEi0KCENsaWVudElQGAsgASgLMhkubG9jYWx2MS5DbGllbnRJUEFmZmluaXR5SAASHgoWSW50ZXJuYWxUcmFmZmljVG9Mb2NhbBgMIAEoCBIbChNIZWFsdGhDaGVja05vZGVQb3J0GA0gASgFEhsKE1RyYWZmaWNEaXN0cmlidXRpb24YDiABKAkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ARoyChBBbm5vdGF0aW9uc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCEQoPU2Vzc2lvbkFmZmluaXR5IkMKCElQRmlsdGVyEiEKCVRhcmdldElQcxgBIAEoCzIOLmxvY2FsdjEuSVBTZXQSFAoMU291cmNlUmFuZ2VzGAIgAygJIr4BCgpTZXJ2aWNlSVBzEiIKCkNsdXN0ZXJJUHMYASABKAsyDi5sb2NhbHYxLklQU2V0EiMKC0V4dGVybmFsSVBzGAIgASgLMg4ubG9jYWx2MS5JUFNldBInCg9Mb2FkQmFsYW5jZXJJUHMYBCABKAsyDi5sb2NhbHYxLklQU2V0EhAKCEhlYWRsZXNzGAMgASgIEiwKFFByb3h5TG9hZEJhbGFuY2VySVBzGAUgASgLMg4ubG9jYWx2MS5JUFNldCLCAQoIRW5kcG9pbnQSEAoISG9zdG5hbWUYASABKAkSGwoDSVBzGAIgASgLMg4ubG9jYWx2MS5JUFNldBINCgVMb2NhbBgDIAEoCBIoCg1Qb3J0T3ZlcnJpZGVzGAQgAygLMhEubG9jYWx2MS5Qb3J0TmFtZRInCgZTY29wZXMYBSABKAsyFy5sb2NhbHYxLkVuZHBvaW50U2NvcGVzEhMKC1Rlcm1pbmF0aW5nGAYgASgIEhAKCE5vZGVOYW1lGAcgASgJIkUKDkVuZHBvaW50U2NvcGVzEhAKCEludGVybmFsGAEgASgIEhAKCEV4dGVybmFsGAIgASgIEg8KB0NsdXN0ZXIYAyABKAgiHwoFSVBTZXQSCgoCVjQYASADKAkSCgoCVjYYAiADKAkiSwoIUG9ydE5hbWUSDAoETmFtZRgBIAEoCRIMCgRQb3J0GAIgASgFEiMKCFByb3RvY29sGAMgASgOMhEubG9jYWx2MS5Qcm90b2NvbCK8AQoLUG9ydE1hcHBpbmcSDAoETmFtZRgBIAEoCRIjCghQcm90b2NvbBgCIAEoDjIRLmxvY2FsdjEuUHJvdG9jb2wSDAoEUG9ydBgDIAEoBRIQCghOb2RlUG9ydBgEIAEoBRISCgpUYXJnZXRQb3J0GAUgASgFEhYKDlRhcmdldFBvcnROYW1lGAYgASgJEhYKDkhhc0VuZHBvaW50c1Y0GAcgASgIEhYKDkhhc0VuZHBvaW50c1Y2GAggASgIIioKEENsaWVudElQQWZmaW5pdHkSFgoOVGltZW91dFNlY29uZHMYASABKAUivQEKBE5vZGUSDAoETmFtZRgBIAEoCRIMCgRab25lGAIgASgJEhsKA0lQcxgDIAEoCzIOLmxvY2FsdjEuSVBTZXQSEAoIUG9kQ0lEUnMYBCADKAkSKQoGTGFiZWxzGAUgAygLMhkubG9jYWx2MS5Ob2RlLkxhYmVsc0VudHJ5EhAKCERlbGV0aW5nGAYgASgIGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiKgoLU2VydmljZUNJRFISDAoETmFtZRgBIAEoCRINCgVDSURScxgCIAMoCSq9AQoDU2V0Eg4KClVua25vd25TZXQQABIPCgtTZXJ2aWNlc1NldBABEhAKDEVuZHBvaW50c1NldBACEgwKCE5vZGVzU2V0EAMSEwoPU2VydmljZUNJRFJzU2V0EAQSFgoSR2xvYmFsU2VydmljZUluZm9zEAoSFwoTR2xvYmFsRW5kcG9pbnRJbmZvcxALEhMKD0dsb2JhbE5vZGVJbmZvcxAMEhoKFkdsb2JhbFNlcnZpY2VDSURSSW5mb3MQDSo7CghQcm90b2NvbBITCg9Vbmtub3duUHJvdG9jb2wQABIHCgNUQ1AQARIHCgNVRFAQAhIICgRTQ1RQEAMyNwoEU2V0cxIvCgVXYXRjaBIRLmxvY2FsdjEuV2F0Y2hSZXEaDy5sb2NhbHYxLk9wSXRlbSgBMAFCHlocc2lncy5rOHMuaW8va3BuZy9hcGkvbG9jYWx2MWIGcHJvdG8z");
 
 /**
  * @generated from message localv1.WatchReq
@@ -38,6 +38,18 @@ export type WatchReq = Message<"localv1.WatchReq"> & {
    * @generated from field: repeated localv1.Set Sets = 2;
    */
   Sets: Set[];
+
+  /**
+   * kpng-ts, resume: what this client holds of ServicesSet and EndpointsSet,
+   * as the digests of 2^k buckets of services (8 bytes each, bucket i at
+   * [8i, 8i+8); docs/api.md, Resume). Sent in a stream's first request by
+   * a client that holds a state; a server that understands it answers with
+   * Resume instead of Reset and resends only the buckets that differ. Empty:
+   * Reset and the full state, as kpng.
+   *
+   * @generated from field: bytes HeldDigests = 3;
+   */
+  HeldDigests: Uint8Array;
 };
 
 /**
@@ -86,6 +98,18 @@ export type OpItem = Message<"localv1.OpItem"> & {
      */
     value: Ref;
     case: "Delete";
+  } | {
+    /**
+     * kpng-ts: the answer to a WatchReq with HeldDigests, instead of
+     * Reset: what follows up to Sync replaces only the listed buckets of
+     * ServicesSet and EndpointsSet (and the NodesSet and ServiceCIDRsSet
+     * asked for); what the client holds in other buckets stays. Never sent
+     * to a client that did not send HeldDigests.
+     *
+     * @generated from field: localv1.ResumeOp Resume = 5;
+     */
+    value: ResumeOp;
+    case: "Resume";
   } | { case: undefined; value?: undefined };
 };
 
@@ -95,6 +119,34 @@ export type OpItem = Message<"localv1.OpItem"> & {
  */
 export const OpItemSchema: GenMessage<OpItem> = /*@__PURE__*/
   messageDesc(file_api_localv1_api, 1);
+
+/**
+ * kpng-ts
+ *
+ * @generated from message localv1.ResumeOp
+ */
+export type ResumeOp = Message<"localv1.ResumeOp"> & {
+  /**
+   * the buckets resent, ascending
+   *
+   * @generated from field: repeated uint32 Buckets = 1;
+   */
+  Buckets: number[];
+
+  /**
+   * how many buckets there are (that of the request's HeldDigests)
+   *
+   * @generated from field: uint32 BucketCount = 2;
+   */
+  BucketCount: number;
+};
+
+/**
+ * Describes the message localv1.ResumeOp.
+ * Use `create(ResumeOpSchema)` to create a new message.
+ */
+export const ResumeOpSchema: GenMessage<ResumeOp> = /*@__PURE__*/
+  messageDesc(file_api_localv1_api, 2);
 
 /**
  * @generated from message localv1.EmptyOp
@@ -107,7 +159,7 @@ export type EmptyOp = Message<"localv1.EmptyOp"> & {
  * Use `create(EmptyOpSchema)` to create a new message.
  */
 export const EmptyOpSchema: GenMessage<EmptyOp> = /*@__PURE__*/
-  messageDesc(file_api_localv1_api, 2);
+  messageDesc(file_api_localv1_api, 3);
 
 /**
  * @generated from message localv1.Ref
@@ -129,7 +181,7 @@ export type Ref = Message<"localv1.Ref"> & {
  * Use `create(RefSchema)` to create a new message.
  */
 export const RefSchema: GenMessage<Ref> = /*@__PURE__*/
-  messageDesc(file_api_localv1_api, 3);
+  messageDesc(file_api_localv1_api, 4);
 
 /**
  * @generated from message localv1.Value
@@ -151,7 +203,7 @@ export type Value = Message<"localv1.Value"> & {
  * Use `create(ValueSchema)` to create a new message.
  */
 export const ValueSchema: GenMessage<Value> = /*@__PURE__*/
-  messageDesc(file_api_localv1_api, 4);
+  messageDesc(file_api_localv1_api, 5);
 
 /**
  * @generated from message localv1.Service
@@ -245,7 +297,7 @@ export type Service = Message<"localv1.Service"> & {
  * Use `create(ServiceSchema)` to create a new message.
  */
 export const ServiceSchema: GenMessage<Service> = /*@__PURE__*/
-  messageDesc(file_api_localv1_api, 5);
+  messageDesc(file_api_localv1_api, 6);
 
 /**
  * @generated from message localv1.IPFilter
@@ -271,7 +323,7 @@ export type IPFilter = Message<"localv1.IPFilter"> & {
  * Use `create(IPFilterSchema)` to create a new message.
  */
 export const IPFilterSchema: GenMessage<IPFilter> = /*@__PURE__*/
-  messageDesc(file_api_localv1_api, 6);
+  messageDesc(file_api_localv1_api, 7);
 
 /**
  * @generated from message localv1.ServiceIPs
@@ -313,7 +365,7 @@ export type ServiceIPs = Message<"localv1.ServiceIPs"> & {
  * Use `create(ServiceIPsSchema)` to create a new message.
  */
 export const ServiceIPsSchema: GenMessage<ServiceIPs> = /*@__PURE__*/
-  messageDesc(file_api_localv1_api, 7);
+  messageDesc(file_api_localv1_api, 8);
 
 /**
  * @generated from message localv1.Endpoint
@@ -368,7 +420,7 @@ export type Endpoint = Message<"localv1.Endpoint"> & {
  * Use `create(EndpointSchema)` to create a new message.
  */
 export const EndpointSchema: GenMessage<Endpoint> = /*@__PURE__*/
-  messageDesc(file_api_localv1_api, 8);
+  messageDesc(file_api_localv1_api, 9);
 
 /**
  * @generated from message localv1.EndpointScopes
@@ -403,7 +455,7 @@ export type EndpointScopes = Message<"localv1.EndpointScopes"> & {
  * Use `create(EndpointScopesSchema)` to create a new message.
  */
 export const EndpointScopesSchema: GenMessage<EndpointScopes> = /*@__PURE__*/
-  messageDesc(file_api_localv1_api, 9);
+  messageDesc(file_api_localv1_api, 10);
 
 /**
  * @generated from message localv1.IPSet
@@ -425,7 +477,7 @@ export type IPSet = Message<"localv1.IPSet"> & {
  * Use `create(IPSetSchema)` to create a new message.
  */
 export const IPSetSchema: GenMessage<IPSet> = /*@__PURE__*/
-  messageDesc(file_api_localv1_api, 10);
+  messageDesc(file_api_localv1_api, 11);
 
 /**
  * @generated from message localv1.PortName
@@ -454,7 +506,7 @@ export type PortName = Message<"localv1.PortName"> & {
  * Use `create(PortNameSchema)` to create a new message.
  */
 export const PortNameSchema: GenMessage<PortName> = /*@__PURE__*/
-  messageDesc(file_api_localv1_api, 11);
+  messageDesc(file_api_localv1_api, 12);
 
 /**
  * @generated from message localv1.PortMapping
@@ -510,7 +562,7 @@ export type PortMapping = Message<"localv1.PortMapping"> & {
  * Use `create(PortMappingSchema)` to create a new message.
  */
 export const PortMappingSchema: GenMessage<PortMapping> = /*@__PURE__*/
-  messageDesc(file_api_localv1_api, 12);
+  messageDesc(file_api_localv1_api, 13);
 
 /**
  * @generated from message localv1.ClientIPAffinity
@@ -527,7 +579,7 @@ export type ClientIPAffinity = Message<"localv1.ClientIPAffinity"> & {
  * Use `create(ClientIPAffinitySchema)` to create a new message.
  */
 export const ClientIPAffinitySchema: GenMessage<ClientIPAffinity> = /*@__PURE__*/
-  messageDesc(file_api_localv1_api, 13);
+  messageDesc(file_api_localv1_api, 14);
 
 /**
  * kpng-ts: what a node's proxy needs to know about its own node.
@@ -577,7 +629,7 @@ export type Node = Message<"localv1.Node"> & {
  * Use `create(NodeSchema)` to create a new message.
  */
 export const NodeSchema: GenMessage<Node> = /*@__PURE__*/
-  messageDesc(file_api_localv1_api, 14);
+  messageDesc(file_api_localv1_api, 15);
 
 /**
  * kpng-ts: a networking.k8s.io/v1 ServiceCIDR.
@@ -601,7 +653,7 @@ export type ServiceCIDR = Message<"localv1.ServiceCIDR"> & {
  * Use `create(ServiceCIDRSchema)` to create a new message.
  */
 export const ServiceCIDRSchema: GenMessage<ServiceCIDR> = /*@__PURE__*/
-  messageDesc(file_api_localv1_api, 15);
+  messageDesc(file_api_localv1_api, 16);
 
 /**
  * @generated from enum localv1.Set
