@@ -13,7 +13,6 @@ import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { watchLocalApi, QuietResyncSink } from '../../src/sinks/local/remote.js';
 import { brainOrder, parseBrains } from '../../src/api/grpc/client.js';
-import type { LocalOp } from '../../src/diff/ops.js';
 import { KINDS, Store, type StoreChange } from '../../src/store/store.js';
 import { ApiSource } from '../../src/sources/api/index.js';
 import { LocalSet } from '../../src/api/model.js';
@@ -24,24 +23,10 @@ import { FilterResetSink } from '../../src/diff/filter-reset.js';
 import { create } from '@bufbuild/protobuf';
 import { WatchReqSchema } from '../../src/api/gen/api/localv1/api_pb.js';
 import { localWatchMethod } from '../../src/api/grpc/wire.js';
-import { RawWatch, apply, node, quiet, opText, slice, smallCluster, startServer, svc, syncedStore, waitFor, sleepMs, testResources, type TestServer } from './helpers.js';
+import { RawWatch, RecordingBackend, exampleClusterYaml, apply, node, quiet, opText, slice, smallCluster, startServer, svc, syncedStore, waitFor, sleepMs, testResources, type TestServer } from './helpers.js';
 
 const { dirs, cleanups } = testResources();
 
-class Backend {
-  ops: string[] = [];
-  syncs = 0;
-  send(op: LocalOp) {
-    this.ops.push(opText(op));
-    if (op.kind === 'sync') this.syncs++;
-    if (op.kind === 'set') void op.value;
-  }
-  take(): string[] {
-    const o = this.ops;
-    this.ops = [];
-    return o;
-  }
-}
 
 const socket = () => `unix://${join(dirs.make(), 'kpng.sock')}`;
 
@@ -69,7 +54,7 @@ function brain(store: Store, address = socket()) {
   return b;
 }
 
-function follow(addresses: string[], backend: Backend, extra: { watchdogMs?: number; resume?: boolean; sets?: LocalSet[] } = {}) {
+function follow(addresses: string[], backend: RecordingBackend, extra: { watchdogMs?: number; resume?: boolean; sets?: LocalSet[] } = {}) {
   const ac = new AbortController();
   const done = watchLocalApi(
     { address: addresses.join(','), log: quiet, signal: ac.signal, minBackoffMs: 20, maxBackoffMs: 200, failbackMs: 200, watchdogMs: extra.watchdogMs ?? 5000 },
@@ -115,7 +100,7 @@ test('its brain killed mid-stream: the node follows the other brain with no back
   const both = (...o: object[]) => [own, other].forEach((b) => apply(b.store, ...o));
   await own.start();
   await other.start();
-  const backend = new Backend();
+  const backend = new RecordingBackend();
   follow([p1, p2], backend);
   await waitFor('the first sync', () => backend.syncs === 1);
   assert.equal(backend.take().length, 7);
@@ -162,7 +147,7 @@ test('a silent brain (connected, never answering) is given up by the watchdog; t
   const other = brain(syncedStore(smallCluster()), otherAddress);
   await own.start();
   await other.start();
-  const backend = new Backend();
+  const backend = new RecordingBackend();
   const t0 = Date.now();
   follow([p1, p2], backend, { watchdogMs: 300 });
   await waitFor('the first sync, from the other brain', () => backend.syncs === 1, 5000);
@@ -189,7 +174,7 @@ test('a busy brain (synced, its first state queued behind another node) is not g
   cleanups.push(() => hog.close());
   hog.pause();
   await waitFor('the other node to hold the slot', () => own.s!.server.stats.messages > 0);
-  const backend = new Backend();
+  const backend = new RecordingBackend();
   follow([p1, p2], backend, { watchdogMs: 300 });
   await sleepMs(1000);
   assert.equal(backend.syncs, 0, 'still queued');
@@ -241,7 +226,7 @@ test('a brain restart with resume sends only the difference (counted); without r
   for (const resume of [true, false]) {
     const b = brain(syncedStore(objects));
     const s = await b.start();
-    const backend = new Backend();
+    const backend = new RecordingBackend();
     const stop = follow([b.address], backend, { resume });
     await waitFor('the first sync', () => backend.syncs === 1);
     const full = s.server.stats.messages;
@@ -273,7 +258,7 @@ test('resume with the node and ServiceCIDR sets: always resent, so a ServiceCIDR
   const objects = [...smallCluster(), serviceCIDR('kubernetes', ['10.96.0.0/16']), serviceCIDR('extra', ['10.97.0.0/16'])];
   const b = brain(syncedStore(objects));
   await b.start();
-  const backend = new Backend();
+  const backend = new RecordingBackend();
   follow([b.address], backend, { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
   await waitFor('the first sync', () => backend.syncs === 1);
   assert.ok(backend.take().includes('set ServiceCIDRsSet extra'));
@@ -347,28 +332,11 @@ function kpng(...args: string[]) {
   return { proc, out: () => out, err: () => err, kill };
 }
 
-const CLUSTER = (ip: string) => `
-apiVersion: v1
-kind: List
-items:
-- {apiVersion: v1, kind: Node, metadata: {name: node-a}}
-- apiVersion: v1
-  kind: Service
-  metadata: {name: web, namespace: demo}
-  spec: {type: ClusterIP, clusterIP: 10.96.0.10, clusterIPs: [10.96.0.10], ports: [{name: http, port: 80, targetPort: 8080}]}
-- apiVersion: discovery.k8s.io/v1
-  kind: EndpointSlice
-  metadata: {name: web-1, namespace: demo, labels: {kubernetes.io/service-name: web}}
-  addressType: IPv4
-  ports: [{name: http, port: 8080, protocol: TCP}]
-  endpoints:
-  - {addresses: [${ip}], conditions: {ready: true}, nodeName: node-a, targetRef: {kind: Pod, name: web-1, namespace: demo}}
-`;
 
 test('brain processes: its brain SIGKILLed, the node follows the other one, the backend gets only the change; back after a restart', { timeout: 60_000 }, async () => {
   const dir = dirs.make();
   const input = join(dir, 'cluster.yaml');
-  const write = (ip: string) => (writeFileSync(`${input}.tmp`, CLUSTER(ip)), renameSync(`${input}.tmp`, input));
+  const write = (ip: string) => (writeFileSync(`${input}.tmp`, exampleClusterYaml(ip)), renameSync(`${input}.tmp`, input));
   write('10.244.1.10');
   const [p1, p2] = [`unix://${join(dir, 'b1.sock')}`, `unix://${join(dir, 'b2.sock')}`];
   const [ownAddress, otherAddress] = brainOrder([p1, p2], 'node-a');

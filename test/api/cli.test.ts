@@ -10,7 +10,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { TLS_DIR, TempDirs, waitFor } from './helpers.js';
+import { TLS_DIR, TempDirs, exampleClusterYaml, waitFor } from './helpers.js';
 import { freePort } from '../helpers/port.js';
 
 const KPNG = fileURLToPath(new URL('../../bin/kpng.js', import.meta.url));
@@ -48,28 +48,11 @@ async function exited(r: Run, timeoutMs = 20_000): Promise<number | null> {
   }
 }
 
-const CLUSTER = `
-apiVersion: v1
-kind: List
-items:
-- {apiVersion: v1, kind: Node, metadata: {name: node-a}}
-- apiVersion: v1
-  kind: Service
-  metadata: {name: web, namespace: demo}
-  spec: {type: ClusterIP, clusterIP: 10.96.0.10, clusterIPs: [10.96.0.10], ports: [{name: http, port: 80, targetPort: 8080}]}
-- apiVersion: discovery.k8s.io/v1
-  kind: EndpointSlice
-  metadata: {name: web-1, namespace: demo, labels: {kubernetes.io/service-name: web}}
-  addressType: IPv4
-  ports: [{name: http, port: 8080, protocol: TCP}]
-  endpoints:
-  - {addresses: [10.244.1.10], conditions: {ready: true}, nodeName: node-a, targetRef: {kind: Pod, name: web-1, namespace: demo}}
-`;
 
 test('brain and node processes over a unix socket', { timeout: 60_000 }, async () => {
   const dir = dirs.make();
   const input = join(dir, 'cluster.yaml');
-  writeFileSync(input, CLUSTER);
+  writeFileSync(input, exampleClusterYaml());
   const sock = join(dir, 'run', 'kpng', 'kpng.sock');
 
   // the first brain creates the directory and the socket, then crashes
@@ -112,7 +95,7 @@ test('brain and node processes over a unix socket', { timeout: 60_000 }, async (
 test('a non-loopback listener without TLS does not start', { timeout: 30_000 }, async () => {
   const dir = dirs.make();
   const input = join(dir, 'cluster.yaml');
-  writeFileSync(input, CLUSTER);
+  writeFileSync(input, exampleClusterYaml());
   const r = kpng('file', '-i', input, 'to-api', '--listen', 'tcp://0.0.0.0:12090');
   assert.equal(await exited(r), 1);
   assert.match(r.err(), /refusing to serve the API on tcp:\/\/0\.0\.0\.0:12090 without TLS/);
@@ -121,7 +104,7 @@ test('a non-loopback listener without TLS does not start', { timeout: 30_000 }, 
 test('a --heap-growth that is not a percentage does not start', { timeout: 30_000 }, async () => {
   const dir = dirs.make();
   const input = join(dir, 'cluster.yaml');
-  writeFileSync(input, CLUSTER);
+  writeFileSync(input, exampleClusterYaml());
   for (const bad of ['lots', '-5', '12.5']) {
     const r = kpng('file', '-i', input, 'to-api', '--listen', `unix://${join(dir, 'kpng.sock')}`, '--heap-growth', bad);
     assert.equal(await exited(r), 1, bad);
@@ -133,7 +116,7 @@ test('a --heap-growth that is not a percentage does not start', { timeout: 30_00
 test('a --max-connections or --handshake-timeout that is not a whole number does not start', { timeout: 30_000 }, async () => {
   const dir = dirs.make();
   const input = join(dir, 'cluster.yaml');
-  writeFileSync(input, CLUSTER);
+  writeFileSync(input, exampleClusterYaml());
   for (const [flag, bad] of [['--max-connections', '0'], ['--handshake-timeout', '1.5s']]) {
     const r = kpng('file', '-i', input, 'to-api', '--listen', `unix://${join(dir, 'kpng.sock')}`, flag, bad);
     assert.equal(await exited(r), 1, bad);
@@ -145,7 +128,7 @@ test('a --max-connections or --handshake-timeout that is not a whole number does
 test('the brain serves /metrics: its watchers and the time its diffs take', { timeout: 60_000 }, async () => {
   const dir = dirs.make();
   const input = join(dir, 'cluster.yaml');
-  writeFileSync(input, CLUSTER);
+  writeFileSync(input, exampleClusterYaml());
   const sock = join(dir, 'kpng.sock');
   const port = await freePort();
   const brain = kpng('file', '-i', input, 'to-api', '--listen', `unix://${sock}`, '--metrics-bind-address', `127.0.0.1:${port}`);
@@ -167,7 +150,7 @@ test('the brain serves /metrics: its watchers and the time its diffs take', { ti
 test('mTLS through the command line: to-api, kpng local and kpng api with their --tls-* flags; a node without a client certificate is refused', { timeout: 90_000 }, async () => {
   const dir = dirs.make();
   const input = join(dir, 'cluster.yaml');
-  writeFileSync(input, CLUSTER);
+  writeFileSync(input, exampleClusterYaml());
   const tls = (f: string) => join(TLS_DIR, f);
   const port = await freePort();
   const api = `tcp://127.0.0.1:${port}`;

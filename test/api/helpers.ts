@@ -7,6 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { pino } from 'pino';
+import type { LocalOp } from '../../src/diff/ops.js';
 import * as grpc from '@grpc/grpc-js';
 import { Store, KINDS } from '../../src/store/store.js';
 import { ServiceViews } from '../../src/localstate/views.js';
@@ -183,7 +184,8 @@ export function itemText(item: OpItem): string {
   }
 }
 
-export { opText } from '../helpers/k8s.js';
+import { opText } from '../helpers/k8s.js';
+export { opText };
 
 /** Splits recorded items into diffs (each ends with Sync). */
 export function diffsOf(items: OpItem[]): string[][] {
@@ -259,3 +261,39 @@ export class RawWatch<Req> {
     this.client.close();
   }
 }
+
+/** A backend that records the ops it gets (as opText) and counts Syncs; set values are read, so they must decode. */
+export class RecordingBackend {
+  ops: string[] = [];
+  syncs = 0;
+  send(op: LocalOp) {
+    this.ops.push(opText(op));
+    if (op.kind === 'sync') this.syncs++;
+    if (op.kind === 'set') void op.value;
+  }
+  /** the ops since the last take */
+  take(): string[] {
+    const o = this.ops;
+    this.ops = [];
+    return o;
+  }
+}
+
+/** One Service with one endpoint (ip) on node-a, as kubectl prints it. */
+export const exampleClusterYaml = (ip = '10.244.1.10') => `
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Node, metadata: {name: node-a}}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: web, namespace: demo}
+  spec: {type: ClusterIP, clusterIP: 10.96.0.10, clusterIPs: [10.96.0.10], ports: [{name: http, port: 80, targetPort: 8080}]}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: web-1, namespace: demo, labels: {kubernetes.io/service-name: web}}
+  addressType: IPv4
+  ports: [{name: http, port: 8080, protocol: TCP}]
+  endpoints:
+  - {addresses: [${ip}], conditions: {ready: true}, nodeName: node-a, targetRef: {kind: Pod, name: web-1, namespace: demo}}
+`;

@@ -5,28 +5,12 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { watchLocalApi, QuietResyncSink } from '../../src/sinks/local/remote.js';
-import type { LocalOp } from '../../src/diff/ops.js';
-import { TRANSPORTS, apply, listenAddress, opText, quiet, slice, smallCluster, startServer, syncedStore, waitFor, sleepMs, type TestServer, testResources } from './helpers.js';
+import { TRANSPORTS, RecordingBackend, apply, listenAddress, opText, quiet, slice, smallCluster, startServer, syncedStore, waitFor, sleepMs, type TestServer, testResources } from './helpers.js';
 
 const { dirs, cleanups } = testResources();
 
-class Backend {
-  ops: string[] = [];
-  syncs = 0;
-  send(op: LocalOp) {
-    this.ops.push(opText(op));
-    if (op.kind === 'sync') this.syncs++;
-    // values are decoded only when read: make sure they decode
-    if (op.kind === 'set') void op.value;
-  }
-  take(): string[] {
-    const o = this.ops;
-    this.ops = [];
-    return o;
-  }
-}
 
-function startClient(address: string, backend: Backend) {
+function startClient(address: string, backend: RecordingBackend) {
   const ac = new AbortController();
   const done = watchLocalApi({ address, log: quiet, signal: ac.signal, minBackoffMs: 20, maxBackoffMs: 200 }, 'node-a', [], new QuietResyncSink(backend));
   const stop = async () => (ac.abort(), await done);
@@ -40,7 +24,7 @@ for (const t of TRANSPORTS) {
     let s: TestServer = await startServer(store, listenAddress(t, dirs));
     const address = s.address;
     cleanups.push(() => s.stop());
-    const backend = new Backend();
+    const backend = new RecordingBackend();
     startClient(address, backend);
     await waitFor('the first sync', () => backend.syncs === 1);
     const initial = backend.take();
@@ -72,7 +56,7 @@ for (const t of TRANSPORTS) {
     const store = syncedStore(smallCluster());
     const s = await startServer(store, listenAddress(t, dirs));
     cleanups.push(() => s.stop());
-    const backend = new Backend();
+    const backend = new RecordingBackend();
     startClient(s.address, backend);
     await waitFor('the first sync', () => backend.syncs === 1);
     backend.take();
