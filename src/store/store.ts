@@ -57,17 +57,15 @@ class SliceRecord implements StoredSlice {
 }
 
 /** A slice kept decoded as well (Store's keepDecodedSlices): for a process that computes many views of each slice. */
-class DecodedSliceRecord implements StoredSlice {
-  readonly endpoints: readonly EndpointInfo[];
-  constructor(
-    readonly key: string,
-    readonly namespace: string,
-    readonly name: string,
-    readonly serviceName: string,
-    readonly bytes: Uint8Array,
-    endpoints: readonly EndpointInfo[] | undefined,
-  ) {
-    this.endpoints = compact(EndpointInfoSchema, endpoints ?? decodeSliceEndpoints(bytes));
+class DecodedSliceRecord extends SliceRecord {
+  private readonly decoded: readonly EndpointInfo[];
+  constructor(key: string, namespace: string, name: string, serviceName: string, bytes: Uint8Array, endpoints: readonly EndpointInfo[] | undefined) {
+    super(key, namespace, name, serviceName, bytes);
+    this.decoded = compact(EndpointInfoSchema, endpoints ?? decodeSliceEndpoints(bytes));
+  }
+
+  override get endpoints(): readonly EndpointInfo[] {
+    return this.decoded;
   }
 }
 
