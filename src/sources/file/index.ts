@@ -27,6 +27,8 @@ const INLINE_MAX = { yaml: 64 * 1024, json: 1024 * 1024 };
 /** files read at once */
 const READ_CONCURRENCY = 8;
 const PARSER_THREADS = Math.min(2, availableParallelism());
+/** files larger than this are parsed by the first thread only */
+const SHARED_PARSE_MAX = 8 * 1024 * 1024;
 /** store writes between two looks at the clock: a reload is one store update unless it takes longer than SLICE_MS */
 const BATCH_MIN = 100;
 /** main-thread work between two turns of the event loop */
@@ -410,7 +412,8 @@ export class FileSource {
     }
     // the buffer goes to the worker; it must be ours alone
     const own = data.byteOffset === 0 && data.byteLength === data.buffer.byteLength ? data : new Uint8Array(data);
-    const parser = this.parsers.reduce((a, b) => (b.pending < a.pending ? b : a));
+    // a large file's parse takes ~60 times its size in memory: those go to one thread, one at a time
+    const parser = data.length > SHARED_PARSE_MAX ? this.parsers[0] : this.parsers.reduce((a, b) => (b.pending < a.pending ? b : a));
     return parser.parse(own, json, take).then(() => items);
   }
 
