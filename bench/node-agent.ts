@@ -175,9 +175,9 @@ async function lastUpdated(port: number): Promise<string> {
   }
 }
 
-// The kernel read over netlink (kpng's own netlink code): the nft tool
-// takes minutes on a table of 150k elements here, and nft monitor as long
-// to start listening.
+// The kernel read over netlink (kpng's own netlink code): the nft tool is
+// slow on this table (one `nft get element` at 10k did not return in 2
+// minutes here) and nft monitor missed the changes at 10k.
 const NETLINK_NETFILTER = 12;
 const NFNLGRP_NFTABLES = 7;
 const NFT_MSG_NEWSETELEM = (10 << 8) | 12;
