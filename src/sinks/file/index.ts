@@ -122,10 +122,10 @@ registerSink({
     let first = true;
     // synchronously, whole: the state does not change while it is written
     const write = (chunks: Iterable<string>) => {
-      if (opts.output === '-') {
-        if (format === 'yaml' && !first) process.stdout.write('---\n');
-        for (const b of batches(chunks)) process.stdout.write(b);
-      } else writeChunksAtomically(opts.output, chunks);
+      // stdout in one write: a pipe takes one at once, later ones wait in the
+      // stream, and --once exits right after (they would be lost)
+      if (opts.output === '-') process.stdout.write((format === 'yaml' && !first ? '---\n' : '') + [...chunks].join(''));
+      else writeChunksAtomically(opts.output, chunks);
       first = false;
     };
     const stop = new AbortController();
