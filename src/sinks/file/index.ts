@@ -1,7 +1,8 @@
 // to-file: the node-local state (with --node-name) or the global state, as
 // YAML or JSON, rewritten atomically (temp file + rename) after each change;
-// "-" writes each new state to stdout. The text is streamed one Service at a
-// time (stream.ts): the same bytes as formatDocument of the whole document.
+// "-" writes each new state to stdout. The text is made one Service at a
+// time (stream.ts: the same bytes as formatDocument of the whole document)
+// and streamed into the file; stdout gets it in one write.
 import { writeFileSync, renameSync, openSync, writeSync, closeSync, rmSync } from 'node:fs';
 import { toJson, type DescMessage, type MessageShape } from '@bufbuild/protobuf';
 import { stringify as toYAML } from 'yaml';
