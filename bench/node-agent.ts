@@ -512,8 +512,12 @@ export default async function main(args: string[]) {
           for (const x of r) console.error(`  ${services} to-file ${x.format}: ${x.error ? `failed: ${x.error}` : `${f0(x.ms)} ms, peak ${f0(x.peak)} MiB`}`);
           continue;
         }
-        // each run starts from the cluster as written (changes rewrote some slices)
+        // each run starts from the cluster as written (changes rewrote some slices);
+        // the file source reads a file changed under 2 s before again at its
+        // next reload (it may have been read half-written): the first change
+        // would wait for every file read again
         writeCluster(dir, services, targets);
+        await new Promise((r) => setTimeout(r, 2_100));
         const ns = spaces.add();
         const t = Date.now();
         try {
