@@ -1,7 +1,7 @@
 // The node agent as a user runs it: the real `kpng` process, from its start
 // to a programmed node, on a synthetic cluster (Services x 5 endpoints over
-// 100 nodes, node-0 programmed with to-nft), each run in network namespaces
-// of its own:
+// 100 nodes, node-0 programmed with to-nft), each run in a network
+// namespace of its own (split: the brain's /metrics on 10259 beside the agent's):
 //   npm run bench -- node-agent [--sizes 1000,10000,30000] [--changes 20]
 //                               [--ways file,kube,split,to-file] [--tsx] [--debounce 100]
 //                               [--timeout 600]
@@ -19,7 +19,8 @@
 // (a slice file rewritten, or the slice replaced on the API server) -> the
 // kernel has the new endpoint (nftables' change events, over netlink),
 // p50/p99.
-// kpng runs compiled (tsc into .bench-dist/, as dist/ is built: its ../package.json is kpng's); --tsx runs
+// kpng runs compiled (tsc into .bench-dist/, as dist/ is built: its
+// ../package.json is kpng's), at its default log level; --tsx runs
 // bin/kpng.js from the sources instead.
 import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync, statSync } from 'node:fs';
@@ -124,7 +125,7 @@ class Kpng {
     readonly name: string,
     argv: string[],
   ) {
-    this.p = spawn(argv[0], argv.slice(1), { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, KPNG_LOG_LEVEL: 'warn' } });
+    this.p = spawn(argv[0], argv.slice(1), { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
     const keep = (d: Buffer) => (this.tail = (this.tail + d).slice(-4000));
     this.p.stdout!.on('data', keep);
     this.p.stderr!.on('data', keep);
@@ -174,9 +175,9 @@ async function lastUpdated(port: number): Promise<string> {
   }
 }
 
-// The kernel read over netlink (kpng's own netlink code): the nft tool
-// takes minutes on a table of 150k elements here, and nft monitor as long
-// to start listening.
+// The kernel read over netlink (kpng's own netlink code): the nft tool is
+// slow on this table (one `nft get element` at 10k did not return in 2
+// minutes here) and nft monitor missed the changes at 10k.
 const NETLINK_NETFILTER = 12;
 const NFNLGRP_NFTABLES = 7;
 const NFT_MSG_NEWSETELEM = (10 << 8) | 12;
@@ -435,7 +436,6 @@ function toFile(kpng: string[], dir: string, out: string, format: string, timeou
     cwd: ROOT,
     encoding: 'utf8',
     timeout: timeoutMs,
-    env: { ...process.env, KPNG_LOG_LEVEL: 'warn' },
   });
   if (r.status !== 0 || !r.stdout) return { format, ms: NaN, peak: NaN, cpu: NaN, bytes: 0, error: r.error?.message ?? r.stderr.slice(-500) };
   const x = JSON.parse(r.stdout) as { code: number; ms: number; maxrss_kib: number; cpu: number; stderr: string };
@@ -512,8 +512,12 @@ export default async function main(args: string[]) {
           for (const x of r) console.error(`  ${services} to-file ${x.format}: ${x.error ? `failed: ${x.error}` : `${f0(x.ms)} ms, peak ${f0(x.peak)} MiB`}`);
           continue;
         }
-        // each run starts from the cluster as written (changes rewrote some slices)
+        // each run starts from the cluster as written (changes rewrote some slices);
+        // the file source reads a file changed under 2 s before again at its
+        // next reload (it may have been read half-written): the first change
+        // would wait for every file read again
         writeCluster(dir, services, targets);
+        await new Promise((r) => setTimeout(r, 2_100));
         const ns = spaces.add();
         const t = Date.now();
         try {

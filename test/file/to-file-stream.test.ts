@@ -4,7 +4,7 @@
 // JSON value the writer might meet.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { readFileSync, mkdtempSync, rmSync, readdirSync } from 'node:fs';
+import { readFileSync, mkdtempSync, rmSync, readdirSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseAllDocuments, stringify as toYAML } from 'yaml';
@@ -12,7 +12,8 @@ import { FullStateSink, type FullState } from '../../src/diff/fullstate.js';
 import { documentChunks } from '../../src/sinks/file/stream.js';
 import { formatDocument, nodeStateDocument, nodeStateChunks, globalStateDocument, globalStateChunks, writeChunksAtomically } from '../../src/sinks/file/index.js';
 import { syncedStore, watch, service, slice, node, serviceCIDR } from '../helpers/k8s.js';
-import { kpngSync, ROOT } from '../helpers/cli.js';
+import { spawnSync } from 'node:child_process';
+import { kpngSync, KPNG, ROOT } from '../helpers/cli.js';
 
 type Obj = Record<string, any>;
 
@@ -137,6 +138,32 @@ test('kpng file ... to-file --node-name N --once writes the node state document'
       assert.deepEqual(Object.keys(doc), ['node', 'serviceCIDRs', 'services']);
       assert.ok(doc.services.length > 0);
     }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('to-file --output - --once prints a state of several megabytes whole, the same as to a file', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kpng-to-file-'));
+  try {
+    // 3,000 Services x 5 endpoints on the node: about 5 MB of YAML, more than one write
+    const items: Obj[] = [node('n1', 'z1', ['10.1.0.1'])];
+    for (let s = 0; s < 3000; s++) {
+      items.push(service('big', `s-${s}`, { clusterIP: `10.96.${s >> 8}.${s & 255}` }));
+      items.push(slice('big', `s-${s}-1`, `s-${s}`, Array.from({ length: 5 }, (_, e) => ({ ip: `10.2.${(s * 5 + e) >> 8 & 255}.${(s * 5 + e) & 255}`, node: 'n1' }))));
+    }
+    const input = join(dir, 'cluster.json');
+    writeFileSync(input, JSON.stringify({ apiVersion: 'v1', kind: 'List', items }));
+    const out = join(dir, 'state.yaml');
+    const toFile = kpngSync(['file', '--input', input, '--no-watch', 'to-file', '--node-name', 'n1', '--once', '--output', out], { timeoutMs: 120_000 });
+    assert.equal(toFile.status, 0, toFile.stderr);
+    // kpngSync's spawnSync would cut stdout at 1 MiB
+    const printed = spawnSync(KPNG[0], [...KPNG.slice(1), 'file', '--input', input, '--no-watch', 'to-file', '--node-name', 'n1', '--once', '--output', '-'], { cwd: ROOT, encoding: 'utf8', timeout: 120_000, maxBuffer: 1 << 30 });
+    assert.equal(printed.status, 0, printed.stderr);
+    const expected = readFileSync(out, 'utf8');
+    assert.ok(expected.length > 3 << 20, `${expected.length} bytes`);
+    assert.equal(printed.stdout.length, expected.length);
+    assert.ok(printed.stdout === expected);
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

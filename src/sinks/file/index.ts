@@ -1,7 +1,8 @@
 // to-file: the node-local state (with --node-name) or the global state, as
 // YAML or JSON, rewritten atomically (temp file + rename) after each change;
-// "-" writes each new state to stdout. The text is streamed one Service at a
-// time (stream.ts): the same bytes as formatDocument of the whole document.
+// "-" writes each new state to stdout. The text is made one Service at a
+// time (stream.ts: the same bytes as formatDocument of the whole document)
+// and streamed into the file; stdout gets it in one write.
 import { writeFileSync, renameSync, openSync, writeSync, closeSync, rmSync } from 'node:fs';
 import { toJson, type DescMessage, type MessageShape } from '@bufbuild/protobuf';
 import { stringify as toYAML } from 'yaml';
@@ -122,10 +123,10 @@ registerSink({
     let first = true;
     // synchronously, whole: the state does not change while it is written
     const write = (chunks: Iterable<string>) => {
-      if (opts.output === '-') {
-        if (format === 'yaml' && !first) process.stdout.write('---\n');
-        for (const b of batches(chunks)) process.stdout.write(b);
-      } else writeChunksAtomically(opts.output, chunks);
+      // stdout in one write: a pipe takes one at once, later ones wait in the
+      // stream, and --once exits right after (they would be lost)
+      if (opts.output === '-') process.stdout.write((format === 'yaml' && !first ? '---\n' : '') + [...chunks].join(''));
+      else writeChunksAtomically(opts.output, chunks);
       first = false;
     };
     const stop = new AbortController();
