@@ -45,6 +45,9 @@ interface Change {
   waiting: Set<number>;
 }
 
+/** how long after a full sync its garbage is collected (memory.ts) */
+const TRIM_AFTER_FULL_SYNC_MS = 2000;
+
 /** changes kept per Service while syncs fail; beyond, the newest absorbs the next ones */
 const MAX_CHANGES_PER_SERVICE = 8;
 
@@ -119,7 +122,7 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
   const unsubscribe = b.onResult((r, backend) => {
     latency.synced(r, backend);
     // a full sync (start-up, a reconnect) is the burst that grows the heap
-    if (r.ok && r.full) trimMemory();
+    if (r.ok && r.full) trimMemory(TRIM_AFTER_FULL_SYNC_MS);
   });
   const sink: LocalSink = {
     send: (op: LocalOp) => {
