@@ -41,11 +41,13 @@ function collector(): () => void {
  * A full collection after delayMs (at least the next turn of the event loop:
  * the caller's garbage is then garbage). A delay keeps its cost (a tenth of
  * a second at 10k Services) off what follows the burst: the node is
- * programmed, the first changes come.
+ * programmed, the first changes come. Returns a canceller (a process on
+ * its way out has nothing to give back).
  */
-export function trimMemory(delayMs = 0): void {
-  setTimeout(() => {
+export function trimMemory(delayMs = 0): () => void {
+  const t = setTimeout(() => {
     collector()();
     mallocTrim()?.();
   }, delayMs).unref();
+  return () => clearTimeout(t);
 }

@@ -119,10 +119,16 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
   o.signal.addEventListener('abort', onAbort, { once: true });
   void b.done.then(() => stop.abort());
   const latency = new ProgrammingLatency(b.reporting, o.changedAt);
+  // a full sync (start-up, a reconnect) is the burst that grows the heap;
+  // with --once the process ends right after it
+  const once = o.backends.some((s) => s.opts.once);
+  let cancelTrim = () => {};
   const unsubscribe = b.onResult((r, backend) => {
     latency.synced(r, backend);
-    // a full sync (start-up, a reconnect) is the burst that grows the heap
-    if (r.ok && r.full) trimMemory(TRIM_AFTER_FULL_SYNC_MS);
+    if (r.ok && r.full && !once) {
+      cancelTrim();
+      cancelTrim = trimMemory(TRIM_AFTER_FULL_SYNC_MS);
+    }
   });
   const sink: LocalSink = {
     send: (op: LocalOp) => {
@@ -134,6 +140,7 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
     await o.feed(sink, stop.signal, b);
   } finally {
     o.signal.removeEventListener('abort', onAbort);
+    cancelTrim();
     unsubscribe();
     await b.close();
   }
