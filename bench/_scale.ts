@@ -341,3 +341,20 @@ export function rssMiB(): number {
   (globalThis as { gc?: () => void }).gc?.();
   return process.memoryUsage.rss() / 2 ** 20;
 }
+
+/** Calls onSync for each Sync op (an OpItem `{ Sync {} }`) of a raw gRPC localv1 watch stream, skipping the other frames unread. */
+export function onSyncFrames(stream: { on(event: 'data', f: (d: Buffer) => void): unknown }, onSync: () => void): void {
+  let buf: Buffer = Buffer.alloc(0);
+  stream.on('data', (d: Buffer) => {
+    buf = buf.length ? Buffer.concat([buf, d]) : d;
+    let off = 0;
+    while (buf.length - off >= 5) {
+      const len = buf.readUInt32BE(off + 1);
+      if (buf.length - off < 5 + len) break;
+      const isSync = len === 2 && buf[off + 5] === 0x0a && buf[off + 6] === 0x00;
+      off += 5 + len;
+      if (isSync) onSync();
+    }
+    buf = off === buf.length ? Buffer.alloc(0) : buf.subarray(off);
+  });
+}

@@ -25,6 +25,7 @@ import { ServiceViews } from '../src/localstate/views.js';
 import { convertObject } from '../src/sources/objects.js';
 import { applyObject } from '../src/sources/apply.js';
 import { ApiServer, DEFAULT_HEAP_GROWTH_PERCENT, tuneHeapForFanOut } from '../src/sinks/api/server.js';
+import { onSyncFrames } from './_scale.js';
 
 export interface Config {
   nodes: number;
@@ -76,32 +77,21 @@ async function watcherMain(job: WatcherJob) {
     const stream = session.request({ ':method': 'POST', ':path': '/localv1.Sets/Watch', 'content-type': 'application/grpc', te: 'trailers' }, { endStream: false });
     const req = watchReq(node);
     stream.write(req);
-    let buf: Buffer = Buffer.alloc(0);
     let synced = 0;
-    stream.on('data', (d: Buffer) => {
-      buf = buf.length ? Buffer.concat([buf, d]) : d;
-      let off = 0;
-      while (buf.length - off >= 5) {
-        const len = buf.readUInt32BE(off + 1);
-        if (buf.length - off < 5 + len) break;
-        const isSync = len === 2 && buf[off + 5] === 0x0a && buf[off + 6] === 0x00;
-        off += 5 + len;
-        if (!isSync) continue;
-        const t = now();
-        stream.write(req);
-        if (synced++ === 0) {
-          if (++firstSyncs % 50 === 0 || firstSyncs === job.nodes.length) send({ type: 'first', count: firstSyncs });
-          continue;
-        }
-        pending.times.push(t);
-        pending.nodes.push(idx);
-        flush ??= setTimeout(() => {
-          send({ type: 'syncs', ...pending });
-          pending = { times: [], nodes: [] };
-          flush = undefined;
-        }, 5);
+    onSyncFrames(stream, () => {
+      const t = now();
+      stream.write(req);
+      if (synced++ === 0) {
+        if (++firstSyncs % 50 === 0 || firstSyncs === job.nodes.length) send({ type: 'first', count: firstSyncs });
+        return;
       }
-      buf = off === buf.length ? Buffer.alloc(0) : buf.subarray(off);
+      pending.times.push(t);
+      pending.nodes.push(idx);
+      flush ??= setTimeout(() => {
+        send({ type: 'syncs', ...pending });
+        pending = { times: [], nodes: [] };
+        flush = undefined;
+      }, 5);
     });
     stream.on('error', (e) => console.error(`watcher ${node}: ${e.message}`));
   });

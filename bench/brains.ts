@@ -37,6 +37,7 @@ import { brainOrder } from '../src/api/grpc/client.js';
 import { BucketDigests, bucketCountFor, bucketOf, viewDigest } from '../src/diff/resume.js';
 import { freePort } from '../test/helpers/port.js';
 import { buildCluster, type Config as ClusterConfig } from './api-fanout.js';
+import { onSyncFrames } from './_scale.js';
 
 interface Config {
   nodes: number;
@@ -179,31 +180,20 @@ async function watcherMain(job: WatcherJob) {
     stream.on('close', retry);
     const plain = watchReq(node.name);
     stream.write(reconnect ? watchReq(node.name, held.get(node.name)) : plain);
-    let buf: Buffer = Buffer.alloc(0);
-    stream.on('data', (d: Buffer) => {
-      buf = buf.length ? Buffer.concat([buf, d]) : d;
-      let off = 0;
-      while (buf.length - off >= 5) {
-        const len = buf.readUInt32BE(off + 1);
-        if (buf.length - off < 5 + len) break;
-        const isSync = len === 2 && buf[off + 5] === 0x0a && buf[off + 6] === 0x00;
-        off += 5 + len;
-        if (!isSync) continue;
-        const t = now();
-        stream!.write(plain);
-        if (synced++ === 0) {
-          if (reconnect) send({ type: 'resynced', count: ++resyncs });
-          else if (++firsts % 50 === 0 || firsts === job.nodes.length) send({ type: 'first', count: firsts });
-          continue;
-        }
-        pending.push(t);
-        flush ??= setTimeout(() => {
-          send({ type: 'syncs', times: pending });
-          pending = [];
-          flush = undefined;
-        }, 5);
+    onSyncFrames(stream, () => {
+      const t = now();
+      stream!.write(plain);
+      if (synced++ === 0) {
+        if (reconnect) send({ type: 'resynced', count: ++resyncs });
+        else if (++firsts % 50 === 0 || firsts === job.nodes.length) send({ type: 'first', count: firsts });
+        return;
       }
-      buf = off === buf.length ? Buffer.alloc(0) : buf.subarray(off);
+      pending.push(t);
+      flush ??= setTimeout(() => {
+        send({ type: 'syncs', times: pending });
+        pending = [];
+        flush = undefined;
+      }, 5);
     });
   };
   for (const n of job.nodes) watch(n, 0, false);
