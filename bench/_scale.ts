@@ -358,3 +358,12 @@ export function onSyncFrames(stream: { on(event: 'data', f: (d: Buffer) => void)
     buf = off === buf.length ? Buffer.alloc(0) : buf.subarray(off);
   });
 }
+
+/** A gRPC message frame (not compressed) around msg, for the raw watchers */
+export function grpcFrame(msg: Buffer): Buffer {
+  const f = Buffer.allocUnsafe(5 + msg.length);
+  f[0] = 0;
+  f.writeUInt32BE(msg.length, 1);
+  msg.copy(f, 5);
+  return f;
+}

@@ -25,7 +25,7 @@ import { ServiceViews } from '../src/localstate/views.js';
 import { convertObject } from '../src/sources/objects.js';
 import { applyObject } from '../src/sources/apply.js';
 import { ApiServer, DEFAULT_HEAP_GROWTH_PERCENT, tuneHeapForFanOut } from '../src/sinks/api/server.js';
-import { onSyncFrames } from './_scale.js';
+import { grpcFrame, onSyncFrames } from './_scale.js';
 
 export interface Config {
   nodes: number;
@@ -50,14 +50,6 @@ interface WatcherJob {
 }
 
 type FromWatcher = { type: 'first'; count: number } | { type: 'syncs'; times: number[]; nodes: number[] } | { type: 'ready' };
-
-function grpcFrame(msg: Buffer): Buffer {
-  const f = Buffer.allocUnsafe(5 + msg.length);
-  f[0] = 0;
-  f.writeUInt32BE(msg.length, 1);
-  msg.copy(f, 5);
-  return f;
-}
 
 function watchReq(node: string): Buffer {
   const name = Buffer.from(node);

@@ -37,7 +37,7 @@ import { brainOrder } from '../src/api/grpc/client.js';
 import { BucketDigests, bucketCountFor, bucketOf, viewDigest } from '../src/diff/resume.js';
 import { freePort } from '../test/helpers/port.js';
 import { buildCluster, type Config as ClusterConfig } from './api-fanout.js';
-import { onSyncFrames } from './_scale.js';
+import { grpcFrame, onSyncFrames } from './_scale.js';
 
 interface Config {
   nodes: number;
@@ -121,14 +121,6 @@ interface WatcherJob {
 }
 type ToWatcher = { type: 'held'; held: Record<string, string> };
 type FromWatcher = { type: 'first'; count: number } | { type: 'resynced'; count: number } | { type: 'syncs'; times: number[] };
-
-function grpcFrame(msg: Buffer): Buffer {
-  const f = Buffer.allocUnsafe(5 + msg.length);
-  f[0] = 0;
-  f.writeUInt32BE(msg.length, 1);
-  msg.copy(f, 5);
-  return f;
-}
 
 function varint(n: number): Buffer {
   const out: number[] = [];
