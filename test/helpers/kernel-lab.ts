@@ -4,9 +4,10 @@
 // kpng) as the host does.
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { kernelLabUnavailable, runInVm, type VmRunOptions } from '../../src/lab/vm/index.js';
+import { kernelLabUnavailable, runInVm, shellQuote, type VmRunOptions } from '../../src/lab/vm/index.js';
 
 const RESULT = 'KPNG-VMLAB-RESULT ';
+const PARTIAL = 'KPNG-VMLAB-PARTIAL ';
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 
 /** The skip option of a suite that needs the kernel lab: its reason, or false (always false in CI, see requireKernelLab). */
@@ -29,19 +30,46 @@ export interface GuestRun<T> {
   ms: number;
 }
 
+/** The guest script failed (or the VM did): what it handed out before (emitPartial), in order. */
+export class GuestRunFailed extends Error {
+  constructor(
+    message: string,
+    readonly partials: unknown[],
+  ) {
+    super(message);
+  }
+}
+
+// when the script fails, the guest says what it can about why: killed by the
+// OOM killer (oom_kill counts), memory left, the kernel's last words
+const ON_FAILURE = `s=$?; if [ $s -ne 0 ]; then echo "guest: the script ended with status $s; $(grep oom_kill /proc/vmstat); $(grep MemAvailable /proc/meminfo)"; dmesg | tail -n 25; fi; exit $s`;
+
 /**
  * Runs a TypeScript file in the kernel lab (`node --import tsx FILE` in the
  * repository), input as JSON on its stdin; resolves with what its guestMain
- * returned. Rejects when the VM fails, the script fails or times out.
+ * returned. Rejects (GuestRunFailed) when the VM fails, the script fails or
+ * times out.
  */
 export async function runScriptInVm<T>(file: string, input: unknown, opts: Pick<VmRunOptions, 'timeoutMs' | 'memoryMiB' | 'cpus'> = {}): Promise<GuestRun<T>> {
-  const r = await runInVm([process.execPath, '--import', 'tsx', file], { ...opts, cwd: ROOT, input: JSON.stringify(input), env: { KPNG_TEST: '1' } });
+  let r;
+  try {
+    r = await runInVm(`${[process.execPath, '--import', 'tsx', file].map(shellQuote).join(' ')}\n${ON_FAILURE}\n`, { ...opts, cwd: ROOT, input: JSON.stringify(input), env: { KPNG_TEST: '1' } });
+  } catch (e) {
+    throw new GuestRunFailed((e as Error).message, []);
+  }
   const lines = r.output.split('\n');
   const line = lines.find((l) => l.startsWith(RESULT));
   if (r.status !== 0 || !line) {
-    throw new Error(`${file} in the kernel lab ${r.timedOut ? 'timed out' : `ended with status ${r.status}`} after ${r.ms} ms:\n${r.output.slice(-6000)}`);
+    const partials = lines.filter((l) => l.startsWith(PARTIAL)).map((l) => JSON.parse(l.slice(PARTIAL.length)) as unknown);
+    const output = lines.filter((l) => !l.startsWith(PARTIAL)).join('\n');
+    throw new GuestRunFailed(`${file} in the kernel lab ${r.timedOut ? 'timed out' : `ended with status ${r.status}`} after ${r.ms} ms:\n${output.slice(-6000)}`, partials);
   }
-  return { result: JSON.parse(line.slice(RESULT.length)) as T, log: lines.filter((l) => !l.startsWith(RESULT)).join('\n').trim(), bootMs: r.bootMs, ms: r.ms };
+  return { result: JSON.parse(line.slice(RESULT.length)) as T, log: lines.filter((l) => !l.startsWith(RESULT) && !l.startsWith(PARTIAL)).join('\n').trim(), bootMs: r.bootMs, ms: r.ms };
+}
+
+/** In the guest: hands part of the result out at once, so that it survives the script failing later (GuestRunFailed.partials). */
+export function emitPartial(part: unknown): void {
+  console.log(PARTIAL + JSON.stringify(part));
 }
 
 /** True when the module (its import.meta.url) is the script node was started with. */
@@ -51,6 +79,9 @@ export function isMain(moduleUrl: string): boolean {
 
 /** The guest half of runScriptInVm: reads the input, runs fn, prints its result. */
 export async function guestMain<I, O>(fn: (input: I) => Promise<O>): Promise<void> {
+  // a stray rejection (a lab's helper process gone under the emulator's
+  // timing, say) is logged, not the end of every case after it
+  process.on('unhandledRejection', (e) => console.log(`guest: unhandled rejection (going on): ${(e as Error)?.stack ?? String(e)}`));
   const out = await fn(JSON.parse(readFileSync(0, 'utf8')) as I);
   console.log(RESULT + JSON.stringify(out));
 }
