@@ -13,7 +13,8 @@
 // node-0 --once` (YAML, then JSON), one node's state.
 // Reported per way and size: start -> node programmed (/healthz reports a
 // first successful sync, and the kernel's kpng table holds every element),
-// RSS steady (5 s later) and peak (VmHWM), heap after a full GC (through the
+// RSS steady (5 s later), after the changes (about 30 s later: what V8's
+// memory reducer left) and peak (VmHWM), heap after a full GC (through the
 // inspector, opened with SIGUSR1 once everything else is measured), CPU
 // seconds (utime + stime) to programmed and in all; then one endpoint change
 // (a slice file rewritten, or the slice replaced on the API server) -> the
@@ -303,6 +304,8 @@ interface RunParams {
 interface ProcResult {
   /** MiB */
   rssSteady: number;
+  /** after the changes (half a minute later): what V8's memory reducer left */
+  rssAfter: number;
   rssPeak: number;
   heap?: number;
   /** CPU seconds to programmed, and over the whole run */
@@ -391,7 +394,7 @@ async function runOne(p: RunParams): Promise<RunResult> {
     const agentHeap = heapAfterGC(agent.pid);
     await agent.stop();
     const brainHeap = brain ? heapAfterGC(brain.pid) : undefined;
-    const result = (i: number, heap: number | undefined): ProcResult => ({ rssSteady: steady[i], rssPeak: end[i].hwm, heap, cpuProgrammed: cpuAt[i], cpuTotal: end[i].cpu });
+    const result = (i: number, heap: number | undefined): ProcResult => ({ rssSteady: steady[i], rssAfter: end[i].rss, rssPeak: end[i].hwm, heap, cpuProgrammed: cpuAt[i], cpuTotal: end[i].cpu });
     return {
       way: p.way,
       services: p.services,
@@ -527,7 +530,7 @@ export default async function main(args: string[]) {
             `${way} at ${services}`,
           );
           results.push(r);
-          console.error(`  ${services} ${way}: programmed in ${f0(r.programmedMs)} ms, agent RSS ${f0(r.agent.rssSteady)} / ${f0(r.agent.rssPeak)} MiB (run ${((Date.now() - t) / 1000).toFixed(0)} s)`);
+          console.error(`  ${services} ${way}: programmed in ${f0(r.programmedMs)} ms, agent RSS ${f0(r.agent.rssSteady)} / ${f0(r.agent.rssAfter)} / ${f0(r.agent.rssPeak)} MiB (run ${((Date.now() - t) / 1000).toFixed(0)} s)`);
         } catch (e) {
           const why = (e as Error).message.slice(0, 3000);
           failed.push({ way, services, why });
@@ -549,7 +552,7 @@ function report(sizes: number[], ways: string[], results: RunResult[], toFiles: 
   const runWays = ways.filter((w) => w !== 'to-file') as Way[];
   const label: Record<Way, string> = { file: 'file to-local to-nft', kube: 'kube to-local to-nft', split: 'split: local to-nft', };
   console.log('');
-  console.log(`way | Services | start -> programmed | agent RSS steady / peak | agent heap after GC | agent CPU to programmed / total | brain RSS steady / peak | brain heap | brain CPU | change -> kernel p50 / p99`);
+  console.log(`way | Services | start -> programmed | agent RSS steady / after the changes / peak | agent heap after GC | agent CPU to programmed / total | brain RSS steady / peak | brain heap | brain CPU | change -> kernel p50 / p99`);
   console.log(`--- | --- | --- | --- | --- | --- | --- | --- | --- | ---`);
   for (const services of sizes) {
     for (const way of runWays) {
@@ -557,7 +560,7 @@ function report(sizes: number[], ways: string[], results: RunResult[], toFiles: 
       if (!r) continue;
       const b = r.brain;
       console.log(
-        `${label[way]} | ${services} | ${f1(r.programmedMs / 1000)} s | ${f0(r.agent.rssSteady)} / ${f0(r.agent.rssPeak)} MiB | ${f0(r.agent.heap)} MiB | ${f1(r.agent.cpuProgrammed)} / ${f1(r.agent.cpuTotal)} s | ` +
+        `${label[way]} | ${services} | ${f1(r.programmedMs / 1000)} s | ${f0(r.agent.rssSteady)} / ${f0(r.agent.rssAfter)} / ${f0(r.agent.rssPeak)} MiB | ${f0(r.agent.heap)} MiB | ${f1(r.agent.cpuProgrammed)} / ${f1(r.agent.cpuTotal)} s | ` +
           `${b ? `${f0(b.rssSteady)} / ${f0(b.rssPeak)} MiB | ${f0(b.heap)} MiB | ${f1(b.cpuProgrammed)} / ${f1(b.cpuTotal)} s` : '- | - | -'} | ${f1(pct(r.changeMs, 50))} / ${f1(pct(r.changeMs, 99))} ms`,
       );
     }
