@@ -500,11 +500,11 @@ export class Lab {
   }
 
   /** Runs `kpng <args>` to completion (e.g. with --once). */
-  async runKpng(args: string[], timeoutMs = 60_000): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  async runKpng(args: string[], timeoutMs = 60_000): Promise<{ code: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string }> {
     const k = this.startKpng(args);
     const code = await k.wait(timeoutMs);
     this.kpngs.delete(k);
-    return { code, stdout: k.stdout, stderr: k.stderr };
+    return { code, signal: k.process.signalCode, stdout: k.stdout, stderr: k.stderr };
   }
 
   // --- teardown

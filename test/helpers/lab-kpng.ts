@@ -233,7 +233,7 @@ export async function applyOnce(backend: LabBackend, lab: Lab, objects: Obj[], c
     writeFileSync(join(dir, 'config.json'), JSON.stringify(config));
     const t0 = Date.now();
     const r = await lab.runKpng(kpngArgs(backend, join(dir, 'state.json'), lab.nodeName, join(dir, 'config.json'), { once: true }), timeoutMs);
-    if (r.code !== 0) throw new Error(`kpng --once failed (${r.code}):\n${r.stderr.slice(-4000)}`);
+    if (r.code !== 0) throw new Error(`kpng --once failed (${r.signal ? `killed by ${r.signal}` : `status ${r.code}`}):\n${r.stderr.slice(-4000)}`);
     return Date.now() - t0;
   } finally {
     rmSync(dir, { recursive: true, force: true });
