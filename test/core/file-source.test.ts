@@ -211,3 +211,60 @@ test('an object two files define: when the later file lets it go, the earlier ve
     t.done();
   }
 });
+
+test('a reload writes what the changed files changed: one file among many, a file removed, an object moved between files, a later file taking a key over and giving it back', async () => {
+  const t = tmp();
+  const store = new Store();
+  const src = new FileSource(store, recordingLogger().log, { input: t.dir, debounceMs: 20 });
+  const changed: string[] = [];
+  const unsubscribe = store.subscribe((c) => changed.push(...c.services));
+  const file = (i: number) => join(t.dir, `f${String(i).padStart(2, '0')}.yaml`);
+  const svcs = (i: number, ip = 1) => Array.from({ length: 10 }, (_, k) => stringify(service('ns', `s${i}-${k}`, { clusterIP: `10.96.${i}.${k + ip}` }))).join('---\n');
+  const ip = (key: string) => store.getService(key)?.service.IPs?.ClusterIPs?.V4[0];
+  // as editors and kubectl users replace files: written aside, renamed in
+  const put = (path: string, text: string) => (writeFileSync(join(t.dir, '.tmp'), text), renameSync(join(t.dir, '.tmp'), path));
+  const settle = async (what: string, cond: () => boolean) => {
+    await until(cond, what);
+    // nothing more comes after it
+    await new Promise((r) => setTimeout(r, 150));
+  };
+  try {
+    for (let i = 0; i < 20; i++) writeFileSync(file(i), svcs(i));
+    await src.start();
+    assert.equal(store.getService('ns/s19-9')?.service.Name, 's19-9');
+
+    // one file of twenty rewritten, one of its objects different: that one object is written
+    changed.length = 0;
+    put(file(7), svcs(7).replaceAll('10.96.7.4', '10.96.7.200'));
+    await settle('the changed object', () => ip('ns/s7-3') === '10.96.7.200');
+    assert.deepEqual(changed, ['ns/s7-3']);
+
+    // a file removed: its ten objects go, nothing else
+    changed.length = 0;
+    rmSync(file(3));
+    await settle('file 3 gone', () => !store.getService('ns/s3-0') && !store.getService('ns/s3-9'));
+    assert.deepEqual([...new Set(changed)].sort(), Array.from({ length: 10 }, (_, k) => `ns/s3-${k}`).sort());
+    assert.ok(store.getService('ns/s4-0'));
+
+    // an object moved from one file to another, unchanged, in one rename: no write
+    changed.length = 0;
+    const moved = stringify(service('ns', 's5-0', { clusterIP: '10.96.5.1' }));
+    put(file(8), `${svcs(8)}---\n${moved}`);
+    put(file(5), svcs(5).split('---\n').slice(1).join('---\n'));
+    await new Promise((r) => setTimeout(r, 500));
+    assert.equal(ip('ns/s5-0'), '10.96.5.1');
+    assert.deepEqual(changed, []);
+
+    // a later file takes a key over, then lets it go: the earlier version comes back
+    changed.length = 0;
+    put(file(30), stringify(service('ns', 's1-1', { clusterIP: '10.96.99.1' })));
+    await settle('the later file wins', () => ip('ns/s1-1') === '10.96.99.1');
+    rmSync(file(30));
+    await settle('the earlier version back', () => ip('ns/s1-1') === '10.96.1.2');
+    assert.deepEqual([...new Set(changed)], ['ns/s1-1']);
+  } finally {
+    unsubscribe();
+    await src.stop();
+    t.done();
+  }
+});

@@ -64,6 +64,12 @@ interface Entry {
   hash: string;
 }
 
+/** the definition of a key that counts, and its file */
+interface Desired {
+  entry: Entry;
+  file: string;
+}
+
 interface FileState {
   /** what the file contributes: its last good objects by model key */
   objects: Map<string, Entry>;
@@ -180,8 +186,9 @@ export class FileSource {
     try {
       const files = await this.list();
       if (files && !this.stopped) {
+        const before = this.files;
         this.files = await this.loadFiles(files);
-        if (!this.stopped) await this.apply();
+        if (!this.stopped) await this.apply(before);
       }
     } catch (e) {
       if (this.stopped) return;
@@ -458,19 +465,21 @@ export class FileSource {
   // --- applying
 
   /** Writes what changed to the store: one update, or several with turns of the event loop between when it takes long. */
-  private async apply(): Promise<void> {
-    const desired = new Map<string, { entry: Entry; file: string }>();
-    for (const [file, st] of this.files) {
-      for (const [k, entry] of st.objects) {
-        const other = desired.get(k);
-        // a file held back may still have what another file has taken over
-        if (other && !st.held && !this.files.get(other.file)!.held) this.log.warn({ file, object: k }, 'file source: object defined twice; the later file wins');
-        desired.set(k, { entry, file });
-      }
-      await this.breathe();
-    }
+  /**
+   * Writes to the store what differs between the files' objects and what it
+   * has from us. Only the keys of the files that changed since `before` are
+   * looked at when that is less work than all of them: one changed slice
+   * file is then work for its objects, not for the cluster.
+   */
+  private async apply(before: Map<string, FileState>): Promise<void> {
+    const keys = this.changedKeys(before);
+    const desired = keys ? this.desiredOf(keys) : await this.allDesired();
     const writes: [string, Entry | undefined][] = [];
-    for (const k of this.applied.keys()) if (!desired.has(k)) writes.push([k, undefined]);
+    if (keys) {
+      for (const k of keys) if (!desired.has(k) && this.applied.has(k)) writes.push([k, undefined]);
+    } else {
+      for (const k of this.applied.keys()) if (!desired.has(k)) writes.push([k, undefined]);
+    }
     let reread = false;
     for (const [k, { entry, file }] of desired) {
       if (this.applied.get(k) === entry.hash) continue;
@@ -502,6 +511,66 @@ export class FileSource {
         }
       });
     }
+  }
+
+  /** every file's objects; a key two files define goes to the later one */
+  private async allDesired(): Promise<Map<string, Desired>> {
+    const desired = new Map<string, Desired>();
+    for (const [file, st] of this.files) {
+      for (const [k, entry] of st.objects) {
+        const other = desired.get(k);
+        if (other) this.definedTwice(file, st, other.file, k);
+        desired.set(k, { entry, file });
+      }
+      await this.breathe();
+    }
+    return desired;
+  }
+
+  /** the winning definitions of some keys (absent: no file defines it) */
+  private desiredOf(keys: Set<string>): Map<string, Desired> {
+    const desired = new Map<string, Desired>();
+    for (const k of keys) {
+      let win: Desired | undefined;
+      for (const [file, st] of this.files) {
+        const entry = st.objects.get(k);
+        if (!entry) continue;
+        if (win) this.definedTwice(file, st, win.file, k);
+        win = { entry, file };
+      }
+      if (win) desired.set(k, win);
+    }
+    return desired;
+  }
+
+  private definedTwice(file: string, st: FileState, other: string, key: string) {
+    // a file held back may still have what another file has taken over
+    if (!st.held && !this.files.get(other)!.held) this.log.warn({ file, object: key }, 'file source: object defined twice; the later file wins');
+  }
+
+  /**
+   * The keys of the files whose objects changed since `before` (added and
+   * removed files too), or undefined when looking at every key is as cheap
+   * or the files' order changed (which file wins a key depends on it).
+   */
+  private changedKeys(before: Map<string, FileState>): Set<string> | undefined {
+    if (!before.size) return undefined;
+    const changed: string[] = [];
+    for (const [file, st] of this.files) if (before.get(file)?.objects !== st.objects) changed.push(file);
+    for (const file of before.keys()) if (!this.files.has(file)) changed.push(file);
+    // the files both maps have, in the same order?
+    const kept = [...before.keys()].filter((f) => this.files.has(f));
+    let i = 0;
+    for (const f of this.files.keys()) if (before.has(f) && kept[i++] !== f) return undefined;
+    let total = 0;
+    for (const st of this.files.values()) total += st.objects.size;
+    const keys = new Set<string>();
+    for (const file of changed) {
+      for (const k of before.get(file)?.objects.keys() ?? []) keys.add(k);
+      for (const k of this.files.get(file)?.objects.keys() ?? []) keys.add(k);
+      if (keys.size * this.files.size > total) return undefined;
+    }
+    return keys;
   }
 
   /** a reload when the first held-back file's grace is over */
