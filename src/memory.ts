@@ -5,6 +5,7 @@
 // the burst returns the free pages at once, and glibc's malloc_trim the
 // memory malloc kept of freed buffers (the kube source's list pages, TLS)
 // (measured: docs/benchmarks.md).
+import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
@@ -22,6 +23,16 @@ function mallocTrim(): (() => void) | null {
     trim = null;
   }
   return trim;
+}
+
+/** the process's peak RSS (VmHWM), bytes; undefined where /proc has none */
+function peakRss(): number | undefined {
+  try {
+    const kib = /^VmHWM:\s+(\d+) kB/m.exec(readFileSync('/proc/self/status', 'utf8'))?.[1];
+    return kib === undefined ? undefined : Number(kib) * 1024;
+  } catch {
+    return undefined;
+  }
 }
 
 let collect: (() => void) | undefined;
@@ -46,12 +57,23 @@ function collector(): () => void {
  */
 export function trimMemory(delayMs = 0): () => void {
   const t = setTimeout(() => {
-    // compacting: a plain full collection frees the objects but keeps the
-    // pages they were spread over (measured at 10k Services: V8's heap 196 ->
-    // see docs/benchmarks.md); moved together, the emptied pages go back
+    // A plain full collection frees the objects but keeps most of the pages
+    // they were spread over (at 10k Services V8's heap stayed 196 MB for
+    // 109 MB in use). A compacting one then moves the live objects together
+    // and the emptied pages go back, but it copies them first: RSS rises by
+    // up to the heap in use before it falls. It runs only when that stays
+    // under the peak the process already reached (a node's memory limit is
+    // set by its peak): at 10k Services it does, at 30k not
+    // (docs/benchmarks.md).
+    const gc = collector();
+    gc();
+    mallocTrim()?.();
+    const { rss, heapUsed } = process.memoryUsage();
+    const peak = peakRss();
+    if (peak === undefined || rss + heapUsed > peak) return;
     setFlagsFromString('--compact-on-every-full-gc');
     try {
-      collector()();
+      gc();
     } finally {
       setFlagsFromString('--no-compact-on-every-full-gc');
     }
