@@ -35,15 +35,19 @@ function peakRss(): number | undefined {
   }
 }
 
-let collect: (() => void) | undefined;
+/** after the full collection, when the young generation is collected (and shrunk) */
+const YOUNG_AFTER_MS = 8000;
 
-function collector(): () => void {
+type Gc = (opts?: { type: 'minor' | 'major' }) => void;
+let collect: Gc | undefined;
+
+function collector(): Gc {
   if (collect) return collect;
-  const g = (globalThis as { gc?: () => void }).gc;
+  const g = (globalThis as { gc?: Gc }).gc;
   if (g) return (collect = g);
   // --expose-gc for a new context only: nothing else of the process sees gc()
   setFlagsFromString('--expose-gc');
-  collect = runInNewContext('gc') as () => void;
+  collect = runInNewContext('gc') as Gc;
   setFlagsFromString('--no-expose-gc');
   return collect;
 }
@@ -52,11 +56,17 @@ function collector(): () => void {
  * A full collection after delayMs (at least the next turn of the event loop:
  * the caller's garbage is then garbage). A delay keeps its cost (a tenth of
  * a second at 10k Services) off what follows the burst: the node is
- * programmed, the first changes come. Returns a canceller (a process on
- * its way out has nothing to give back).
+ * programmed, the first changes come. youngAfterMs after it, the young
+ * generation is collected once more. Returns a canceller (a process on its
+ * way out has nothing to give back).
  */
-export function trimMemory(delayMs = 0): () => void {
+export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => void {
+  let young: NodeJS.Timeout | undefined;
   const t = setTimeout(() => {
+    // the young generation grew to 32 MB for the burst; V8 shrinks it in a
+    // collection only once allocation has been slow for a while: a
+    // scavenge (about a millisecond) some seconds later gives it back
+    young = setTimeout(() => collector()({ type: 'minor' }), youngAfterMs).unref();
     // A plain full collection frees the objects but keeps most of the pages
     // they were spread over (at 10k Services V8's heap stayed 196 MB for
     // 109 MB in use). A compacting one then moves the live objects together
@@ -79,5 +89,8 @@ export function trimMemory(delayMs = 0): () => void {
     }
     mallocTrim()?.();
   }, delayMs).unref();
-  return () => clearTimeout(t);
+  return () => {
+    clearTimeout(t);
+    clearTimeout(young);
+  };
 }

@@ -2,6 +2,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { getHeapSpaceStatistics } from 'node:v8';
 import { trimMemory } from '../../src/memory.js';
 
 test('trimMemory collects the garbage a burst left behind, and gc() stays hidden from the process', async () => {
@@ -32,4 +33,22 @@ test('trimMemory gives back the pages a burst spread its survivors over, when co
   // a plain collection keeps ~4x the survivors committed here; compacted, under 2.5x
   assert.ok(heapTotal < 2.5 * heapUsed, `V8's heap ${Math.round(heapTotal / 2 ** 20)} MiB committed for ${Math.round(heapUsed / 2 ** 20)} MiB in use`);
   assert.equal(keep.length, 500_000);
+});
+
+test('trimMemory gives back the young generation a burst grew, once allocation has been quiet', async () => {
+  const newSpace = () => getHeapSpaceStatistics().find((s) => s.space_name === 'new_space')!.space_size;
+  // a burst of short-lived objects (some kept, as a cold sync does)
+  const keep: object[][] = [];
+  const t0 = Date.now();
+  for (let n = 0; Date.now() - t0 < 1500; n++) {
+    const a: object[] = [];
+    for (let i = 0; i < 1000; i++) a.push({ i, s: `x${i}` });
+    if (keep.length < 2000 && n % 20 === 0) keep.push(a);
+  }
+  const grown = newSpace();
+  trimMemory(0, 5500);
+  await sleep(6000);
+  const after = newSpace();
+  assert.ok(after <= grown / 4, `young generation ${Math.round(grown / 2 ** 20)} -> ${Math.round(after / 2 ** 20)} MiB`);
+  assert.ok(keep.length > 0);
 });
