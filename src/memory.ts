@@ -35,6 +35,9 @@ function peakRss(): number | undefined {
   }
 }
 
+/** how long after a burst (a full sync) its garbage is collected: off what follows it */
+export const TRIM_AFTER_BURST_MS = 2000;
+
 /** after the full collection, when the young generation is collected (and shrunk) */
 const YOUNG_AFTER_MS = 8000;
 

@@ -9,6 +9,7 @@ import { ApiServer, DEFAULT_HEAP_GROWTH_PERCENT, tuneHeapForFanOut } from './ser
 import { DEFAULT_HANDSHAKE_TIMEOUT_MS, DEFAULT_MAX_CONNECTIONS, RESERVED_FDS } from './listener.js';
 import { closeServers, listenHttp, metricsHandler } from '../../backends/shared/health.js';
 import { enableProcessMetrics } from '../../backends/shared/metrics.js';
+import { TRIM_AFTER_BURST_MS, trimMemory } from '../../memory.js';
 import { DEFAULT_BRAIN_SOCKET, STATE_SOCKET_HELP, startStateSocket } from './state-socket.js';
 
 /** kube-proxy's metrics address (a brain and a node agent on one host's network need one of them moved) */
@@ -67,12 +68,18 @@ registerSink({
     const state = listening === opts.stateSocket ? undefined : await startStateSocket({ address: opts.stateSocket, store: ctx.store, views: ctx.views, log: ctx.log });
     enableProcessMetrics();
     const metricsServer = await listenHttp(opts.metricsBindAddress, '/metrics', metricsHandler(), ctx.log);
+    // the sources' first lists are the brain's burst (as a node agent's full sync is)
+    let cancelTrim = () => {};
+    const trim = () => (cancelTrim = trimMemory(TRIM_AFTER_BURST_MS));
+    const unsubscribe = ctx.store.allSynced ? (trim(), () => {}) : ctx.store.subscribe((c) => c.becameSynced && trim());
     try {
       await new Promise<void>((resolve) => {
         if (ctx.signal.aborted) return resolve();
         ctx.signal.addEventListener('abort', () => resolve(), { once: true });
       });
     } finally {
+      unsubscribe();
+      cancelTrim();
       await closeServers([metricsServer]);
       await state?.stop();
       await server.stop();

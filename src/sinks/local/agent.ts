@@ -10,7 +10,7 @@ import type { LocalOp, LocalSink } from '../../diff/ops.js';
 import { startBackends, type BackendSpec, type StartedBackend } from '../../backends/run.js';
 import type { SyncResult } from '../../backends/shared/runner.js';
 import { metrics } from '../../backends/shared/metrics.js';
-import { trimMemory } from '../../memory.js';
+import { TRIM_AFTER_BURST_MS, trimMemory } from '../../memory.js';
 
 export interface NodeAgentOptions {
   /** one backend, or several on the same stream (each gets every op) */
@@ -44,9 +44,6 @@ interface Change {
   /** the dataplane backends that have not applied it yet */
   waiting: Set<number>;
 }
-
-/** how long after a full sync its garbage is collected (memory.ts) */
-const TRIM_AFTER_FULL_SYNC_MS = 2000;
 
 /** changes kept per Service while syncs fail; beyond, the newest absorbs the next ones */
 const MAX_CHANGES_PER_SERVICE = 8;
@@ -127,7 +124,7 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
     latency.synced(r, backend);
     if (r.ok && r.full && !once) {
       cancelTrim();
-      cancelTrim = trimMemory(TRIM_AFTER_FULL_SYNC_MS);
+      cancelTrim = trimMemory(TRIM_AFTER_BURST_MS);
     }
   });
   const sink: LocalSink = {
