@@ -1,9 +1,10 @@
 // Giving back what a burst of work left behind. V8 keeps the heap it grew to
 // for a cold sync (two to three times what stays in use) until its memory
 // reducer notices the process is idle, which may be never on a busy node; a
-// node agent's RSS is multiplied by the cluster. A full collection after
-// the burst returns the free pages at once, and glibc's malloc_trim the
-// memory malloc kept of freed buffers (the kube source's list pages, TLS)
+// node agent's RSS is multiplied by the cluster. After the burst: a full
+// collection (compacting where that does not raise the peak), glibc's
+// malloc_trim for what malloc kept of freed buffers (the kube source's list
+// pages, TLS), and later a scavenge that lets the young generation shrink
 // (measured: docs/benchmarks.md).
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -57,8 +58,8 @@ function collector(): Gc {
 
 /**
  * A full collection after delayMs (at least the next turn of the event loop:
- * the caller's garbage is then garbage). A delay keeps its cost (a tenth of
- * a second at 10k Services) off what follows the burst: the node is
+ * the caller's garbage is then garbage). A delay keeps its cost (0.1-0.3 s
+ * at 10k Services) off what follows the burst: the node is
  * programmed, the first changes come. youngAfterMs after it, the young
  * generation is collected once more. Returns a canceller (a process on its
  * way out has nothing to give back).

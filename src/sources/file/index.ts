@@ -464,12 +464,12 @@ export class FileSource {
 
   // --- applying
 
-  /** Writes what changed to the store: one update, or several with turns of the event loop between when it takes long. */
   /**
    * Writes to the store what differs between the files' objects and what it
-   * has from us. Only the keys of the files that changed since `before` are
-   * looked at when that is less work than all of them: one changed slice
-   * file is then work for its objects, not for the cluster.
+   * has from us: one update, or several with turns of the event loop between
+   * when it takes long. Only the keys of the files that changed since
+   * `before` are looked at when that is less work than all of them: one
+   * changed slice file is then work for its objects, not for the cluster.
    */
   private async apply(before: Map<string, FileState>): Promise<void> {
     const keys = this.changedKeys(before);
