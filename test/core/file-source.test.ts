@@ -2,8 +2,7 @@
 // change, and bad input that never loses the last good state.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, writeFileSync, rmSync, renameSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { writeFileSync, rmSync, renameSync } from 'node:fs';
 import { join } from 'node:path';
 import { stringify } from 'yaml';
 import { Store } from '../../src/store/store.js';
@@ -11,19 +10,7 @@ import { FileSource } from '../../src/sources/file/index.js';
 import { flattenObjects, InvalidObject } from '../../src/sources/objects.js';
 import { service, slice, node } from '../helpers/k8s.js';
 import { recordingLogger } from '../helpers/logs.js';
-
-function tmp() {
-  const dir = mkdtempSync(join(tmpdir(), 'kpng-file-'));
-  return { dir, done: () => rmSync(dir, { recursive: true, force: true }) };
-}
-
-async function until(cond: () => boolean, what: string, ms = 5000) {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) assert.fail(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
+import { sleep, tmp, until } from '../file/util.js';
 
 test('a directory of YAML (multi-document, Lists) and JSON files', async () => {
   const t = tmp();
@@ -194,7 +181,7 @@ test('an object two files define: when the later file lets it go, the earlier ve
   try {
     writeFileSync(join(t.dir, 'a.yaml'), stringify(service('ns', 'web', { clusterIP: '10.96.0.1' })));
     // a.yaml settled: the source trusts its stat and does not read it again by itself
-    await new Promise((r) => setTimeout(r, 2200));
+    await sleep(2200);
     await src.start();
     const ip = () => store.getService('ns/web')?.service.IPs?.ClusterIPs?.V4[0];
     assert.equal(ip(), '10.96.0.1');
@@ -204,7 +191,7 @@ test('an object two files define: when the later file lets it go, the earlier ve
     await until(() => ip() === '10.96.0.1', 'the earlier file version back in the store');
     // and it stays (no reload loop rewrites it)
     const rev = store.rev;
-    await new Promise((r) => setTimeout(r, 300));
+    await sleep(300);
     assert.equal(store.rev, rev);
   } finally {
     await src.stop();
@@ -226,7 +213,7 @@ test('a reload writes what the changed files changed: one file among many, a fil
   const settle = async (what: string, cond: () => boolean) => {
     await until(cond, what);
     // nothing more comes after it
-    await new Promise((r) => setTimeout(r, 150));
+    await sleep(150);
   };
   try {
     for (let i = 0; i < 20; i++) writeFileSync(file(i), svcs(i));
@@ -251,7 +238,7 @@ test('a reload writes what the changed files changed: one file among many, a fil
     const moved = stringify(service('ns', 's5-0', { clusterIP: '10.96.5.1' }));
     put(file(8), `${svcs(8)}---\n${moved}`);
     put(file(5), svcs(5).split('---\n').slice(1).join('---\n'));
-    await new Promise((r) => setTimeout(r, 500));
+    await sleep(500);
     assert.equal(ip('ns/s5-0'), '10.96.5.1');
     assert.deepEqual(changed, []);
 
