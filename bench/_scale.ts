@@ -32,6 +32,13 @@ export const now = () => Number(process.hrtime.bigint()) / 1e6;
 
 /** the probe Services' endpoint: a server on lo in each namespace (this kernel has no dummy links) */
 export const ENDPOINT = '10.255.0.1';
+/**
+ * A client address that is not the endpoint (a pod of the cluster CIDR
+ * calling another): probes from ENDPOINT itself are hairpin traffic, which
+ * kube-proxy's rules masquerade (fully random ports, so some connections
+ * meet the server's TIME_WAIT sockets and retransmit their SYN).
+ */
+export const CLIENT = '10.255.0.2';
 /** the ClusterIP of synthetic Service s (172.16.0.0/12, routed to lo) */
 export const vip = (s: number) => `172.${16 + (s >> 16)}.${(s >> 8) & 255}.${s & 255}`;
 
@@ -142,21 +149,11 @@ export class BenchNamespaces {
    * First-connection latency through the rules left in ns: a server at the
    * endpoint, `warmup` then `n` rounds of one new TCP connection to each
    * host (interleaved), from a fresh process. Microseconds per host. close:
-   * how the server ends each connection.
+   * how the server ends each connection; from: the client's address
+   * (default: the kernel's choice, ENDPOINT on lo).
    */
-  async probe(ns: string, hosts: string[], opts: { n: number; warmup?: number; port?: number; close: 'end' | 'destroy'; cgroup?: string }, what: string): Promise<number[][]> {
-    return this.script(ns, PROBE, { hosts, n: opts.n, warmup: opts.warmup ?? 100, port: opts.port ?? 80, close: opts.close, endpoint: ENDPOINT }, `latency probe for ${what}`, opts.cgroup);
-  }
-
-  /**
-   * The kernel's part of a first connection through the rules left in ns:
-   * a blocking connect() timed around the system call alone (on loopback
-   * the handshake completes inside it), from a small Python process, the
-   * server a listening socket of the same process (the kernel answers; it
-   * is accepted and closed after). Microseconds, per connection.
-   */
-  async connectProbe(ns: string, host: string, opts: { n: number; warmup?: number; port?: number; cgroup?: string }, what: string): Promise<number[]> {
-    return this.script<number[]>(ns, CONNECT_PROBE, { host, n: opts.n, warmup: opts.warmup ?? 100, port: opts.port ?? 80, endpoint: ENDPOINT }, `connect probe for ${what}`, opts.cgroup, 'python3');
+  async probe(ns: string, hosts: string[], opts: { n: number; warmup?: number; port?: number; close: 'end' | 'destroy'; cgroup?: string; from?: string }, what: string): Promise<number[][]> {
+    return this.script(ns, PROBE, { hosts, n: opts.n, warmup: opts.warmup ?? 100, port: opts.port ?? 80, close: opts.close, endpoint: ENDPOINT, from: opts.from }, `latency probe for ${what}`, opts.cgroup);
   }
 
   /**
@@ -164,11 +161,16 @@ export class BenchNamespaces {
    * from its first instruction when given (eBPF programs attached there see
    * its sockets); returns what it printed, parsed as JSON.
    */
-  async script<R>(ns: string, script: string, params: object, what: string, cgroup?: string, interpreter: 'node' | 'python3' = 'node'): Promise<R> {
-    const inNs = ['ip', 'netns', 'exec', ns, ...(interpreter === 'node' ? [process.execPath, '-e'] : ['python3', '-c']), script, JSON.stringify(params)];
+  async script<R>(ns: string, script: string, params: object, what: string, cgroup?: string): Promise<R> {
+    return JSON.parse(await this.run(ns, [process.execPath, '-e', script, JSON.stringify(params)], what, cgroup));
+  }
+
+  /** runs argv in ns (in a cgroup from its first instruction when given); its standard output */
+  async run(ns: string, argv: string[], what: string, cgroup?: string): Promise<string> {
+    const inNs = ['ip', 'netns', 'exec', ns, ...argv];
     const p = await this.exec(cgroup ? ['sh', '-c', 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, ...inNs] : inNs, {});
     if (p.code !== 0) throw new Error(`${what} failed: ${p.stderr}`);
-    return JSON.parse(p.stdout);
+    return p.stdout;
   }
 
   /** runs a command to completion, asynchronously (signals reach this process meanwhile) */
@@ -187,13 +189,13 @@ export class BenchNamespaces {
   }
 }
 
-/** the probe process: argv[1] is JSON { hosts, n, warmup, port, close, endpoint }; prints microseconds per host */
+/** the probe process: argv[1] is JSON { hosts, n, warmup, port, close, endpoint, from }; prints microseconds per host */
 const PROBE = `
 const net = require('node:net');
-const { hosts, n, warmup, port, close, endpoint } = JSON.parse(process.argv[1]);
+const { hosts, n, warmup, port, close, endpoint, from } = JSON.parse(process.argv[1]);
 const one = (host) => new Promise((resolve, reject) => {
   const t = process.hrtime.bigint();
-  const c = net.connect({ host, port }, () => { const us = Number(process.hrtime.bigint() - t) / 1e3; c.destroy(); resolve(us); });
+  const c = net.connect({ host, port, localAddress: from }, () => { const us = Number(process.hrtime.bigint() - t) / 1e3; c.destroy(); resolve(us); });
   c.on('error', reject);
 });
 const srv = net.createServer((s) => (close === 'end' ? s.end() : s.destroy())).listen(8080, endpoint, async () => {
@@ -203,28 +205,6 @@ const srv = net.createServer((s) => (close === 'end' ? s.end() : s.destroy())).l
   console.log(JSON.stringify(out));
   srv.close();
 });
-`;
-
-/** the connect() probe (python3): argv[1] is JSON { host, n, warmup, port, endpoint }; prints microseconds */
-const CONNECT_PROBE = `
-import json, socket, sys, time
-a = json.loads(sys.argv[1])
-srv = socket.socket()
-srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind((a['endpoint'], 8080))
-srv.listen(1024)
-out = []
-for i in range(a['warmup'] + a['n']):
-    c = socket.socket()
-    t = time.perf_counter_ns()
-    c.connect((a['host'], a['port']))
-    us = (time.perf_counter_ns() - t) / 1e3
-    s, _ = srv.accept()
-    s.close()
-    c.close()
-    if i >= a['warmup']:
-        out.append(us)
-print(json.dumps(out))
 `;
 
 // --- the child side, in its namespace
@@ -255,6 +235,7 @@ export async function serveAsChild<P, Q>(start: (p: P) => Promise<(request: Q) =
 export function prepareNamespace(): void {
   execFileSync('ip', ['link', 'set', 'lo', 'up']);
   execFileSync('ip', ['addr', 'add', `${ENDPOINT}/32`, 'dev', 'lo']);
+  execFileSync('ip', ['addr', 'add', `${CLIENT}/32`, 'dev', 'lo']);
   execFileSync('ip', ['route', 'add', '172.16.0.0/12', 'dev', 'lo']);
 }
 

@@ -5,12 +5,17 @@
 // benchmark's own, pinned in a bpffs mount of its own):
 //   npm run bench -- ebpf [--sizes 1000,30000] [--changes 300] [--connections 2000] [--rate-ms 2000]
 // Reports: one endpoint change from the store to the kernel (p50/p99, to-ebpf
-// and to-nft); first-connection latency through a ClusterIP (connect() to
-// established, from a Node client, and the blocking connect() system call
-// alone, from a Python one: the kernel's part); short-connection rate (connect, one request, answer, close)
-// through a ClusterIP. Changes alternate between backends and sizes, and so
-// do the connection rounds, so the machine's noise hits them alike.
+// and to-nft); through a ClusterIP, from two clients: a Node one, and a
+// compiled one (bench/probe.c, which adds almost nothing of its own): the
+// first connection (connect() to established; connect + one request
+// answered) and the short-connection rate (connect, one request, answer,
+// close); and the floor beside them: the same probes straight to the
+// endpoint's IP in a namespace with no proxy at all. Changes alternate
+// between backends and sizes, and so do the connection rounds, so the
+// machine's noise hits them alike.
 import { execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
 import type { DecoderHandler } from '../src/diff/decoder.js';
@@ -20,7 +25,7 @@ import { EbpfProxier } from '../src/backends/ebpf/proxier.js';
 import { Datapath } from '../src/backends/ebpf/datapath.js';
 import { defaultConfig } from '../src/backends/shared/config.js';
 import { LabCgroup } from '../src/lab/cgroup.js';
-import { BenchNamespaces, ENDPOINT, arg, coldSync, pct, prepareNamespace, rssMiB, serveAsChild, probedCluster, vip } from './_scale.js';
+import { BenchNamespaces, CLIENT, ENDPOINT, arg, coldSync, pct, prepareNamespace, rssMiB, serveAsChild, probedCluster, vip } from './_scale.js';
 
 type Backend = 'ebpf' | 'nft' | 'iptables';
 const BACKENDS: Backend[] = ['ebpf', 'nft', 'iptables'];
@@ -37,9 +42,9 @@ type Request = { op: 'cold' } | { op: 'change'; i: number } | { op: 'finish' };
 /** connect, send one line, read the answer, close; as many as it can in ms with `conc` at once; connections per second */
 const RATE = `
 const net = require('node:net');
-const { host, ms, conc, endpoint } = JSON.parse(process.argv[1]);
+const { host, port, ms, conc, endpoint, from } = JSON.parse(process.argv[1]);
 const one = () => new Promise((resolve, reject) => {
-  const c = net.connect({ host, port: 80 }, () => c.write('x\\n'));
+  const c = net.connect({ host, port, localAddress: from }, () => c.write('x\\n'));
   c.once('data', () => { c.destroy(); resolve(); });
   c.on('error', reject);
 });
@@ -56,6 +61,27 @@ const srv = net.createServer((s) => { s.on('error', () => {}); s.once('data', ()
 });
 `;
 
+/** what the connection probes measured through one namespace's dataplane (microseconds; connections per second) */
+interface Probed {
+  /** first connection, Node client: connect() to established */
+  node: number[];
+  /** first connection, compiled client: connect() alone, and to the answer of one request */
+  connect: number[];
+  answer: number[];
+  /** short connections per second, Node client and compiled client (one value per round) */
+  nodeRate: number[];
+  cRate: number[];
+}
+const probed = (): Probed => ({ node: [], connect: [], answer: [], nodeRate: [], cRate: [] });
+
+/** compiles bench/probe.c (the C compiler to-ebpf's programs need is there) */
+function compileProbe(): { bin: string; dir: string } {
+  const dir = mkdtempSync(join(tmpdir(), 'kpng-bench-probe-'));
+  const bin = join(dir, 'probe');
+  execFileSync('cc', ['-O2', '-pthread', '-o', bin, join(new URL('.', import.meta.url).pathname, 'probe.c')]);
+  return { bin, dir };
+}
+
 export default async function (args: string[]) {
   if (await serveAsChild(child)) return;
   const sizes = arg(args, 'sizes', '1000,30000').split(',').map(Number);
@@ -64,21 +90,26 @@ export default async function (args: string[]) {
   const rateMs = Number(arg(args, 'rate-ms', '2000'));
   const spaces = new BenchNamespaces('ebpf', 'kpng-bench-ebpf');
   const cgroups: LabCgroup[] = [];
-  type Run = { backend: Backend; services: number; ns: string; cgroup?: string; cold?: { computeMs: number; applyMs: number }; change: number[]; apply: number[]; lat: number[]; sys: number[]; rate: number[]; rss?: number };
+  type Run = { backend: Backend; services: number; ns: string; cgroup?: string; cold?: { computeMs: number; applyMs: number }; change: number[]; apply: number[]; probed: Probed; rss?: number };
   const runs: Run[] = [];
+  // the floor: no proxy, no rules, the probes connect to the endpoint itself
+  const direct = { ns: '', probed: probed() };
+  const probe = compileProbe();
   try {
+    direct.ns = spaces.add();
+    for (const a of [['link', 'set', 'lo', 'up'], ['addr', 'add', `${ENDPOINT}/32`, 'dev', 'lo'], ['addr', 'add', `${CLIENT}/32`, 'dev', 'lo']]) execFileSync('ip', ['-n', direct.ns, ...a]);
     for (const services of sizes) {
       for (const backend of BACKENDS) {
         const ns = spaces.add();
-        let params: Params = { backend, services };
+        let cgroup: string | undefined;
+        let bpffs: string | undefined;
         if (backend === 'ebpf') {
           const cg = LabCgroup.create('bench');
           cgroups.push(cg);
-          params = { ...params, cgroup: cg.path, bpffs: join(cg.bpffs, 'kpng') };
+          cgroup = cg.path;
+          bpffs = join(cg.bpffs, 'kpng');
         }
-        runs.push({ backend, services, ns, cgroup: params.cgroup, change: [], apply: [], lat: [], sys: [], rate: [] });
-        void params;
-        (runs.at(-1) as Run & { params?: Params }).params = params;
+        runs.push({ backend, services, ns, cgroup, change: [], apply: [], probed: probed(), ...({ params: { backend, services, cgroup, bpffs } } as object) });
       }
     }
     const children = runs.map((r) => spaces.keep(r.ns, (r as Run & { params: Params }).params, `${r.backend} ${r.services}`));
@@ -101,28 +132,58 @@ export default async function (args: string[]) {
     }
     // connections: the dataplane stays in each namespace after its child exited
     const rounds = 5;
+    const n = Math.ceil(connections / rounds);
+    const measure = async (into: Probed, ns: string, host: string, port: number, what: string, cgroup?: string) => {
+      const [us] = await spaces.probe(ns, [host], { n, warmup: 50, port, close: 'destroy', cgroup, from: CLIENT }, what);
+      into.node.push(...us);
+      into.nodeRate.push(await spaces.script<number>(ns, RATE, { host, port, ms: rateMs / rounds, conc: 4, endpoint: ENDPOINT, from: CLIENT }, `rate ${what}`, cgroup));
+      const c = [ENDPOINT, CLIENT, host, String(port)];
+      const first = JSON.parse(await spaces.run(ns, [probe.bin, 'first', ...c, String(n), '50'], `compiled probe ${what}`, cgroup)) as { connect: number[]; answer: number[] };
+      into.connect.push(...first.connect);
+      into.answer.push(...first.answer);
+      into.cRate.push(Number(await spaces.run(ns, [probe.bin, 'rate', ...c, String(rateMs / rounds), '4'], `compiled rate ${what}`, cgroup)));
+    };
     for (let round = 0; round < rounds; round++) {
-      for (const r of runs) {
-        const [us] = await spaces.probe(r.ns, [vip(0)], { n: Math.ceil(connections / rounds), warmup: 50, close: 'destroy', cgroup: r.cgroup }, `${r.backend} ${r.services}`);
-        r.lat.push(...us);
-        r.sys.push(...(await spaces.connectProbe(r.ns, vip(0), { n: Math.ceil(connections / rounds), warmup: 50, cgroup: r.cgroup }, `${r.backend} ${r.services}`)));
-        r.rate.push(await spaces.script<number>(r.ns, RATE, { host: vip(0), ms: rateMs / rounds, conc: 4, endpoint: ENDPOINT }, `rate ${r.backend} ${r.services}`, r.cgroup));
-      }
+      for (const r of runs) await measure(r.probed, r.ns, vip(0), 80, `${r.backend} ${r.services}`, r.cgroup);
+      await measure(direct.probed, direct.ns, ENDPOINT, 8080, 'no proxy');
     }
   } finally {
     spaces.close();
     for (const cg of cgroups) cg.close();
+    rmSync(probe.dir, { recursive: true, force: true });
   }
   const f = (x: number) => x.toFixed(x < 10 ? 2 : 0);
   const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
-  console.log(`ebpf benchmark: services x 5 endpoints, each backend and size in a fresh network namespace; ${changes} changes; ${connections} first connections; short connections ${rateMs} ms x 4 at once; node ${process.version}, kernel ${execFileSync('uname', ['-r'], { encoding: 'utf8' }).trim()}, ${execFileSync('nft', ['--version'], { encoding: 'utf8' }).trim()}`);
-  console.log('backend | services | cold sync (compute + apply) | one endpoint change p50 / p99 (the sync alone: p50 / p99) | first connection p50 / p99 | vs to-nft (p50) | connect() alone p50 / p99 | vs to-nft (p50) | short connections/s | vs to-nft | RSS');
+  const us = (xs: number[]) => `${pct(xs, 50).toFixed(1)} / ${pct(xs, 99).toFixed(1)} us`;
+  const vs = (a: number, b: number) => `${(a / b).toFixed(2)}x`;
+  /** the connection columns of one row, against to-nft's of the same size */
+  const connectionColumns = (p: Probed, nft: Probed) =>
+    [
+      `${us(p.node)} | ${vs(pct(p.node, 50), pct(nft.node, 50))}`,
+      `${us(p.connect)} | ${vs(pct(p.connect, 50), pct(nft.connect, 50))}`,
+      `${us(p.answer)} | ${vs(pct(p.answer, 50), pct(nft.answer, 50))}`,
+      `${mean(p.nodeRate).toFixed(0)} | ${vs(mean(p.nodeRate), mean(nft.nodeRate))}`,
+      `${mean(p.cRate).toFixed(0)} | ${vs(mean(p.cRate), mean(nft.cRate))}`,
+    ].join(' | ');
+  console.log(`ebpf benchmark: services x 5 endpoints, each backend and size in a fresh network namespace; ${changes} changes; ${connections} first connections per client; short connections ${rateMs} ms x 4 at once per client; node ${process.version}, kernel ${execFileSync('uname', ['-r'], { encoding: 'utf8' }).trim()}, ${execFileSync('nft', ['--version'], { encoding: 'utf8' }).trim()}`);
+  console.log(
+    'backend | services | cold sync (compute + apply) | one endpoint change p50 / p99 (the sync alone: p50 / p99) | first connection, Node client p50 / p99 | vs to-nft | compiled client: connect() p50 / p99 | vs to-nft | connect + one request answered p50 / p99 | vs to-nft | short connections/s, Node client | vs to-nft | compiled client | vs to-nft | RSS',
+  );
   for (const r of runs) {
     const nft = runs.find((x) => x.backend === 'nft' && x.services === r.services)!;
-    const p50 = pct(r.lat, 50);
-    console.log(
-      `to-${r.backend} | ${r.services} | ${f(r.cold!.computeMs)} + ${f(r.cold!.applyMs)} ms | ${r.change.length ? `${f(pct(r.change, 50))} / ${f(pct(r.change, 99))} ms (${f(pct(r.apply, 50))} / ${f(pct(r.apply, 99))})` : '-'} | ${p50.toFixed(0)} / ${pct(r.lat, 99).toFixed(0)} us | ${(p50 / pct(nft.lat, 50)).toFixed(2)}x | ${pct(r.sys, 50).toFixed(1)} / ${pct(r.sys, 99).toFixed(1)} us | ${(pct(r.sys, 50) / pct(nft.sys, 50)).toFixed(2)}x | ${mean(r.rate).toFixed(0)} | ${(mean(r.rate) / mean(nft.rate)).toFixed(2)}x | ${r.rss!.toFixed(0)} MiB`,
-    );
+    const change = r.change.length ? `${f(pct(r.change, 50))} / ${f(pct(r.change, 99))} ms (${f(pct(r.apply, 50))} / ${f(pct(r.apply, 99))})` : '-';
+    console.log(`to-${r.backend} | ${r.services} | ${f(r.cold!.computeMs)} + ${f(r.cold!.applyMs)} ms | ${change} | ${connectionColumns(r.probed, nft.probed)} | ${r.rss!.toFixed(0)} MiB`);
+  }
+  // the floor, against each size's to-nft
+  for (const services of sizes) {
+    const nft = runs.find((x) => x.backend === 'nft' && x.services === services)!;
+    console.log(`no proxy (the endpoint's IP) | ${services} | - | - | ${connectionColumns(direct.probed, nft.probed)} | -`);
+  }
+  // what each backend adds to a first connection: its p50 minus the no-proxy namespace's (rules, conntrack and translation all count)
+  console.log('backend | services | added to a first connection above no proxy (p50 minus p50): Node client | compiled client connect() | connect + answer');
+  for (const r of runs) {
+    const above = (xs: number[], floor: number[]) => `${(pct(xs, 50) - pct(floor, 50)).toFixed(1)} us`;
+    console.log(`to-${r.backend} | ${r.services} | ${above(r.probed.node, direct.probed.node)} | ${above(r.probed.connect, direct.probed.connect)} | ${above(r.probed.answer, direct.probed.answer)}`);
   }
 }
 
