@@ -98,3 +98,13 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => vo
     clearTimeout(young);
   };
 }
+
+/**
+ * The parts as one flat string. A template literal or `+` makes a rope: a
+ * 32-byte cell per join that a long-kept string (an nftables element key, a
+ * map key) keeps for its life; 390k of them were 13 MiB at 10k Services.
+ * Array.prototype.join writes one sequential string instead.
+ */
+export function flat(...parts: (string | number)[]): string {
+  return parts.join('');
+}

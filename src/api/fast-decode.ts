@@ -9,6 +9,7 @@
 import { fromBinary } from '@bufbuild/protobuf';
 import { EndpointInfoSchema, type EndpointConditions, type EndpointInfo, type TopologyHints, type TopologyInfo } from './gen/api/globalv1/api_pb.js';
 import type { Endpoint, EndpointScopes, IPSet, PortName } from './gen/api/localv1/api_pb.js';
+import { pooled } from './compact.js';
 
 /** the message is not one this decoder takes: fromBinary decodes it */
 class Unexpected extends Error {}
@@ -148,7 +149,7 @@ function endpoint(r: Reader, end: number): Endpoint {
       case 4: expect(w, LEN); PortOverrides.push(portName(r, r.sub())); break;
       case 5: expect(w, LEN); if (Scopes) throw UNEXPECTED; Scopes = scopes(r, r.sub()); break;
       case 6: expect(w, VARINT); Terminating = r.varint32() !== 0; break;
-      case 7: expect(w, LEN); NodeName = r.string(); break;
+      case 7: expect(w, LEN); NodeName = pooled(r.string()); break;
       default: throw UNEXPECTED;
     }
   }
@@ -177,8 +178,8 @@ function topology(r: Reader, end: number): TopologyInfo {
   while (r.pos < end) {
     const [f, w] = tag(r);
     expect(w, LEN);
-    if (f === 1) Node = r.string();
-    else if (f === 2) Zone = r.string();
+    if (f === 1) Node = pooled(r.string());
+    else if (f === 2) Zone = pooled(r.string());
     else throw UNEXPECTED;
   }
   return { $typeName: 'globalv1.TopologyInfo', Node, Zone };
@@ -190,8 +191,8 @@ function hints(r: Reader, end: number): TopologyHints {
   while (r.pos < end) {
     const [f, w] = tag(r);
     expect(w, LEN);
-    if (f === 1) Zones.push(r.string());
-    else if (f === 2) Nodes.push(r.string());
+    if (f === 1) Zones.push(pooled(r.string()));
+    else if (f === 2) Nodes.push(pooled(r.string()));
     else throw UNEXPECTED;
   }
   return { $typeName: 'globalv1.TopologyHints', Zones, Nodes };

@@ -1,6 +1,7 @@
 // The kpng model: the generated protobuf types of localv1 and globalv1 under
 // kpng's names, plus small helpers that every stage uses.
 import { create, toBinary, fromBinary, type MessageInitShape } from '@bufbuild/protobuf';
+import { flat } from '../memory.js';
 import {
   Set as LocalSet,
   Protocol,
@@ -64,7 +65,7 @@ export function parseProtocol(s: string | undefined): Protocol | undefined {
 }
 
 export function serviceKey(namespace: string, name: string): string {
-  return `${namespace}/${name}`;
+  return flat(namespace, '/', name);
 }
 
 /**

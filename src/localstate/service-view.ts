@@ -5,6 +5,7 @@ import { createHash } from 'node:crypto';
 import { ServiceSchema, type Service, type Endpoint, type EndpointScopes, type PortMapping, type PortName } from '../api/gen/api/localv1/api_pb.js';
 import { encodeEndpointsFast } from '../api/fast-encode.js';
 import { sortSmall } from '../sort.js';
+import { flat } from '../memory.js';
 import type { StoredSlice } from '../store/store.js';
 import type { EndpointInfo } from '../api/gen/api/globalv1/api_pb.js';
 import { externallyAccessible } from '../api/model.js';
@@ -185,7 +186,7 @@ export function computeServiceView(
   proxyName = '',
 ): ServiceView | undefined {
   if (!serviceIsProxied(svc, proxyName)) return undefined;
-  const key = `${svc.Namespace}/${svc.Name}`;
+  const key = flat(svc.Namespace, '/', svc.Name);
   const { itpLocal, etpLocal, externallyAccessible: extAcc } = trafficPolicies(svc);
   const usesCluster = !itpLocal || extAcc;
   const usesLocal = itpLocal || etpLocal;

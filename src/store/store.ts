@@ -8,6 +8,7 @@ import { EndpointInfoSchema, NodeSchema, type EndpointInfo, type Node } from '..
 import { ServiceSchema, ServiceCIDRSchema, type Service, type ServiceCIDR } from '../api/gen/api/localv1/api_pb.js';
 import { bytesEqual, serviceKey } from '../api/model.js';
 import { compact } from '../api/compact.js';
+import { flat } from '../memory.js';
 import { decodeEndpointInfoFast } from '../api/fast-decode.js';
 
 export type Kind = 'services' | 'endpointSlices' | 'nodes' | 'serviceCIDRs';
@@ -130,7 +131,8 @@ export class Store {
 
   private readonly services = new Map<string, StoredService>();
   private readonly slices = new Map<string, StoredSlice>();
-  private readonly slicesByService = new Map<string, Set<string>>();
+  /** service key -> its slices' keys: the one key itself (most services), or a set */
+  private readonly slicesByService = new Map<string, string | Set<string>>();
   private readonly nodeMap = new Map<string, StoredNode>();
   private readonly cidrs = new Map<string, StoredServiceCIDR>();
   /** per-service version: moves when the service or one of its slices changes */
@@ -180,7 +182,7 @@ export class Store {
 
     const setSlice = (namespace: string, name: string, serviceName: string, bytes: Uint8Array, endpoints: readonly EndpointInfo[] | undefined) => {
       this.eventCount++;
-      const key = `${namespace}/${name}`;
+      const key = flat(namespace, '/', name);
       const prev = this.slices.get(key);
       if (prev && bytesEqual(prev.bytes, bytes)) return;
       const stored: StoredSlice = this.keepDecodedSlices ? new DecodedSliceRecord(key, namespace, name, serviceName, bytes, endpoints) : new SliceRecord(key, namespace, name, serviceName, bytes);
@@ -222,7 +224,7 @@ export class Store {
       setSliceBytes: (namespace, name, serviceName, bytes) => setSlice(namespace, name, serviceName, bytes, undefined),
       deleteSlice: (namespace, name) => {
         this.eventCount++;
-        const key = `${namespace}/${name}`;
+        const key = flat(namespace, '/', name);
         const prev = this.slices.get(key);
         if (!prev) return;
         undo.push(() => {
@@ -313,8 +315,8 @@ export class Store {
 
   slicesOfService(key: string): StoredSlice[] {
     const keys = this.slicesByService.get(key);
-    if (!keys) return [];
-    if (keys.size === 1) for (const k of keys) return [this.slices.get(k)!];
+    if (keys === undefined) return [];
+    if (typeof keys === 'string') return [this.slices.get(keys)!];
     const out: StoredSlice[] = [];
     for (const k of [...keys].sort()) out.push(this.slices.get(k)!);
     return out;
@@ -331,17 +333,20 @@ export class Store {
 
   private indexSlice(s: StoredSlice) {
     const key = serviceKey(s.namespace, s.serviceName);
-    let set = this.slicesByService.get(key);
-    if (!set) this.slicesByService.set(key, (set = new Set()));
-    set.add(s.key);
+    const had = this.slicesByService.get(key);
+    if (had === undefined || had === s.key) this.slicesByService.set(key, s.key);
+    else if (typeof had === 'string') this.slicesByService.set(key, new Set([had, s.key]));
+    else had.add(s.key);
   }
 
   private unindexSlice(s: StoredSlice) {
     const key = serviceKey(s.namespace, s.serviceName);
-    const set = this.slicesByService.get(key);
-    if (!set) return;
-    set.delete(s.key);
-    if (!set.size) this.slicesByService.delete(key);
+    const had = this.slicesByService.get(key);
+    if (had === s.key) this.slicesByService.delete(key);
+    else if (typeof had === 'object') {
+      had.delete(s.key);
+      if (had.size === 1) for (const k of had) this.slicesByService.set(key, k);
+    }
   }
 }
 

@@ -5,6 +5,7 @@ import type { ServicePort, Target } from '../shared/service-ports.js';
 import { rangesContain } from '../shared/service-ports.js';
 import { safeComment, NFT_COMMENT_MAX } from '../shared/comment.js';
 import { createHash } from 'node:crypto';
+import { flat } from '../../memory.js';
 import { AFFINITY_PREFIX, endpointsMapOf, lbChainName, type LbKind, type Proto } from './ruleset.js';
 
 export type { Element } from '../shared/nftables/elements.js';
@@ -71,7 +72,7 @@ export function portElements(sp: ServicePort, node: NodeFacts, prevSlots: Slots,
   const comment = safeComment(sp.portName, NFT_COMMENT_MAX);
   const proto = sp.protocol;
   const P = sp.port.Port;
-  const vipKey = (ip: string) => `${ip} . ${proto} . ${P}`;
+  const vipKey = (ip: string) => flat(ip, ' . ', proto, ' . ', P);
   const noEndpoints = sp.hasEndpoints ? 'drop' : 'goto reject-chain';
   const add = (set: string, key: string, value = '', withComment = false) => elements.push({ set, key, value, comment: withComment ? comment : '', owner: '' });
 
@@ -85,10 +86,10 @@ export function portElements(sp: ServicePort, node: NodeFacts, prevSlots: Slots,
     udp(targets, vip, port);
     if (affinity) return `goto ${affinity.chain(targets)}`;
     const map = endpointsMapOf(kind, proto);
-    const slotKey = `${map}|${key}`;
-    const slots = assignSlots(prevSlots.get(slotKey), targets.map((t) => `${t.ip} . ${t.port}`));
+    const slotKey = flat(map, '|', key);
+    const slots = assignSlots(prevSlots.get(slotKey), targets.map((t) => flat(t.ip, ' . ', t.port)));
     nextSlots.set(slotKey, slots);
-    slots.forEach((t, i) => add(map, `${key} . ${i}`, t));
+    slots.forEach((t, i) => add(map, flat(key, ' . ', i), t));
     lbChains.push({ kind, proto, n: slots.length });
     return `goto ${lbChainName(kind, proto, slots.length)}`;
   };
@@ -118,10 +119,10 @@ export function portElements(sp: ServicePort, node: NodeFacts, prevSlots: Slots,
     // loadBalancerSourceRanges apply to LB IPs only (not NodePorts, not external IPs)
     if (lbIPs.has(vip) && sp.sourceRanges.length) {
       add('firewall-ips', key, '', true);
-      for (const r of sp.sourceRanges) add('firewall-allow', `${key} . ${r}`);
+      for (const r of sp.sourceRanges) add('firewall-allow', flat(key, ' . ', r));
       // traffic from the node itself may come from an LB IP
       // (unless a range has it already: overlapping interval elements are refused)
-      if (coversNode) for (const l of sp.loadBalancerIPs) if (!rangesContain(sp.sourceRanges, l)) add('firewall-allow', `${key} . ${l}`);
+      if (coversNode) for (const l of sp.loadBalancerIPs) if (!rangesContain(sp.sourceRanges, l)) add('firewall-allow', flat(key, ' . ', l));
     }
   }
 
@@ -143,7 +144,7 @@ export function portElements(sp: ServicePort, node: NodeFacts, prevSlots: Slots,
   // hairpin: endpoints that can be on this node (local, or node unknown)
   const hairpin = new Set<string>();
   for (const list of [sp.internal, sp.external, sp.cluster]) for (const t of list) if (t.local || t.nodeName === '') hairpin.add(t.ip);
-  for (const ip of hairpin) add('hairpin', `${ip} . ${ip}`);
+  for (const ip of hairpin) add('hairpin', flat(ip, ' . ', ip));
   return { elements, lbChains, affinityChains: affinity?.chains ?? NO_CHAINS, affinitySets: affinity?.sets ?? [], udpFlows, udpWithEndpoints };
 }
 

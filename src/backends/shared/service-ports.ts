@@ -4,6 +4,7 @@
 import { ipFamily, parseCIDR, formatCIDR, cidrContains, type Family } from '../../api/ip.js';
 import { Protocol, endpointPort, ipSetOf, type Endpoint, type PortMapping, type Service } from '../../api/model.js';
 import { sortSmall } from '../../sort.js';
+import { flat } from '../../memory.js';
 
 export interface Target {
   readonly ip: string;
@@ -78,7 +79,7 @@ export function servicePorts(svc: Service, endpoints: Iterable<Endpoint>, family
       namespace: svc.Namespace,
       name: svc.Name,
       port,
-      portName: port.Name ? `${svc.Namespace}/${svc.Name}:${port.Name}` : `${svc.Namespace}/${svc.Name}`,
+      portName: port.Name ? flat(svc.Namespace, '/', svc.Name, ':', port.Name) : flat(svc.Namespace, '/', svc.Name),
       protocol,
       family,
       clusterIP,
