@@ -13,7 +13,7 @@
 // the version last applied, with one log line each, until they change again;
 // everything else is applied.
 import type { Logger } from '../../log.js';
-import type { Endpoint, LocalNode, Service, ServiceCIDR } from '../../api/model.js';
+import { serviceKey, type Endpoint, type LocalNode, type Service, type ServiceCIDR } from '../../api/model.js';
 import type { DecoderHandler } from '../../diff/decoder.js';
 import { ConntrackCleaner, StaleFlowTracker, type StaleFlow } from './conntrack.js';
 import { HealthCheckServers, type HealthCheckService } from './healthcheck.js';
@@ -147,20 +147,20 @@ export abstract class ProxierBase implements DecoderHandler {
   }
 
   setService(svc: Service): void {
-    const key = `${svc.Namespace}/${svc.Name}`;
+    const key = serviceKey(svc.Namespace, svc.Name);
     this.changing(key);
     this.services.set(key, svc);
   }
 
   deleteService(namespace: string, name: string): void {
-    const key = `${namespace}/${name}`;
+    const key = serviceKey(namespace, name);
     this.changing(key);
     this.services.delete(key);
     this.endpoints.delete(key);
   }
 
   setEndpoint(namespace: string, service: string, key: string, ep: Endpoint): void {
-    const svcKey = `${namespace}/${service}`;
+    const svcKey = serviceKey(namespace, service);
     this.changing(svcKey);
     let m = this.endpoints.get(svcKey);
     if (!m) this.endpoints.set(svcKey, (m = new Map()));
@@ -168,7 +168,7 @@ export abstract class ProxierBase implements DecoderHandler {
   }
 
   deleteEndpoint(namespace: string, service: string, key: string): void {
-    const svcKey = `${namespace}/${service}`;
+    const svcKey = serviceKey(namespace, service);
     this.changing(svcKey);
     this.endpoints.get(svcKey)?.delete(key);
   }

@@ -24,8 +24,14 @@ export class ElementTable {
   /** set\0key -> further owners of a key (rare: a conflict, or a shared element) */
   private readonly others = new Map<string, Element[]>();
   private readonly byOwner = new Map<string, readonly Element[]>();
-  /** what the kernel has: set -> key -> value */
-  private committed = new Map<string, Map<string, ElementValue>>();
+  /**
+   * What the kernel has. 'desired': the desired state, except the keys in
+   * `before`; or, after an adoption until the next commit, set -> key ->
+   * value as listed.
+   */
+  private committed: Map<string, Map<string, ElementValue>> | 'desired' = 'desired';
+  /** set -> key -> what the kernel has (undefined: nothing) for the keys touched since the last commit, with committed 'desired' */
+  private before = new Map<string, Map<string, ElementValue | undefined>>();
   /** keys to compare at the next diff; 'all' after an adoption */
   private pending: Map<string, Set<string>> | 'all' = new Map();
   /** keys wanted by two owners with different values (reported once) */
@@ -76,8 +82,8 @@ export class ElementTable {
     const keys = this.keysOf(e.set);
     const cur = keys.get(e.key);
     if (!cur) {
+      this.touch(e.set, e.key, undefined);
       keys.set(e.key, e);
-      this.touch(e.set, e.key);
       return;
     }
     if (cur.owner === e.owner) return; // declared twice by one owner: the first counts
@@ -86,8 +92,8 @@ export class ElementTable {
     const list = this.others.get(id) ?? [];
     if (e.owner < cur.owner) {
       list.push(cur);
+      this.touch(e.set, e.key, cur);
       keys.set(e.key, e);
-      this.touch(e.set, e.key);
     } else list.push(e);
     this.others.set(id, list);
   }
@@ -99,13 +105,13 @@ export class ElementTable {
     const id = `${e.set}\0${e.key}`;
     const list = this.others.get(id);
     if (cur === e) {
+      this.touch(e.set, e.key, cur);
       if (list?.length) {
         // the next owner by name takes over
         list.sort((a, b) => (a.owner < b.owner ? -1 : 1));
         keys.set(e.key, list.shift()!);
         if (!list.length) this.others.delete(id);
       } else keys.delete(e.key);
-      this.touch(e.set, e.key);
     } else if (list) {
       const i = list.indexOf(e);
       if (i >= 0) list.splice(i, 1);
@@ -113,21 +119,38 @@ export class ElementTable {
     }
   }
 
-  private touch(set: string, key: string) {
+  /** key is about to change; was: its desired element until now */
+  private touch(set: string, key: string, was: Element | undefined) {
     const pending = this.pending;
     if (pending === 'all') return;
     if (set !== this.lastTouched || this.lastTouchedIn !== pending) {
       let keys = pending.get(set);
       if (!keys) pending.set(set, (keys = new Set()));
+      let before = this.before.get(set);
+      if (!before) this.before.set(set, (before = new Map()));
       this.lastTouched = set;
       this.lastTouchedIn = pending;
       this.lastTouchedKeys = keys;
+      this.lastBefore = before;
     }
-    this.lastTouchedKeys!.add(key);
+    const keys = this.lastTouchedKeys!;
+    if (keys.has(key)) return;
+    keys.add(key);
+    // the first change since the commit: the kernel has what was desired (committed 'desired')
+    if (this.committed === 'desired') this.lastBefore!.set(key, was);
   }
   private lastTouched?: string;
   private lastTouchedIn?: Map<string, Set<string>>;
   private lastTouchedKeys?: Set<string>;
+  private lastBefore?: Map<string, ElementValue | undefined>;
+
+  /** what the kernel has for a key */
+  private committedOf(set: string, key: string): ElementValue | undefined {
+    if (this.committed !== 'desired') return this.committed.get(set)?.get(key);
+    const before = this.before.get(set);
+    if (before?.has(key)) return before.get(key);
+    return this.desired.get(set)?.get(key);
+  }
 
   /** Differences between desired and committed for the keys touched since the last commit. */
   diff(): ElementDiff {
@@ -135,13 +158,14 @@ export class ElementTable {
     const adds: Element[] = [];
     const compare = (set: string, key: string) => {
       const want = this.desired.get(set)?.get(key);
-      const cur = this.committed.get(set)?.get(key);
+      const cur = this.committedOf(set, key);
       if (cur && want && cur.value === want.value && cur.comment === want.comment) return;
       if (cur) deletes.push({ set, key, value: cur.value, comment: '', owner: '' });
       if (want) adds.push(want);
     };
     if (this.pending === 'all') {
-      for (const [set, keys] of this.committed) for (const key of keys.keys()) if (!this.desired.get(set)?.has(key)) compare(set, key);
+      const committed = this.committed === 'desired' ? new Map<string, Map<string, ElementValue>>() : this.committed;
+      for (const [set, keys] of committed) for (const key of keys.keys()) if (!this.desired.get(set)?.has(key)) compare(set, key);
       for (const [set, keys] of this.desired) for (const key of keys.keys()) compare(set, key);
     } else {
       for (const [set, keys] of this.pending) for (const key of keys) compare(set, key);
@@ -149,35 +173,39 @@ export class ElementTable {
     return { deletes, adds };
   }
 
-  /** The diff is in the kernel now. */
+  /**
+   * The diff is in the kernel now. It is the last diff() (of every key
+   * touched since the previous commit, or of all after an adoption): the
+   * kernel has the desired state.
+   */
   commit(d: ElementDiff): void {
-    for (const e of d.deletes) this.committed.get(e.set)?.delete(e.key);
-    for (const e of d.adds) {
-      let keys = this.committed.get(e.set);
-      if (!keys) this.committed.set(e.set, (keys = new Map()));
-      keys.set(e.key, e);
-    }
-    this.pending = new Map();
+    void d;
+    this.commitDesired();
   }
 
-  /**
-   * A fresh load put every desired element that counts into an empty table:
-   * that is the committed state now (copied natively, not element by element).
-   */
+  /** A fresh load put every desired element that counts into an empty table: that is the committed state now. */
   commitDesired(): void {
-    this.committed = new Map([...this.desired].map(([set, keys]) => [set, new Map(keys)]));
+    this.committed = 'desired';
+    this.before = new Map();
     this.pending = new Map();
   }
 
   /** Adopts what the kernel has (after a restart or a failure): every key is compared next. */
   adopt(kernel: Map<string, Map<string, ElementValue>>): void {
     this.committed = kernel;
+    this.before = new Map();
     this.pending = 'all';
   }
 
   /** the keys of a set as committed (adopted from the kernel, or applied) */
-  committedKeys(set: string): IterableIterator<string> {
-    return (this.committed.get(set) ?? new Map<string, ElementValue>()).keys();
+  *committedKeys(set: string): IterableIterator<string> {
+    if (this.committed !== 'desired') {
+      yield* this.committed.get(set)?.keys() ?? [];
+      return;
+    }
+    const before = this.before.get(set);
+    for (const key of this.desired.get(set)?.keys() ?? []) if (!before?.has(key)) yield key;
+    for (const [key, was] of before ?? []) if (was) yield key;
   }
 
   desiredElements(set: string): Map<string, ElementValue> {
