@@ -297,7 +297,7 @@ export function computeServiceView(
     const named = names[i] !== '';
     const start = starts[i];
     const end = starts[i + 1];
-    const path = named ? `${key}/${names[i]}` : `${key}/${createHash('sha256').update(buf.subarray(start, end)).digest('hex').slice(0, 16)}`;
+    const path = flat(key, '/', named ? names[i] : createHash('sha256').update(buf.subarray(start, end)).digest('hex').slice(0, 16));
     return new ComputedEndpointView(path, ep, named, buf, start, end);
   });
   sortSmall(endpoints, (a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));

@@ -41,7 +41,7 @@ interface ServiceState {
   /** its slot keys (endpoints map | key), to free them when it changes */
   slots: string[];
   /** the shared lb chains it needs ("kind|proto|n") */
-  lb: string[];
+  lb: readonly string[];
   /** ClientIP affinity: its own chains (name -> rules) and per-endpoint sets */
   affinity?: { chains: Map<string, string[]>; sets: string[] };
 }
@@ -206,7 +206,7 @@ export class NftProxier extends ProxierBase {
           for (const n of lbBefore) st.lbRefs.set(n, (st.lbRefs.get(n) ?? 1) - 1);
           for (const n of lb) st.lbRefs.set(n, (st.lbRefs.get(n) ?? 0) + 1);
         }
-        if (ports.length || elements.length) st.services.set(owner, { slots: [...nextSlots.keys()], lb, affinity });
+        if (ports.length || elements.length) st.services.set(owner, { slots: [...nextSlots.keys()], lb: sharedList(lb), affinity });
         else st.services.delete(owner);
         const stale = this.staleFlows.update(family, owner, ports);
         if (flows) this.pendingFlows.push(...stale);
@@ -514,6 +514,16 @@ export class NftProxier extends ProxierBase {
 /** the element owner of a service */
 function ownerOf(key: string): string {
   return `svc:${key}`;
+}
+
+// Lists of lb chains, one copy each: most Services need the same one or two
+// (a list built by push keeps room for 16 more: 184 bytes per Service).
+const lists = new Map<string, readonly string[]>();
+function sharedList(xs: string[]): readonly string[] {
+  const id = xs.join('\n');
+  let l = lists.get(id);
+  if (!l) lists.set(id, (l = Object.freeze(xs.slice())));
+  return l;
 }
 
 function lbKey(r: LbRequirement): string {

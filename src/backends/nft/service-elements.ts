@@ -6,7 +6,7 @@ import { rangesContain } from '../shared/service-ports.js';
 import { safeComment, NFT_COMMENT_MAX } from '../shared/comment.js';
 import { createHash } from 'node:crypto';
 import { flat } from '../../memory.js';
-import { AFFINITY_PREFIX, endpointsMapOf, lbChainName, type LbKind, type Proto } from './ruleset.js';
+import { AFFINITY_PREFIX, endpointsMapOf, lbChainName, once, type LbKind, type Proto } from './ruleset.js';
 
 export type { Element } from '../shared/nftables/elements.js';
 import type { Element } from '../shared/nftables/elements.js';
@@ -84,14 +84,14 @@ export function portElements(sp: ServicePort, node: NodeFacts, prevSlots: Slots,
   /** endpoints of a key in the map of kind; returns the verdict that load-balances over them */
   const lb = (kind: LbKind, key: string, targets: readonly Target[], vip: string, port: number): string => {
     udp(targets, vip, port);
-    if (affinity) return `goto ${affinity.chain(targets)}`;
+    if (affinity) return flat('goto ', affinity.chain(targets));
     const map = endpointsMapOf(kind, proto);
     const slotKey = flat(map, '|', key);
     const slots = assignSlots(prevSlots.get(slotKey), targets.map((t) => flat(t.ip, ' . ', t.port)));
     nextSlots.set(slotKey, slots);
     slots.forEach((t, i) => add(map, flat(key, ' . ', i), t));
     lbChains.push({ kind, proto, n: slots.length });
-    return `goto ${lbChainName(kind, proto, slots.length)}`;
+    return once(`goto ${lbChainName(kind, proto, slots.length)}`);
   };
   const affinity = sp.affinitySeconds ? new AffinityChains(sp) : undefined;
 
