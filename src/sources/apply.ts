@@ -1,6 +1,7 @@
 // Applying converted Kubernetes objects to the store, shared by sources.
 import { encodeSlice, type StoreTx } from '../store/store.js';
 import type { Converted } from './objects.js';
+import { flat } from '../memory.js';
 
 /** an EndpointSlice already in the store's form (encodeSlice): what the file source's worker thread hands over */
 export interface EncodedSlice {
@@ -24,12 +25,12 @@ export function modelKey(c: ModelObject): string {
   switch (c.kind) {
     case 'Service':
     case 'EndpointSlice':
-      return `${c.kind}/${c.namespace}/${c.name}`;
+      return flat(c.kind, '/', c.namespace, '/', c.name);
     case 'EncodedSlice':
-      return `EndpointSlice/${c.namespace}/${c.name}`;
+      return flat('EndpointSlice/', c.namespace, '/', c.name);
     case 'Node':
     case 'ServiceCIDR':
-      return `${c.kind}/${c.name}`;
+      return flat(c.kind, '/', c.name);
   }
 }
 
