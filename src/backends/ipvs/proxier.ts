@@ -566,7 +566,7 @@ export class IpvsProxier extends ProxierBase {
       }
       const diff = this.elements.get(f)!.diff();
       tx.elements('delete', table, diff.deletes).elements('add', table, diff.adds);
-      commits.push(() => this.elements.get(f)!.commit(diff));
+      commits.push(() => this.elements.get(f)!.commit());
     }
     return { tx, commit: () => commits.forEach((c) => c()) };
   }

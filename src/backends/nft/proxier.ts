@@ -376,7 +376,7 @@ export class NftProxier extends ProxierBase {
       }
       await Promise.all(running);
       if (failure) throw failure;
-      for (const st of this.fam.values()) st.elements.commitDesired();
+      for (const st of this.fam.values()) st.elements.commit();
       const hooks = this.render({ header: false, baseChains: true, elements: true });
       await apply(hooks.tx);
       hooks.commit();
@@ -456,7 +456,7 @@ export class NftProxier extends ProxierBase {
       for (const name of goneChains) elements.delete({ kind: 'chain', table, name });
       for (const name of goneSets) elements.delete({ kind: 'set', table, name, body: '' });
       commits.push(() => {
-        if (what.elements) st.elements.commit(diff);
+        if (what.elements) st.elements.commit();
         for (const name of changed) committed.set(name, desired.get(name)!);
         for (const name of newSets) st.committedSets.add(name);
         for (const c of goneChains) committed.delete(c);

@@ -164,8 +164,8 @@ export class ElementTable {
       if (want) adds.push(want);
     };
     if (this.pending === 'all') {
-      const committed = this.committed === 'desired' ? new Map<string, Map<string, ElementValue>>() : this.committed;
-      for (const [set, keys] of committed) for (const key of keys.keys()) if (!this.desired.get(set)?.has(key)) compare(set, key);
+      // (only after an adoption: committed is what the kernel listed)
+      if (this.committed !== 'desired') for (const [set, keys] of this.committed) for (const key of keys.keys()) if (!this.desired.get(set)?.has(key)) compare(set, key);
       for (const [set, keys] of this.desired) for (const key of keys.keys()) compare(set, key);
     } else {
       for (const [set, keys] of this.pending) for (const key of keys) compare(set, key);
@@ -174,17 +174,11 @@ export class ElementTable {
   }
 
   /**
-   * The diff is in the kernel now. It is the last diff() (of every key
-   * touched since the previous commit, or of all after an adoption): the
-   * kernel has the desired state.
+   * The kernel has the desired state now: the last diff() went in (every
+   * key touched since the previous commit, or all after an adoption), or a
+   * fresh load put every desired element that counts into an empty table.
    */
-  commit(d: ElementDiff): void {
-    void d;
-    this.commitDesired();
-  }
-
-  /** A fresh load put every desired element that counts into an empty table: that is the committed state now. */
-  commitDesired(): void {
+  commit(): void {
     this.committed = 'desired';
     this.before = new Map();
     this.pending = new Map();
