@@ -8,7 +8,7 @@ import { sortSmall } from '../sort.js';
 import { flat } from '../memory.js';
 import type { StoredSlice } from '../store/store.js';
 import type { EndpointInfo } from '../api/gen/api/globalv1/api_pb.js';
-import { externallyAccessible } from '../api/model.js';
+import { externallyAccessible, serviceKey } from '../api/model.js';
 import { categorize, isReady, type Candidate, type NodeContext } from './topology.js';
 
 export const SERVICE_PROXY_NAME_LABEL = 'service.kubernetes.io/service-proxy-name';
@@ -186,7 +186,7 @@ export function computeServiceView(
   proxyName = '',
 ): ServiceView | undefined {
   if (!serviceIsProxied(svc, proxyName)) return undefined;
-  const key = flat(svc.Namespace, '/', svc.Name);
+  const key = serviceKey(svc.Namespace, svc.Name);
   const { itpLocal, etpLocal, externallyAccessible: extAcc } = trafficPolicies(svc);
   const usesCluster = !itpLocal || extAcc;
   const usesLocal = itpLocal || etpLocal;
