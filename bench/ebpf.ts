@@ -90,7 +90,7 @@ export default async function (args: string[]) {
   const rateMs = Number(arg(args, 'rate-ms', '2000'));
   const spaces = new BenchNamespaces('ebpf', 'kpng-bench-ebpf');
   const cgroups: LabCgroup[] = [];
-  type Run = { backend: Backend; services: number; ns: string; cgroup?: string; cold?: { computeMs: number; applyMs: number }; change: number[]; apply: number[]; probed: Probed; rss?: number };
+  type Run = { backend: Backend; services: number; ns: string; cgroup?: string; params: Params; cold?: { computeMs: number; applyMs: number }; change: number[]; apply: number[]; probed: Probed; rss?: number };
   const runs: Run[] = [];
   // the floor: no proxy, no rules, the probes connect to the endpoint itself
   const direct = { ns: '', probed: probed() };
@@ -109,10 +109,10 @@ export default async function (args: string[]) {
           cgroup = cg.path;
           bpffs = join(cg.bpffs, 'kpng');
         }
-        runs.push({ backend, services, ns, cgroup, change: [], apply: [], probed: probed(), ...({ params: { backend, services, cgroup, bpffs } } as object) });
+        runs.push({ backend, services, ns, cgroup, params: { backend, services, cgroup, bpffs }, change: [], apply: [], probed: probed() });
       }
     }
-    const children = runs.map((r) => spaces.keep(r.ns, (r as Run & { params: Params }).params, `${r.backend} ${r.services}`));
+    const children = runs.map((r) => spaces.keep(r.ns, r.params, `${r.backend} ${r.services}`));
     for (const [i, c] of children.entries()) {
       runs[i].cold = await c.ask<{ computeMs: number; applyMs: number }>({ op: 'cold' });
       console.error(`${runs[i].backend} ${runs[i].services}: programmed (${runs[i].cold!.applyMs.toFixed(0)} ms)`);

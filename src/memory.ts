@@ -103,7 +103,8 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => vo
  * The parts as one flat string. A template literal or `+` makes a rope: a
  * 32-byte cell per join that a long-kept string (an nftables element key, a
  * map key) keeps for its life; 390k of them were 13 MiB at 10k Services.
- * Array.prototype.join writes one sequential string instead.
+ * Array.prototype.join writes one sequential string instead (given two or
+ * more non-empty parts: a single part comes back as it is, rope or not).
  */
 export function flat(...parts: (string | number)[]): string {
   return parts.join('');

@@ -15,8 +15,10 @@ import { servicePorts, normalizeCIDRs } from '../shared/service-ports.js';
 import { detectLocal, nodePortAddresses, serviceCIDRsOf } from '../shared/node-facts.js';
 import { podSourceMatches, singleAddress } from '../shared/nftables/match.js';
 import { ElementTable } from '../shared/nftables/elements.js';
+import { pooled } from '../../api/compact.js';
+import { flat } from '../../memory.js';
 import { portElements, type Element, type LbRequirement, type Slots } from './service-elements.js';
-import { TABLE, FAMILIES, BASE_CHAINS, setDeclarations, staticChains, lbChains, affinitySetBody, once, AFFINITY_PREFIX, AFFINITY_SET, type FamilyNames, type StaticInputs } from './ruleset.js';
+import { TABLE, FAMILIES, BASE_CHAINS, setDeclarations, staticChains, lbChains, affinitySetBody, AFFINITY_PREFIX, AFFINITY_SET, type FamilyNames, type StaticInputs } from './ruleset.js';
 import { ProcessNft, SessionNft, type Nft } from '../shared/nftables/nft.js';
 import { Transaction, type TableRef } from '../shared/nftables/transaction.js';
 import { NftWatch, type DriftSource } from '../shared/nft-watch.js';
@@ -527,7 +529,7 @@ function sharedList(xs: string[]): readonly string[] {
 }
 
 function lbKey(r: LbRequirement): string {
-  return once(`${r.kind}|${r.proto}|${r.n}`);
+  return pooled(flat(r.kind, '|', r.proto, '|', r.n));
 }
 
 /** interval set elements: nft lists a /32 (/128) as the bare address */

@@ -6,6 +6,8 @@
 // of Services, and the chains and sets of Services with ClientIP affinity
 // (affinity-*), which have their own, as in kube-proxy.
 import type { Family } from '../../api/ip.js';
+// names every service port refers to are one pooled copy, not one per service
+import { pooled } from '../../api/compact.js';
 import { flat } from '../../memory.js';
 
 export const TABLE = 'kpng';
@@ -159,23 +161,12 @@ export const PROTOCOLS: readonly Proto[] = ['tcp', 'udp', 'sctp'];
 
 /** endpoints by slot, e.g. cluster-endpoints-tcp: the lb chains pick slot numgen random mod N */
 export function endpointsMapOf(kind: LbKind, proto: Proto): string {
-  return once(`${kind}-endpoints-${proto}`);
+  return pooled(flat(kind, '-endpoints-', proto));
 }
 
 /** the chain that load-balances over n endpoints */
 export function lbChainName(kind: LbKind, proto: Proto, n: number): string {
-  return once(`lb-${kind}-${proto}-${n}`);
-}
-
-// Names every service port refers to: one copy each, not one per service
-// (a few kinds x protocols x endpoint counts: bounded).
-const names = new Map<string, string>();
-export function once(name: string): string {
-  const had = names.get(name);
-  if (had !== undefined) return had;
-  const f = flat(name);
-  names.set(f, f);
-  return f;
+  return pooled(flat('lb-', kind, '-', proto, '-', n));
 }
 
 /** Load-balancing chain for n endpoints: one dnat through the endpoints map at slot `numgen random mod n`. */

@@ -6,7 +6,8 @@ import { rangesContain } from '../shared/service-ports.js';
 import { safeComment, NFT_COMMENT_MAX } from '../shared/comment.js';
 import { createHash } from 'node:crypto';
 import { flat } from '../../memory.js';
-import { AFFINITY_PREFIX, endpointsMapOf, lbChainName, once, type LbKind, type Proto } from './ruleset.js';
+import { AFFINITY_PREFIX, endpointsMapOf, lbChainName, type LbKind, type Proto } from './ruleset.js';
+import { pooled } from '../../api/compact.js';
 
 export type { Element } from '../shared/nftables/elements.js';
 import type { Element } from '../shared/nftables/elements.js';
@@ -91,7 +92,7 @@ export function portElements(sp: ServicePort, node: NodeFacts, prevSlots: Slots,
     nextSlots.set(slotKey, slots);
     slots.forEach((t, i) => add(map, flat(key, ' . ', i), t));
     lbChains.push({ kind, proto, n: slots.length });
-    return once(`goto ${lbChainName(kind, proto, slots.length)}`);
+    return pooled(flat('goto ', lbChainName(kind, proto, slots.length)));
   };
   const affinity = sp.affinitySeconds ? new AffinityChains(sp) : undefined;
 
