@@ -1,29 +1,14 @@
-// Writing pre-encoded OpItems to a server stream without unbounded buffering.
+// Writing pre-encoded OpItems to a Watch stream without unbounded buffering.
 //
-// grpc-js's ServerDuplexStream is an objectMode Writable that hands one
-// message at a time to HTTP/2 and waits for it to reach the socket, so a
-// stream moves one message per event-loop turn (about 50-80k msg/s over
-// 1,000 streams here). The Watch streams instead pass messages to the call
-// below the Writable (grpc-js's public server-interceptor API) with a bounded
-// window of bytes in flight: the completion callbacks are the same HTTP/2
-// write completions the Writable waits for, so a client that stops reading
-// stops the stream once the window is full (HTTP/2 flow control), exactly
-// like write() returning false. Without the interceptor (or for other
-// callers) it falls back to write() / 'drain'.
-import * as grpc from '@grpc/grpc-js';
+// Messages are gathered and written as one buffer (a diff of a few messages
+// is one HTTP/2 write; a full state goes in chunks of CHUNK_BYTES), with a
+// bounded window of bytes in flight: the completion callbacks come when
+// HTTP/2 has sent the bytes, so a client that stops reading stops the stream
+// once the window is full (HTTP/2 flow control).
+import { grpcFrames, type ServerCall } from './h2-server.js';
 
-const rawCalls = new WeakMap<grpc.Metadata, grpc.ServerInterceptingCallInterface>();
-
-/** Remembers each call's lower layer by its metadata object, which the handler's stream keeps. */
-export const rawCallInterceptor: grpc.ServerInterceptor = (_method, call) => {
-  const listener = new grpc.ServerListenerBuilder()
-    .withOnReceiveMetadata((md, next) => {
-      rawCalls.set(md, call);
-      next(md);
-    })
-    .build();
-  return new grpc.ServerInterceptingCall(call, { start: (next) => next(listener) });
-};
+/** messages are written in buffers of about this size */
+const CHUNK_BYTES = 16 * 1024;
 
 export interface StreamWriterOptions {
   /** bytes allowed in flight per stream before waiting (default 64 KiB) */
@@ -36,21 +21,22 @@ export class StreamWriter {
   messages = 0;
   private inflight = 0;
   private readonly window: number;
-  private readonly raw?: grpc.ServerInterceptingCallInterface;
   private wake?: () => void;
   private closed = false;
+  private batch: Uint8Array[] = [];
+  private batchBytes = 0;
 
   constructor(
-    private readonly call: grpc.ServerDuplexStream<unknown, Buffer>,
+    private readonly call: ServerCall,
     opts: StreamWriterOptions = {},
   ) {
     this.window = opts.windowBytes ?? 64 * 1024;
-    this.raw = rawCalls.get(call.metadata);
   }
 
   /** Stops waiting for a stream that is gone (its callbacks never come). */
   close(): void {
     this.closed = true;
+    this.batch = [];
     this.wakeUp();
   }
 
@@ -58,26 +44,31 @@ export class StreamWriter {
     return this.closed;
   }
 
-  /** Returns a promise only when the caller must wait for the peer. */
-  write(frame: Buffer): void | Promise<void> {
+  /** Queues one message; returns a promise only when the caller must wait for the peer. */
+  write(message: Uint8Array): void | Promise<void> {
     if (this.closed) return;
-    const n = frame.length + 5;
+    const n = message.length + 5;
     this.bytes += n;
     this.messages++;
-    if (this.raw) {
-      this.inflight += n;
-      this.raw.sendMessage(frame, () => {
-        this.inflight -= n;
-        if (this.inflight <= this.window / 2) this.wakeUp();
-      });
-      if (this.inflight < this.window) return;
-    } else if (this.call.write(frame)) {
-      return;
-    }
-    return new Promise<void>((resolve) => {
-      this.wake = resolve;
-      if (!this.raw) this.call.once('drain', () => this.wakeUp());
+    this.batch.push(message);
+    this.batchBytes += n;
+    if (this.batchBytes >= CHUNK_BYTES) return this.flush();
+  }
+
+  /** Writes the queued messages; returns a promise only when the caller must wait for the peer. */
+  flush(): void | Promise<void> {
+    if (this.closed || this.batch.length === 0) return;
+    const n = this.batchBytes;
+    const frames = grpcFrames(this.batch, n);
+    this.batch = [];
+    this.batchBytes = 0;
+    this.inflight += n;
+    this.call.write(frames, () => {
+      this.inflight -= n;
+      if (this.inflight <= this.window / 2) this.wakeUp();
     });
+    if (this.inflight < this.window) return;
+    return new Promise<void>((resolve) => (this.wake = resolve));
   }
 
   private wakeUp() {

@@ -13,19 +13,21 @@ import { chmodSync, lstatSync, mkdirSync, unlinkSync } from 'node:fs';
 import { connect } from 'node:net';
 import { dirname } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
-import * as grpc from '@grpc/grpc-js';
+import { fromBinary } from '@bufbuild/protobuf';
 import type { Logger } from '../../log.js';
 import type { Store } from '../../store/store.js';
 import type { ServiceViews } from '../../localstate/views.js';
 import { LocalDiff } from '../../diff/local-diff.js';
 import type { LocalOp } from '../../diff/ops.js';
 import { LocalSet } from '../../api/model.js';
-import type { WatchReq } from '../../api/gen/api/localv1/api_pb.js';
+import { WatchReqSchema, type WatchReq } from '../../api/gen/api/localv1/api_pb.js';
+import { GlobalWatchReqSchema } from '../../api/gen/api/globalv1/api_pb.js';
 import { metrics } from '../../backends/shared/metrics.js';
 import { formatAddress, isLoopback, parseAddress, type ApiAddress } from '../../api/grpc/address.js';
 import { serverTLSOptions, type TLSFiles } from '../../api/grpc/tls.js';
-import { rawCallInterceptor, StreamWriter } from '../../api/grpc/server-stream.js';
-import { encodeDeleteOp, encodeResumeOp, encodeSetOp, GLOBAL_SETS_HEADER, globalServerDefinition, localServerDefinition, RESET_FRAME, setOpFrame, SYNC_FRAME } from '../../api/grpc/wire.js';
+import { StreamWriter } from '../../api/grpc/server-stream.js';
+import { GrpcStatus, StreamServer, type ServerCall } from '../../api/grpc/h2-server.js';
+import { encodeDeleteOp, encodeResumeOp, encodeSetOp, GLOBAL_SETS_HEADER, GLOBAL_WATCH_PATH, LOCAL_WATCH_PATH, RESET_FRAME, setOpFrame, SYNC_FRAME } from '../../api/grpc/wire.js';
 import { GlobalDiff, GlobalEncoder, type GlobalOp } from './global-diff.js';
 import { ConnectionGate, DEFAULT_HANDSHAKE_TIMEOUT_MS, defaultMaxConnections, openFileLimit, RESERVED_FDS } from './listener.js';
 
@@ -191,7 +193,7 @@ export async function prepareUnixSocket(path: string): Promise<void> {
 
 export class ApiServer {
   readonly stats: ApiServerStats = { streams: 0, diffs: 0, messages: 0, bytes: 0 };
-  private readonly server: grpc.Server;
+  private readonly server: StreamServer;
   private readonly address: ApiAddress;
   private readonly enc = new GlobalEncoder();
   private readonly bigDiffs: Semaphore;
@@ -206,16 +208,16 @@ export class ApiServer {
     }
     if (opts.localApi === false && opts.globalApi === false) throw new Error('both the local and the global API are disabled');
     this.bigDiffs = new Semaphore(opts.bigDiffs ?? 2);
-    this.server = new grpc.Server({
-      interceptors: [rawCallInterceptor],
+    const methods = new Map<string, (call: ServerCall) => void>();
+    if (opts.localApi !== false) methods.set(LOCAL_WATCH_PATH, (call) => this.serveLocal(call));
+    if (opts.globalApi !== false) methods.set(GLOBAL_WATCH_PATH, (call) => this.serveGlobal(call));
+    this.server = new StreamServer(methods, {
       // notice nodes that vanished without closing their connection
-      'grpc.keepalive_time_ms': 60_000,
-      'grpc.keepalive_timeout_ms': 20_000,
+      keepaliveMs: 60_000,
+      keepaliveTimeoutMs: 20_000,
       // a connection that did the handshake but holds no call (the gate bounds the handshake)
-      'grpc.max_connection_idle_ms': opts.connectionIdleMs ?? DEFAULT_CONNECTION_IDLE_MS,
+      idleMs: opts.connectionIdleMs ?? DEFAULT_CONNECTION_IDLE_MS,
     });
-    if (opts.localApi !== false) this.server.addService(localServerDefinition, { Watch: (call: grpc.ServerDuplexStream<WatchReq, Buffer>) => this.serveLocal(call) });
-    if (opts.globalApi !== false) this.server.addService(globalServerDefinition, { Watch: (call: grpc.ServerDuplexStream<unknown, Buffer>) => this.serveGlobal(call) });
   }
 
   /** connections open now (in handshake or served) */
@@ -232,14 +234,13 @@ export class ApiServer {
     if (this.opts.maxConnections !== undefined && fdLimit !== undefined && maxConnections > fdLimit - RESERVED_FDS) {
       log.warn({ maxConnections, fdLimit }, `to-api: --max-connections ${maxConnections} leaves fewer than ${RESERVED_FDS} of the ${fdLimit} file descriptors (ulimit -n) to the rest of kpng`);
     }
-    // the gate accepts, caps, does TLS and bounds the handshake; grpc-js gets the connections it lets in
-    const injector = this.server.createConnectionInjector(grpc.ServerCredentials.createInsecure());
+    // the gate accepts, caps, does TLS and bounds the handshake; the HTTP/2 server gets the connections it lets in
     const gate = new ConnectionGate({
       maxConnections,
       handshakeTimeoutMs: this.opts.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_TIMEOUT_MS,
       tls: serverTLSOptions(this.opts.tls),
       log,
-      serve: (socket) => injector.injectConnection(socket),
+      serve: (socket) => this.server.injectConnection(socket),
     });
     this.gate = gate;
     if (a.kind === 'unix') {
@@ -276,10 +277,7 @@ export class ApiServer {
   async stop(graceMs = 1000): Promise<void> {
     this.gate?.stopListening();
     for (const finish of [...this.active]) finish();
-    await new Promise<void>((resolve) => {
-      const t = setTimeout(() => (this.server.forceShutdown(), resolve()), graceMs);
-      this.server.tryShutdown(() => (clearTimeout(t), resolve()));
-    });
+    await this.server.close(graceMs);
     await this.gate?.destroy();
     if (this.address.kind === 'unix') {
       try {
@@ -295,8 +293,8 @@ export class ApiServer {
     for (const finish of [...this.active]) finish(true);
   }
 
-  private track<Req>(api: Api, call: grpc.ServerDuplexStream<Req, Buffer>, onClose: () => void) {
-    const writer = new StreamWriter(call as grpc.ServerDuplexStream<unknown, Buffer>, { windowBytes: this.opts.windowBytes });
+  private track<Req>(api: Api, call: ServerCall, decode: (bytes: Buffer) => Req, onClose: () => void) {
+    const writer = new StreamWriter(call, { windowBytes: this.opts.windowBytes });
     const requests = new Requests<Req>();
     let done = false;
     const finish = (abort = false) => {
@@ -308,17 +306,27 @@ export class ApiServer {
       writer.close();
       requests.end();
       onClose();
-      // an error status ends the call (grpc-js sends it as the trailers)
-      if (abort) call.emit('error', { code: grpc.status.UNAVAILABLE, details: 'stream dropped by the server' });
+      if (abort) call.end(GrpcStatus.UNAVAILABLE, 'stream dropped by the server');
       else call.end();
     };
     this.active.add(finish);
     this.stats.streams++;
     metrics.watchers.inc({ api });
-    call.on('data', (r: Req) => requests.push(r));
-    call.on('end', () => requests.end());
-    call.on('cancelled', () => finish());
-    call.on('error', () => finish());
+    call.listen({
+      message: (bytes) => {
+        let req: Req;
+        try {
+          req = decode(bytes);
+        } catch (e) {
+          this.opts.log.warn({ peer: call.peer, err: (e as Error).message }, `to-api: undecodable ${api} watch request; ending the stream`);
+          call.end(GrpcStatus.INVALID_ARGUMENT, `cannot decode the request: ${(e as Error).message}`);
+          return finish();
+        }
+        requests.push(req);
+      },
+      end: () => requests.end(),
+      close: () => finish(),
+    });
     return { writer, requests, finish };
   }
 
@@ -333,16 +341,18 @@ export class ApiServer {
       if (wait) await wait;
       if (writer.isClosed) break;
     }
+    const wait = writer.flush();
+    if (wait) await wait;
     metrics.apiMessages.inc({ api }, ops.length);
     metrics.apiBytes.inc({ api }, bytes);
   }
 
-  private serveLocal(call: grpc.ServerDuplexStream<WatchReq, Buffer>) {
+  private serveLocal(call: ServerCall) {
     const log = this.opts.log;
     let diff: LocalDiff | undefined;
     let setsKey = '';
     let announced = false;
-    const { writer, requests, finish } = this.track('local', call, () => diff?.close());
+    const { writer, requests, finish } = this.track('local', call, (b) => fromBinary(WatchReqSchema, b), () => diff?.close());
     void (async () => {
       try {
         for (let req = await requests.next(); req && !writer.isClosed; req = await requests.next()) {
@@ -351,8 +361,8 @@ export class ApiServer {
           if (!diff || diff.nodeName !== nodeName || sets.join(',') !== setsKey) {
             // a new node (or new sets) on this stream starts over with Reset
             diff?.close();
-            if (nodeName === '') log.warn({ peer: call.getPeer() }, 'to-api: watch without a node name; no endpoint is local to it');
-            log.debug({ node: nodeName, peer: call.getPeer(), sets: sets.map((s) => LocalSet[s]) }, 'to-api: node watching');
+            if (nodeName === '') log.warn({ peer: call.peer }, 'to-api: watch without a node name; no endpoint is local to it');
+            log.debug({ node: nodeName, peer: call.peer, sets: sets.map((s) => LocalSet[s]) }, 'to-api: node watching');
             // a client that holds a state says so (HeldDigests): it gets a Resume, only what differs
             diff = new LocalDiff(this.opts.store, this.opts.views, nodeName, { sets, held: req.HeldDigests });
             setsKey = sets.join(',');
@@ -368,15 +378,15 @@ export class ApiServer {
     })();
   }
 
-  private serveGlobal(call: grpc.ServerDuplexStream<unknown, Buffer>) {
+  private serveGlobal(call: ServerCall) {
     const log = this.opts.log;
-    const asked = String(call.metadata.get(GLOBAL_SETS_HEADER)[0] ?? '')
+    const asked = (call.header(GLOBAL_SETS_HEADER) ?? '')
       .split(',')
       .map((s) => LocalSet[s.trim() as keyof typeof LocalSet])
       .filter((s) => GLOBAL_EXTRA_SETS.has(s));
     const diff = new GlobalDiff(this.opts.store, this.enc, { sets: asked });
-    const { writer, requests, finish } = this.track('global', call, () => diff.close());
-    log.debug({ peer: call.getPeer() }, 'to-api: global watch');
+    const { writer, requests, finish } = this.track('global', call, (b) => fromBinary(GlobalWatchReqSchema, b), () => diff.close());
+    log.debug({ peer: call.peer }, 'to-api: global watch');
     void (async () => {
       try {
         let announced = false;
@@ -399,10 +409,10 @@ export class ApiServer {
    * a slot); a brain that cannot answer sends nothing, and the client goes
    * to another one. Clients that do not look at headers are not affected.
    */
-  private async announce(call: grpc.ServerDuplexStream<unknown, Buffer> | grpc.ServerDuplexStream<WatchReq, Buffer>, diff: LocalDiff | GlobalDiff, writer: StreamWriter): Promise<boolean> {
+  private async announce(call: ServerCall, diff: LocalDiff | GlobalDiff, writer: StreamWriter): Promise<boolean> {
     await diff.changed();
     if (writer.isClosed) return false;
-    call.sendMetadata(new grpc.Metadata());
+    call.sendHeaders();
     return true;
   }
 
