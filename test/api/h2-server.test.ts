@@ -48,7 +48,7 @@ function grpcClient(port: number, options: grpc.ChannelOptions = {}) {
     { Watch: { path: '/test.Echo/Watch', requestStream: true, responseStream: true, requestSerialize: identity, requestDeserialize: identity, responseSerialize: identity, responseDeserialize: identity } },
     'Echo',
   );
-  const c = new Client(`127.0.0.1:${port}`, grpc.credentials.createInsecure(), options) as grpc.Client & { Watch(md?: grpc.Metadata): grpc.ClientDuplexStream<Buffer, Buffer> };
+  const c = new Client(`127.0.0.1:${port}`, grpc.credentials.createInsecure(), options) as unknown as grpc.Client & { Watch(md?: grpc.Metadata): grpc.ClientDuplexStream<Buffer, Buffer> };
   cleanups.push(() => c.close());
   return c;
 }
