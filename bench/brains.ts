@@ -28,6 +28,7 @@
 import { fork, type ChildProcess } from 'node:child_process';
 import { connect, type ClientHttp2Session, type ClientHttp2Stream } from 'node:http2';
 import { fileURLToPath } from 'node:url';
+import { readFileSync } from 'node:fs';
 import { pino } from 'pino';
 import { Store } from '../src/store/store.js';
 import { ServiceViews } from '../src/localstate/views.js';
@@ -112,6 +113,13 @@ async function brainMain(job: BrainJob) {
   });
   process.on('disconnect', () => process.exit(0));
   send({ type: 'serving' });
+}
+
+/** user + system CPU of a process, from /proc (10 ms ticks) */
+function processCpuMs(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return ((Number(f[11]) + Number(f[12])) * 1000) / 100;
 }
 
 // --- a watcher process
@@ -320,6 +328,7 @@ export default async function main(args: string[]) {
     const allNode: number[] = [];
     const lastNode: number[] = [];
     const cpuMs: number[] = [];
+    const watchersCpu0 = sum(children.map((ch) => processCpuMs(ch.pid!)));
     for (let k = 0; k < c.changes; k++) {
       const before = await Promise.all(brains.map((b) => b.stats()));
       syncTimes = [];
@@ -334,6 +343,7 @@ export default async function main(args: string[]) {
       cpuMs.push(sum(after.map((s, i) => s.cpuMs - before[i].cpuMs)));
       await sleep(20);
     }
+    const watchersCpu = (sum(children.map((ch) => processCpuMs(ch.pid!))) - watchersCpu0) / Math.max(1, c.changes);
     const avg = (xs: number[]) => sum(xs) / xs.length;
     const s2 = await Promise.all(brains.map((b) => b.stats()));
     if (c.changes > 0) {
@@ -341,6 +351,8 @@ export default async function main(args: string[]) {
       console.log(`  change -> a node's Sync:      p50 ${pct(allNode, 50).toFixed(1)} ms, p99 ${pct(allNode, 99).toFixed(1)} ms`);
       console.log(`  change -> every node's Sync:  p50 ${pct(lastNode, 50).toFixed(1)} ms, p99 ${pct(lastNode, 99).toFixed(1)} ms, max ${Math.max(...lastNode).toFixed(1)} ms`);
       console.log(`  brains' cpu per change:       avg ${avg(cpuMs).toFixed(1)} ms (all brains together; ${((avg(cpuMs) / c.nodes) * 1000).toFixed(1)} us per node)`);
+      // the simulated nodes share this machine's CPUs with the brains: what they take is not the brains'
+      console.log(`  watchers' cpu per change:     avg ${watchersCpu.toFixed(1)} ms (all ${c.procs} watcher processes together)`);
       console.log(`  brain rss:                    max ${s2.map((s) => mb(s.maxRss)).join(', ')} MB`);
     }
 
