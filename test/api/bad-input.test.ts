@@ -15,7 +15,7 @@ import { pino } from 'pino';
 import * as L from '../../src/api/gen/api/localv1/api_pb.js';
 import * as G from '../../src/api/gen/api/globalv1/api_pb.js';
 import { LocalSet, Protocol, newIPSet } from '../../src/api/model.js';
-import { localServerDefinition, globalServerDefinition } from '../../src/api/grpc/wire.js';
+import { GLOBAL_WATCH_PATH, LOCAL_WATCH_PATH } from '../../src/api/grpc/wire.js';
 import { ApiSource } from '../../src/sources/api/index.js';
 import { QuietResyncSink, ValidatingSink, watchLocalApi } from '../../src/sinks/local/remote.js';
 import { describeOp, type LocalOp } from '../../src/diff/ops.js';
@@ -48,6 +48,14 @@ function svc(ns: string, name: string, clusterIP: string, port = 80): L.Service 
 const svcBytes = (s: L.Service) => toBinary(L.ServiceSchema, s);
 const epBytes = (ip: string) => toBinary(L.EndpointSchema, create(L.EndpointSchema, { IPs: newIPSet([ip]), PortOverrides: [create(L.PortNameSchema, { Name: 'http', Protocol: Protocol.TCP, Port: 8080 })] }));
 const rawIPs = (v4: string) => create(L.IPSetSchema, { V4: [v4] });
+
+const bytesIn = (b: Buffer) => b;
+/** a Watch method on grpc-js's server (not kpng's): requests and responses as bytes */
+const watchDefinition = (path: string): grpc.ServiceDefinition => ({
+  Watch: { path, requestStream: true, responseStream: true, requestSerialize: bytesIn, requestDeserialize: bytesIn, responseSerialize: bytesIn, responseDeserialize: bytesIn },
+});
+const localServerDefinition = watchDefinition(LOCAL_WATCH_PATH);
+const globalServerDefinition = watchDefinition(GLOBAL_WATCH_PATH);
 
 /**
  * A brain that sends the scripted diffs, one per WatchReq: streams[i] on the

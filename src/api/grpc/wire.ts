@@ -1,6 +1,6 @@
-// The Watch streams on the wire: grpc-js service definitions for
-// /localv1.Sets/Watch and /globalv1.Sets/Watch built from the generated
-// descriptors, and OpItem encoding by hand (src/api/opitem.ts).
+// The Watch streams on the wire: the paths of /localv1.Sets/Watch and
+// /globalv1.Sets/Watch from the generated descriptors, the clients' request
+// encoding, and OpItem encoding by hand (src/api/opitem.ts).
 //
 // The server sends pre-encoded OpItems: a view's values carry the OpItem that
 // sends them (made once for every node sharing it); other values (a node, a
@@ -8,7 +8,6 @@
 // keyed by its bytes object. Fanning one change out to N nodes encodes it
 // once, not N times.
 import { fromBinary, toBinary } from '@bufbuild/protobuf';
-import type * as grpc from '@grpc/grpc-js';
 import * as L from '../gen/api/localv1/api_pb.js';
 import * as G from '../gen/api/globalv1/api_pb.js';
 import { encodeSetOp } from '../opitem.js';
@@ -20,33 +19,7 @@ function methodPath(svc: { typeName: string; method: { watch: { name: string } }
 export const LOCAL_WATCH_PATH = methodPath(L.Sets); // /localv1.Sets/Watch
 export const GLOBAL_WATCH_PATH = methodPath(G.Sets); // /globalv1.Sets/Watch
 
-const identity = (b: Buffer) => b;
 const decodeOpItem = (b: Buffer): L.OpItem => fromBinary(L.OpItemSchema, b);
-
-/** server side: requests decoded, responses are already-encoded OpItems */
-export const localServerDefinition: grpc.ServiceDefinition = {
-  Watch: {
-    path: LOCAL_WATCH_PATH,
-    requestStream: true,
-    responseStream: true,
-    requestSerialize: (m: L.WatchReq) => Buffer.from(toBinary(L.WatchReqSchema, m)),
-    requestDeserialize: (b: Buffer) => fromBinary(L.WatchReqSchema, b),
-    responseSerialize: identity,
-    responseDeserialize: decodeOpItem,
-  },
-};
-
-export const globalServerDefinition: grpc.ServiceDefinition = {
-  Watch: {
-    path: GLOBAL_WATCH_PATH,
-    requestStream: true,
-    responseStream: true,
-    requestSerialize: (m: G.GlobalWatchReq) => Buffer.from(toBinary(G.GlobalWatchReqSchema, m)),
-    requestDeserialize: (b: Buffer) => fromBinary(G.GlobalWatchReqSchema, b),
-    responseSerialize: identity,
-    responseDeserialize: decodeOpItem,
-  },
-};
 
 export interface WatchMethod<Req> {
   readonly path: string;

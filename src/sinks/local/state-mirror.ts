@@ -5,16 +5,17 @@
 // request is answered when the state changed. A watch for another node is
 // refused: this process knows only its own.
 import { chmodSync, unlinkSync } from 'node:fs';
-import * as grpc from '@grpc/grpc-js';
+import net from 'node:net';
+import { create, fromBinary } from '@bufbuild/protobuf';
 import type { Logger } from '../../log.js';
 import { LocalSet, encodeLocalNode } from '../../api/model.js';
-import { create } from '@bufbuild/protobuf';
-import { NodeSchema } from '../../api/gen/api/localv1/api_pb.js';
-import type { WatchReq } from '../../api/gen/api/localv1/api_pb.js';
+import { NodeSchema, WatchReqSchema, type WatchReq } from '../../api/gen/api/localv1/api_pb.js';
 import type { LocalOp, LocalSink } from '../../diff/ops.js';
 import { parseAddress } from '../../api/grpc/address.js';
 import { prepareUnixSocket } from '../api/server.js';
-import { encodeSetOp, localServerDefinition, RESET_FRAME, SYNC_FRAME } from '../../api/grpc/wire.js';
+import { encodeSetOp, LOCAL_WATCH_PATH, RESET_FRAME, SYNC_FRAME } from '../../api/grpc/wire.js';
+import { GrpcStatus, StreamServer, type ServerCall } from '../../api/grpc/h2-server.js';
+import { StreamWriter } from '../../api/grpc/server-stream.js';
 
 /** kpng's local op order for a full state: extra sets first, then services, then endpoints */
 const ORDER = [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet, LocalSet.ServicesSet, LocalSet.EndpointsSet];
@@ -84,47 +85,60 @@ export async function serveMirror(address: string, node: string, mirror: NodeSta
     log.info({ socket: address, reason: (e as Error).message }, 'state socket: not serving');
     return undefined;
   }
-  const server = new grpc.Server();
-  const calls = new Set<grpc.ServerDuplexStream<WatchReq, Buffer>>();
-  server.addService(localServerDefinition, {
-    Watch: (call: grpc.ServerDuplexStream<WatchReq, Buffer>) => {
-      calls.add(call);
-      let seen = -1;
-      let queue = Promise.resolve();
-      const end = () => calls.delete(call);
-      call.on('cancelled', end);
-      call.on('error', end);
-      call.on('end', () => (end(), call.end()));
-      call.on('data', (req: WatchReq) => {
-        if (req.NodeName && req.NodeName !== node) {
-          call.emit('error', { code: grpc.status.FAILED_PRECONDITION, details: `this node agent serves node ${node} only` });
-          return end();
+  const calls = new Set<ServerCall>();
+  const serve = (call: ServerCall) => {
+    calls.add(call);
+    const writer = new StreamWriter(call);
+    let seen = -1;
+    let queue = Promise.resolve();
+    call.listen({
+      message: (bytes) => {
+        let req: WatchReq;
+        try {
+          req = fromBinary(WatchReqSchema, bytes);
+        } catch (e) {
+          return call.end(GrpcStatus.INVALID_ARGUMENT, `cannot decode the request: ${(e as Error).message}`);
         }
+        if (req.NodeName && req.NodeName !== node) return call.end(GrpcStatus.FAILED_PRECONDITION, `this node agent serves node ${node} only`);
         queue = queue.then(async () => {
           // the first answer once the backend has a state; later ones on change
           seen = seen < 0 && mirror.synced > 0 ? mirror.synced : await mirror.changedSince(Math.max(seen, 0));
-          if (!calls.has(call)) return;
-          for (const f of mirror.frames(req.Sets, node)) call.write(f);
+          if (!call.isOpen) return;
+          call.sendHeaders();
+          for (const f of mirror.frames(req.Sets, node)) {
+            const wait = writer.write(f);
+            if (wait) await wait;
+          }
+          await writer.flush();
         });
-      });
-    },
-  });
+      },
+      end: () => call.end(),
+      close: () => (calls.delete(call), writer.close()),
+    });
+  };
+  // no keepalive: a local socket, and kpng get's calls are short
+  const server = new StreamServer(new Map([[LOCAL_WATCH_PATH, serve]]), { keepaliveMs: 0, keepaliveTimeoutMs: 0, idleMs: 5 * 60_000 });
+  const listener = net.createServer((socket) => server.injectConnection(socket));
   const old = process.umask(0o177);
   try {
-    await new Promise<void>((resolve, reject) => server.bindAsync(`unix://${path}`, grpc.ServerCredentials.createInsecure(), (e) => (e ? reject(e) : resolve())));
+    await new Promise<void>((resolve, reject) => {
+      listener.once('error', reject);
+      listener.listen(path, () => (listener.off('error', reject), resolve()));
+    });
   } catch (e) {
     log.info({ socket: address, reason: (e as Error).message }, 'state socket: not serving');
-    server.forceShutdown();
     return undefined;
   } finally {
     process.umask(old);
   }
+  listener.on('error', (e) => log.info({ socket: address, err: e.message }, 'state socket: listener failed'));
   chmodSync(path, 0o600);
   log.info({ socket: address, node }, 'state socket: serving (kpng get)');
   return {
     async stop() {
       for (const c of calls) c.end();
-      server.forceShutdown();
+      await server.close(100);
+      await new Promise((resolve) => listener.close(resolve));
       try {
         unlinkSync(path);
       } catch {
