@@ -40,6 +40,16 @@ class ViewSetOp {
 
 const NODE_LABEL_PREFIXES = ['topology.kubernetes.io/', 'kubernetes.io/hostname'];
 
+const NO_OPS: readonly LocalOp[] = Object.freeze([]);
+
+/**
+ * One change fanned out to many nodes: every node that moves from the same
+ * view of the changed service to the same new one gets the same ops, built
+ * once (frozen: a server may keep their wire bytes beside them). Keyed by
+ * the view objects, which are never reused for another value.
+ */
+const transitions = new WeakMap<ServiceView, Map<ServiceView | undefined, readonly LocalOp[]>>();
+
 export class LocalDiff extends StoreFollower {
   /** what was last sent of each service: view ids (0: nothing) by the views' slot of its key */
   private sent = new Int32Array(0);
@@ -138,8 +148,8 @@ export class LocalDiff extends StoreFollower {
    * node's view did not change. The first one starts with Reset and always
    * ends with Sync, even for an empty cluster.
    */
-  next(): LocalOp[] {
-    if (!this.store.allSynced) return [];
+  next(): readonly LocalOp[] {
+    if (!this.store.allSynced) return NO_OPS;
     const first = this.first;
     this.first = false;
 
@@ -147,6 +157,24 @@ export class LocalDiff extends StoreFollower {
       const ctx = this.nodeContext();
       if (ctx.zone !== this.ctx.zone) this.allDirty = true; // topology of every service may change
       this.ctx = ctx;
+    }
+    let transition: { prev: ServiceView; view: ServiceView | undefined } | undefined;
+    if (!first && !this.allDirty && !this.nodeDirty && !this.cidrsDirty && this.dirty.size === 1) {
+      const key: string = this.dirty.values().next().value!;
+      const view = this.views.view(key, this.ctx);
+      const slot = view ? this.views.slot(key) : this.views.existingSlot(key);
+      const prev = this.sentView(slot);
+      if (view === prev) {
+        this.dirty.clear();
+        return NO_OPS;
+      }
+      const known = prev && transitions.get(prev)?.get(view);
+      if (known) {
+        this.dirty.clear();
+        this.setSent(slot!, view);
+        return known;
+      }
+      if (prev) transition = { prev, view };
     }
     const resuming = first && this.held !== undefined;
     const svcSets: ServiceView[] = [];
@@ -245,9 +273,19 @@ export class LocalDiff extends StoreFollower {
     for (const k of svcDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.ServicesSet, path: k });
     ops.push(...cidrOps.deletes, ...nodeOps.deletes);
 
-    if (!first && ops.length === 0) return [];
+    if (!first && ops.length === 0) return this.remember(transition, NO_OPS);
     ops.push({ kind: 'sync' });
-    return ops;
+    return this.remember(transition, ops);
+  }
+
+  /** Keeps the ops of a one-service transition for the next node that makes it (frozen: shared from now on). */
+  private remember(t: { prev: ServiceView; view: ServiceView | undefined } | undefined, ops: readonly LocalOp[]): readonly LocalOp[] {
+    if (!t) return ops;
+    let m = transitions.get(t.prev);
+    if (!m) transitions.set(t.prev, (m = new Map()));
+    const shared = Object.freeze(ops);
+    m.set(t.view, shared);
+    return shared;
   }
 
   private diffNode(): { sets: LocalOp[]; deletes: LocalOp[] } {
@@ -307,10 +345,10 @@ export async function runLocalDiff(diff: LocalDiff, sink: { send(op: LocalOp): v
     while (!signal?.aborted) {
       await diff.changed();
       if (signal?.aborted) break;
-      const ops = diff.next();
+      let ops: readonly LocalOp[] | undefined = diff.next();
       for (const op of ops) await sink.send(op);
       // waiting for the next change, this frame must not keep the ops (and their views)
-      ops.length = 0;
+      ops = undefined;
     }
   } finally {
     signal?.removeEventListener('abort', onAbort);

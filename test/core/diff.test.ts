@@ -8,6 +8,8 @@ import { FullStateSink, type FullState } from '../../src/diff/fullstate.js';
 import { DecoderSink } from '../../src/diff/decoder.js';
 import { FilterResetSink } from '../../src/diff/filter-reset.js';
 import type { LocalOp } from '../../src/diff/ops.js';
+import { LocalDiff } from '../../src/diff/local-diff.js';
+import { ServiceViews } from '../../src/localstate/views.js';
 
 const base = () => [
   node('a', 'z1'),
@@ -192,4 +194,32 @@ test('work is proportional to the change: one changed service is one view comput
   load(store, [slice('ns', 's7-1', 's7', [{ ip: '10.2.0.7', pod: 'p7b' }])]);
   assert.deepEqual(w.nextText(), ['set EndpointsSet ns/s7/p7b', 'delete EndpointsSet ns/s7/p7', 'sync']);
   assert.equal(views.computed - before, 1);
+});
+
+test('one change fanned out: nodes that make the same transition share one frozen op list, equal to what each computes alone', () => {
+  const nodes = ['a', 'b', 'c', 'd'];
+  const objs = [node('a', 'z1'), node('b', 'z1'), node('c', 'z2'), node('d', 'z2')];
+  const eps = (i: number, gen: number) => nodes.slice(0, 2 + (i % 3)).map((n, j) => ({ ip: `10.${gen % 200}.${i}.${j + 1}`, node: n, pod: `p${i}-${j}-${gen}` }));
+  const spec = (i: number) => ({ clusterIP: `10.96.0.${i + 1}`, ...(i % 4 === 1 ? { internalTrafficPolicy: 'Local' } : {}), ...(i % 4 === 2 ? { type: 'NodePort', externalTrafficPolicy: 'Local' } : {}) });
+  for (let i = 0; i < 8; i++) objs.push(service('ns', `s${i}`, spec(i)), slice('ns', `s${i}-1`, `s${i}`, eps(i, 0)));
+  const store = syncedStore(objs);
+  // the nodes of a brain share its views; the reference nodes each have their own (nothing to share)
+  const views = new ServiceViews(store);
+  const shared = nodes.map((n) => new LocalDiff(store, views, n));
+  const alone = nodes.map((n) => watch(store, n));
+  shared.forEach((d) => d.next());
+  alone.forEach((w) => w.next());
+  let sharedLists = 0;
+  for (let gen = 1; gen <= 40; gen++) {
+    const i = (gen * 5) % 8;
+    // an endpoint moves, or the service's policy flips, one service per change
+    if (gen % 7 === 0) load(store, [service('ns', `s${i}`, { ...spec(i), internalTrafficPolicy: gen % 2 ? 'Local' : 'Cluster' })]);
+    else load(store, [slice('ns', `s${i}-1`, `s${i}`, eps(i, gen))]);
+    const got = shared.map((d) => d.next());
+    nodes.forEach((n, k) => assert.deepEqual(got[k].map(opText), alone[k].nextText(), `node ${n}, change ${gen}`));
+    for (let k = 1; k < got.length; k++) {
+      if (got[k].length && got.slice(0, k).includes(got[k])) (sharedLists++, assert.ok(Object.isFrozen(got[k])));
+    }
+  }
+  assert.ok(sharedLists >= 8, `op lists shared between nodes: ${sharedLists}`);
 });

@@ -99,7 +99,7 @@ export function watch(store: Store, nodeName: string, sets: LocalSet[] = []) {
   const diff = new LocalDiff(store, views, nodeName, { sets });
   return {
     diff,
-    next: (): LocalOp[] => diff.next(),
+    next: (): readonly LocalOp[] => diff.next(),
     nextText: (): string[] => diff.next().map(opText),
   };
 }

@@ -57,17 +57,50 @@ export class StreamWriter {
 
   /** Writes the queued messages; returns a promise only when the caller must wait for the peer. */
   flush(): void | Promise<void> {
+    this.writeBatch();
+    return this.backpressure();
+  }
+
+  /** Writes messages already framed (grpcFrames), after those queued; returns a promise only when the caller must wait. */
+  writeFramed(frames: Buffer, messages: number): void | Promise<void> {
+    if (this.closed) return;
+    this.bytes += frames.length;
+    this.messages += messages;
+    this.writeBatch();
+    if (frames.length <= CHUNK_BYTES) {
+      this.writeOut(frames);
+      return this.backpressure();
+    }
+    return this.writeChunks(frames);
+  }
+
+  /** a big buffer in chunks, each within the window (HTTP/2 frames need not end with a message) */
+  private async writeChunks(frames: Buffer): Promise<void> {
+    for (let o = 0; o < frames.length && !this.closed; o += CHUNK_BYTES) {
+      this.writeOut(frames.subarray(o, o + CHUNK_BYTES));
+      await this.backpressure();
+    }
+  }
+
+  private writeBatch(): void {
     if (this.closed || this.batch.length === 0) return;
-    const n = this.batchBytes;
-    const frames = grpcFrames(this.batch, n);
+    const frames = grpcFrames(this.batch, this.batchBytes);
     this.batch = [];
     this.batchBytes = 0;
+    this.writeOut(frames);
+  }
+
+  private writeOut(frames: Buffer): void {
+    const n = frames.length;
     this.inflight += n;
     this.call.write(frames, () => {
       this.inflight -= n;
       if (this.inflight <= this.window / 2) this.wakeUp();
     });
-    if (this.inflight < this.window) return;
+  }
+
+  private backpressure(): void | Promise<void> {
+    if (this.closed || this.inflight < this.window) return;
     return new Promise<void>((resolve) => (this.wake = resolve));
   }
 

@@ -26,7 +26,7 @@ import { metrics } from '../../backends/shared/metrics.js';
 import { formatAddress, isLoopback, parseAddress, type ApiAddress } from '../../api/grpc/address.js';
 import { serverTLSOptions, type TLSFiles } from '../../api/grpc/tls.js';
 import { StreamWriter } from '../../api/grpc/server-stream.js';
-import { GrpcStatus, StreamServer, type ServerCall } from '../../api/grpc/h2-server.js';
+import { GrpcStatus, grpcFrames, StreamServer, type ServerCall } from '../../api/grpc/h2-server.js';
 import { encodeDeleteOp, encodeResumeOp, encodeSetOp, GLOBAL_SETS_HEADER, GLOBAL_WATCH_PATH, LOCAL_WATCH_PATH, RESET_FRAME, setOpFrame, SYNC_FRAME } from '../../api/grpc/wire.js';
 import { GlobalDiff, GlobalEncoder, type GlobalOp } from './global-diff.js';
 import { ConnectionGate, DEFAULT_HANDSHAKE_TIMEOUT_MS, defaultMaxConnections, openFileLimit, RESERVED_FDS } from './listener.js';
@@ -147,6 +147,9 @@ function globalOpFrame(op: GlobalOp): Buffer {
     case 'delete': return encodeDeleteOp(op.set, op.path);
   }
 }
+
+/** the wire bytes of op lists shared by many nodes (frozen: LocalDiff's transitions) */
+const sharedFrames = new WeakMap<readonly unknown[], Buffer>();
 
 /** to-api's --heap-growth default: the heap may grow 50% past what survived the last full GC */
 export const DEFAULT_HEAP_GROWTH_PERCENT = 50;
@@ -331,6 +334,18 @@ export class ApiServer {
   }
 
   private async send<Op>(api: Api, writer: StreamWriter, ops: readonly Op[], frameOf: (op: Op) => Buffer): Promise<void> {
+    if (Object.isFrozen(ops)) {
+      // ops shared by many nodes (one change fanned out): their wire bytes are built once
+      let framed = sharedFrames.get(ops);
+      if (!framed) sharedFrames.set(ops, (framed = grpcFrames(ops.map(frameOf))));
+      this.stats.messages += ops.length;
+      this.stats.bytes += framed.length;
+      metrics.apiMessages.inc({ api }, ops.length);
+      metrics.apiBytes.inc({ api }, framed.length);
+      const wait = writer.writeFramed(framed, ops.length);
+      if (wait) await wait;
+      return;
+    }
     let bytes = 0;
     for (const op of ops) {
       const f = frameOf(op);
@@ -417,7 +432,7 @@ export class ApiServer {
   }
 
   /** Waits for a non-empty diff and sends it (kpng: an empty diff is not answered). */
-  private async nextDiff<Op>(api: Api, diff: LocalDiff | GlobalDiff, writer: StreamWriter, build: () => Op[], frameOf: (op: Op) => Buffer): Promise<void> {
+  private async nextDiff<Op>(api: Api, diff: LocalDiff | GlobalDiff, writer: StreamWriter, build: () => readonly Op[], frameOf: (op: Op) => Buffer): Promise<void> {
     while (!writer.isClosed) {
       await diff.changed();
       if (writer.isClosed) return;

@@ -1,6 +1,7 @@
 // to-local: runs a backend in this process on this node's diff stream,
 // computed from this process's store (the node agent: agent.ts).
 import { LocalDiff } from '../../diff/local-diff.js';
+import type { LocalOp } from '../../diff/ops.js';
 import { metrics } from '../../backends/shared/metrics.js';
 import { registerSink } from '../registry.js';
 import { runNodeAgent, serviceOfOp } from './agent.js';
@@ -42,7 +43,7 @@ registerSink({
             while (!signal.aborted) {
               await diff.changed();
               if (signal.aborted) break;
-              const ops = diff.next();
+              let ops: readonly LocalOp[] | undefined = diff.next();
               // every change noted so far was looked at by this diff: what it
               // carries is timed from its store time, the rest is not this node's
               since = new Map();
@@ -55,7 +56,7 @@ registerSink({
               for (const op of ops) await sink.send(op);
               if (!ops.length) continue;
               // this frame waits for the next change: it must not keep the ops (and their views) meanwhile
-              ops.length = 0;
+              ops = undefined;
               metrics.apiEvents.set(ctx.store.events);
               metrics.revisions.set(ctx.store.rev);
             }
