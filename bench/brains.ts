@@ -1,5 +1,5 @@
 // npm run bench -- brains [--nodes 1000] [--services 10000] [--endpoints 5] [--changes 50]
-//                         [--brains 1] [--procs 2] [--down-changes 10] [--restart both|resume|full]
+//                         [--brains 1] [--procs 2] [--down-changes 10] [--restart both|resume|full|none]
 //
 // Brains as processes (each its own store, built from the same seeded
 // cluster, and its own to-api server on 127.0.0.1), N node watchers in
@@ -48,7 +48,7 @@ interface Config {
   brains: number;
   procs: number;
   downChanges: number;
-  restart: 'both' | 'resume' | 'full';
+  restart: 'both' | 'resume' | 'full' | 'none';
 }
 
 const now = () => Number(process.hrtime.bigint()) / 1e6; // ms, CLOCK_MONOTONIC: comparable across processes
@@ -358,7 +358,7 @@ export default async function main(args: string[]) {
 
     // brain 0 dies: restarted (one brain) or its nodes fail over (several)
     let applied = c.changes;
-    const modes: ('resume' | 'full')[] = c.restart === 'both' ? ['resume', 'full'] : [c.restart];
+    const modes: ('resume' | 'full')[] = c.restart === 'both' ? ['resume', 'full'] : c.restart === 'none' ? [] : [c.restart];
     for (const mode of modes) {
       const affected = ownNodes[0];
       const held: Record<string, string> = {};
