@@ -214,7 +214,7 @@ function parseArgs(args: string[]): Config {
     const k = args[i].replace(/^--/, '').replace(/-(\w)/g, (_, x: string) => x.toUpperCase()) as keyof Config;
     if (!(k in c)) throw new Error(`unknown option ${args[i]}`);
     if (k === 'restart') {
-      if (!['both', 'resume', 'full'].includes(args[i + 1])) throw new Error('--restart both|resume|full');
+      if (!['both', 'resume', 'full', 'none'].includes(args[i + 1])) throw new Error('--restart both|resume|full|none');
       c.restart = args[i + 1] as Config['restart'];
     } else (c as unknown as Record<string, number>)[k] = Number(args[i + 1]);
   }
