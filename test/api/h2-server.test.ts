@@ -208,3 +208,17 @@ test('close: GOAWAY to every connection; a call still open is ended with the con
   await raw.closed;
   assert.ok(performance.now() - t0 < 2000);
 });
+
+test('a big request in many small DATA frames is delivered whole, once', async () => {
+  const { port } = await serve();
+  const raw = rawCall(port, {});
+  const big = Buffer.alloc(200 * 1024, 7);
+  const framed = grpcFrames([big]);
+  for (let o = 0; o < framed.length; o += 1024) raw.stream.write(framed.subarray(o, o + 1024));
+  raw.stream.end();
+  await raw.trailers;
+  const all = Buffer.concat(raw.chunks);
+  assert.equal(all.readUInt32BE(1), big.length);
+  assert.ok(all.subarray(5, 5 + big.length).equals(big));
+  assert.equal(all.length, 5 + big.length + 5 + 1, 'the message and its "#" answer, nothing else');
+});

@@ -95,7 +95,7 @@ export class ServerCall {
   }
 
   get isOpen(): boolean {
-    return !this.ended && !this.stream.closed;
+    return !this.ended && !this.stream.closed && !this.stream.destroyed;
   }
 
   /** Sends the response headers (if not yet sent): the client knows the call is served. */
@@ -133,14 +133,13 @@ export class ServerCall {
     }
     if (!this.handlers) return;
     while (this.pendingBytes >= 5 && this.isOpen) {
+      if (this.pending[0].length < 5) this.pending = [Buffer.concat(this.pending)];
+      const length = this.pending[0].readUInt32BE(1);
+      if (length > this.maxMessageBytes) return this.end(GrpcStatus.RESOURCE_EXHAUSTED, `request message of ${length} bytes, more than ${this.maxMessageBytes}`);
+      // joined once the whole message is there (not at every chunk of a big one)
+      if (this.pendingBytes < 5 + length) return;
       const head = this.pending.length === 1 ? this.pending[0] : Buffer.concat(this.pending);
       const compressed = head[0];
-      const length = head.readUInt32BE(1);
-      if (length > this.maxMessageBytes) return this.end(GrpcStatus.RESOURCE_EXHAUSTED, `request message of ${length} bytes, more than ${this.maxMessageBytes}`);
-      if (head.length < 5 + length) {
-        this.pending = [head];
-        return;
-      }
       const body = head.subarray(5, 5 + length);
       const rest = head.subarray(5 + length);
       this.pending = rest.length ? [rest] : [];
