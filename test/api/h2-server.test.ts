@@ -2,14 +2,19 @@
 // against grpc-js's client and raw HTTP/2: messages split or joined across
 // DATA frames, compressed requests, statuses (trailers-only and after
 // messages, percent-encoded), unknown methods, HTTP errors, request size,
-// keepalive (a peer that stops answering pings is closed) and GOAWAY on close.
+// keepalive (a peer that stops answering pings is closed), GOAWAY on close,
+// and to-api ending a stream whose request it cannot decode.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import http2 from 'node:http2';
 import zlib from 'node:zlib';
 import * as grpc from '@grpc/grpc-js';
+import { create } from '@bufbuild/protobuf';
 import { GrpcStatus, grpcFrames, StreamServer, type ServerCall, type StreamServerOptions } from '../../src/api/grpc/h2-server.js';
+import { WatchReqSchema } from '../../src/api/gen/api/localv1/api_pb.js';
+import { localWatchMethod } from '../../src/api/grpc/wire.js';
+import { RawWatch, smallCluster, startServer, syncedStore } from './helpers.js';
 
 const cleanups: (() => unknown)[] = [];
 after(async () => {
@@ -221,4 +226,18 @@ test('a big request in many small DATA frames is delivered whole, once', async (
   assert.equal(all.readUInt32BE(1), big.length);
   assert.ok(all.subarray(5, 5 + big.length).equals(big));
   assert.equal(all.length, 5 + big.length + 5 + 1, 'the message and its "#" answer, nothing else');
+});
+
+test('to-api: an undecodable WatchReq ends that stream with INVALID_ARGUMENT; the next node is served', async () => {
+  const s = await startServer(syncedStore(smallCluster()), 'tcp://127.0.0.1:0');
+  cleanups.push(() => s.stop());
+  const port = Number(s.address.split(':').pop());
+  const bad = rawCall(port, { ':path': '/localv1.Sets/Watch' });
+  bad.stream.write(grpcFrames([Buffer.from([0x0a, 0x7f, 0x01])])); // NodeName: 127 bytes announced, 1 given
+  const t = await Promise.race([bad.trailers, bad.response]);
+  assert.equal(t['grpc-status'], String(GrpcStatus.INVALID_ARGUMENT));
+  const good = new RawWatch(s.address, localWatchMethod, create(WatchReqSchema, { NodeName: 'node-a' }));
+  cleanups.push(() => good.close());
+  await good.waitSyncs(1);
+  assert.ok(good.items.length > 2, 'a full state');
 });
