@@ -14,6 +14,8 @@ import { formatDocument, nodeStateDocument, nodeStateChunks, globalStateDocument
 import { syncedStore, watch, service, slice, node, serviceCIDR } from '../helpers/k8s.js';
 import { spawnSync } from 'node:child_process';
 import { kpngSync, KPNG, ROOT } from '../helpers/cli.js';
+import { nodeStateOnce } from '../../src/sinks/file/once.js';
+import { LocalSet } from '../../src/api/model.js';
 
 type Obj = Record<string, any>;
 
@@ -36,11 +38,12 @@ function objects(): Obj[] {
   return [...example, ...odd];
 }
 
+/** as to-file's stream gives it: with the node and the ServiceCIDRs */
 function nodeState(nodeName: string): FullState {
   const store = syncedStore(objects());
   let state: FullState | undefined;
   const sink = new FullStateSink((s) => void (state = s));
-  for (const op of watch(store, nodeName).next()) void sink.send(op);
+  for (const op of watch(store, nodeName, [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet]).next()) void sink.send(op);
   assert.ok(state, 'a Sync');
   return state;
 }
@@ -103,7 +106,7 @@ test('any JSON value streams to what the yaml library and JSON.stringify write',
     const doc = { ...head, services: items };
     for (const format of ['yaml', 'json'] as const) {
       const want = format === 'json' ? JSON.stringify(doc, null, 2) + '\n' : toYAML(doc, { lineWidth: 0 });
-      assert.equal(join0(documentChunks(format, head, 'services', items, items.length)), want, `${format} ${JSON.stringify(doc)}`);
+      assert.equal(join0(documentChunks(format, head, 'services', items)), want, `${format} ${JSON.stringify(doc)}`);
     }
   }
 });
@@ -166,5 +169,19 @@ test('to-file --output - --once prints a state of several megabytes whole, the s
     assert.ok(printed.stdout === expected);
   } finally {
     rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('--once computes the node state from the store one Service at a time: the same state and text as the diff stream gives', () => {
+  const store = syncedStore(objects());
+  const nodes = ['n-odd', ...[...store.allNodes()].map((n) => n.node.Name), 'nowhere'];
+  for (const name of new Set(nodes)) {
+    const want = nodeState(name);
+    const once = nodeStateOnce(store, name, '');
+    const services = [...once.services];
+    assert.deepEqual({ ...once, services }, want, name);
+    for (const format of ['yaml', 'json'] as const) {
+      assert.equal(join0(nodeStateChunks(nodeStateOnce(store, name, ''), format)), join0(nodeStateChunks(want, format)), `${name} ${format}`);
+    }
   }
 });

@@ -15,6 +15,7 @@ import type { Store } from '../../store/store.js';
 import { DEFAULT_BRAIN_SOCKET, STATE_SOCKET_HELP, startStateSocket } from '../api/state-socket.js';
 import { registerSink } from '../registry.js';
 import { documentChunks, type Format } from './stream.js';
+import { nodeStateOnce, type NodeStateOnce } from './once.js';
 
 const json = <D extends DescMessage>(schema: D, m: MessageShape<D>) => toJson(schema, m);
 
@@ -41,13 +42,13 @@ export function globalStateDocument(store: Store): Record<string, unknown> {
   };
 }
 
-/** nodeStateDocument(state) as text, one Service at a time */
-export function nodeStateChunks(state: FullState, format: Format): Iterable<string> {
+/** nodeStateDocument(state) as text, one Service at a time (a NodeStateOnce's services computed as they go) */
+export function nodeStateChunks(state: FullState | NodeStateOnce, format: Format): Iterable<string> {
   const head = { node: state.node ? json(L.NodeSchema, state.node) : null, serviceCIDRs: state.serviceCIDRs.map((c) => json(L.ServiceCIDRSchema, c)) };
   const items = (function* () {
     for (const s of state.services) yield { service: json(L.ServiceSchema, s.service), endpoints: s.endpoints.map((e) => json(L.EndpointSchema, e)) };
   })();
-  return documentChunks(format, head, 'services', items, state.services.length);
+  return documentChunks(format, head, 'services', items);
 }
 
 /** globalStateDocument(store) as text, one Service at a time (read from the store as it goes: write it before the store changes) */
@@ -63,7 +64,27 @@ export function globalStateChunks(store: Store, format: Format): Iterable<string
       yield { service: json(L.ServiceSchema, s.service), endpoints: store.slicesOfService(s.key).flatMap((sl) => sl.endpoints.map((e) => json(G.EndpointInfoSchema, e))) };
     }
   })();
-  return documentChunks(format, head, 'services', items, services.length);
+  return documentChunks(format, head, 'services', items);
+}
+
+/** Resolves true once every kind is synced, false if the signal aborts first. */
+function synced(store: Store, signal: AbortSignal): Promise<boolean> {
+  return new Promise<boolean>((resolve) => {
+    if (store.allSynced || signal.aborted) return resolve(!signal.aborted);
+    const done = (ok: boolean) => {
+      unsubscribe();
+      signal.removeEventListener('abort', onAbort);
+      resolve(ok);
+    };
+    const onAbort = () => done(false);
+    // after the update that synced it, not inside it
+    const unsubscribe = store.subscribe(() => {
+      if (!store.allSynced) return;
+      unsubscribe();
+      setImmediate(() => done(true));
+    });
+    signal.addEventListener('abort', onAbort, { once: true });
+  });
 }
 
 export function formatDocument(doc: unknown, format: 'yaml' | 'json'): string {
@@ -136,6 +157,11 @@ registerSink({
     // what it knows, for kpng get, while it follows its source (not for --once)
     const state = opts.once ? undefined : await startStateSocket({ address: opts.stateSocket, store: ctx.store, views: ctx.views, log: ctx.log, defaultNode: nodeName });
     try {
+      if (nodeName && opts.once) {
+        // one state and exit: computed and written one Service at a time
+        if (await synced(ctx.store, stop.signal)) write(nodeStateChunks(nodeStateOnce(ctx.store, nodeName, ctx.views.proxyName), format));
+        return;
+      }
       if (nodeName) {
         const sink = new FullStateSink((state) => {
           write(nodeStateChunks(state, format));

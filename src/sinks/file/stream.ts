@@ -136,30 +136,34 @@ class YamlWriter {
 /**
  * A document `{ ...head, [listKey]: items }` as text chunks: the head's
  * fields, then the list one item at a time (items is iterated once; an
- * item is rendered only when its turn comes).
+ * item is rendered only when its turn comes, and how many there are need
+ * not be known: a one-shot state computes each item as it is written).
  */
-export function* documentChunks(format: Format, head: Record<string, unknown>, listKey: string, items: Iterable<unknown>, count: number): Generator<string> {
+export function* documentChunks(format: Format, head: Record<string, unknown>, listKey: string, items: Iterable<unknown>): Generator<string> {
+  const it = items[Symbol.iterator]();
+  let next = it.next();
   if (format === 'json') {
     let text = '{\n';
     for (const [k, v] of Object.entries(head)) text += `  ${JSON.stringify(k)}: ${jsonAt(v, 1)},\n`;
     text += `  ${JSON.stringify(listKey)}: `;
-    if (!count) {
+    if (next.done) {
       yield text + '[]\n}\n';
       return;
     }
     yield text + '[\n';
-    let i = 0;
-    for (const item of items) yield `    ${jsonAt(item, 2)}${++i < count ? ',' : ''}\n`;
-    yield '  ]\n}\n';
+    // the comma goes before each item after the first: the last one is known only when the items end
+    yield `    ${jsonAt(next.value, 2)}`;
+    for (next = it.next(); !next.done; next = it.next()) yield `,\n    ${jsonAt(next.value, 2)}`;
+    yield '\n  ]\n}\n';
     return;
   }
   const w = new YamlWriter(new Scalars());
   let text = '';
   for (const [k, v] of Object.entries(head)) text += w.pair(k, v as Json);
-  if (!count) {
+  if (next.done) {
     yield text + w.pair(listKey, []);
     return;
   }
   yield text + `${listKey}:\n`;
-  for (const item of items) yield w.item(listKey, item as Json);
+  for (; !next.done; next = it.next()) yield w.item(listKey, next.value as Json);
 }
