@@ -129,6 +129,24 @@ test('the streamed file is written atomically: a failure mid-way leaves the old 
   }
 });
 
+test('the streamed file holds exactly the chunks, UTF-8, small and large and across its write buffer', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kpng-to-file-'));
+  try {
+    const path = join(dir, 'state.yaml');
+    const r = rng(3);
+    const pieces = ['a', 'é', '€', '😀', 'name: x\n', '"\\u0000"'];
+    const chunks: string[] = [];
+    for (let i = 0; i < 20_000; i++) chunks.push(pieces[Math.floor(r() * pieces.length)].repeat(1 + Math.floor(r() * 200)));
+    chunks.splice(5000, 0, '€'.repeat(400_000), 'b'.repeat(2 << 20));
+    writeChunksAtomically(path, chunks);
+    assert.ok(readFileSync(path).equals(Buffer.from(chunks.join(''), 'utf8')));
+    writeChunksAtomically(path, []);
+    assert.equal(readFileSync(path, 'utf8'), '');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test('kpng file ... to-file --node-name N --once writes the node state document', () => {
   const dir = mkdtempSync(join(tmpdir(), 'kpng-to-file-'));
   try {
@@ -157,16 +175,19 @@ test('to-file --output - --once prints a state of several megabytes whole, the s
     }
     const input = join(dir, 'cluster.json');
     writeFileSync(input, JSON.stringify({ apiVersion: 'v1', kind: 'List', items }));
-    const out = join(dir, 'state.yaml');
-    const toFile = kpngSync(['file', '--input', input, '--no-watch', 'to-file', '--node-name', 'n1', '--once', '--output', out], { timeoutMs: 120_000 });
-    assert.equal(toFile.status, 0, toFile.stderr);
-    // kpngSync's spawnSync would cut stdout at 1 MiB
-    const printed = spawnSync(KPNG[0], [...KPNG.slice(1), 'file', '--input', input, '--no-watch', 'to-file', '--node-name', 'n1', '--once', '--output', '-'], { cwd: ROOT, encoding: 'utf8', timeout: 120_000, maxBuffer: 1 << 30 });
-    assert.equal(printed.status, 0, printed.stderr);
-    const expected = readFileSync(out, 'utf8');
-    assert.ok(expected.length > 3 << 20, `${expected.length} bytes`);
-    assert.equal(printed.stdout.length, expected.length);
-    assert.ok(printed.stdout === expected);
+    // the node's state, and the global state
+    for (const nodeArgs of [['--node-name', 'n1'], []]) {
+      const out = join(dir, 'state.yaml');
+      const toFile = kpngSync(['file', '--input', input, '--no-watch', 'to-file', ...nodeArgs, '--once', '--output', out], { timeoutMs: 120_000 });
+      assert.equal(toFile.status, 0, toFile.stderr);
+      // kpngSync's spawnSync would cut stdout at 1 MiB
+      const printed = spawnSync(KPNG[0], [...KPNG.slice(1), 'file', '--input', input, '--no-watch', 'to-file', ...nodeArgs, '--once', '--output', '-'], { cwd: ROOT, encoding: 'utf8', timeout: 120_000, maxBuffer: 1 << 30 });
+      assert.equal(printed.status, 0, printed.stderr);
+      const expected = readFileSync(out, 'utf8');
+      assert.ok(expected.length > 3 << 20, `${expected.length} bytes`);
+      assert.equal(printed.stdout.length, expected.length, nodeArgs.join(' '));
+      assert.ok(printed.stdout === expected);
+    }
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

@@ -97,28 +97,33 @@ export function writeAtomically(path: string, text: string): void {
   renameSync(tmp, path);
 }
 
-/** about this much text goes to one write */
+/** bytes per write */
 const BATCH = 1 << 20;
 
-/** chunks into batches of about BATCH characters */
-function* batches(chunks: Iterable<string>): Generator<string> {
-  let buf = '';
-  for (const c of chunks) {
-    buf += c;
-    if (buf.length >= BATCH) {
-      yield buf;
-      buf = '';
-    }
-  }
-  if (buf) yield buf;
-}
-
-/** writeAtomically, the text coming in chunks: a temporary file written as they come, then renamed */
+/**
+ * writeAtomically, the text coming in chunks: a temporary file written as
+ * they come, then renamed. The chunks are copied into one reused buffer:
+ * strings joined until a write would outlive the young generation, and the
+ * garbage they leave in the old one grew the heap by hundreds of MB (30k
+ * Services).
+ */
 export function writeChunksAtomically(path: string, chunks: Iterable<string>): void {
   const tmp = `${path}.tmp-${process.pid}`;
   const fd = openSync(tmp, 'w');
   try {
-    for (const b of batches(chunks)) writeSync(fd, b);
+    const buf = Buffer.allocUnsafe(BATCH);
+    let used = 0;
+    const flush = () => {
+      for (let off = 0; off < used; ) off += writeSync(fd, buf, off, used - off);
+      used = 0;
+    };
+    for (const c of chunks) {
+      // UTF-8 takes at most 3 bytes per UTF-16 unit
+      if (used + 3 * c.length > BATCH) flush();
+      if (3 * c.length > BATCH) writeSync(fd, c);
+      else used += buf.write(c, used, 'utf8');
+    }
+    flush();
   } catch (e) {
     closeSync(fd);
     rmSync(tmp, { force: true });
@@ -143,11 +148,16 @@ registerSink({
     const format: Format = opts.format === 'json' ? 'json' : 'yaml';
     let first = true;
     // synchronously, whole: the state does not change while it is written
-    const write = (chunks: Iterable<string>) => {
-      // stdout in one write: a pipe takes one at once, later ones wait in the
-      // stream, and --once exits right after (they would be lost)
-      if (opts.output === '-') process.stdout.write((format === 'yaml' && !first ? '---\n' : '') + [...chunks].join(''));
-      else writeChunksAtomically(opts.output, chunks);
+    // resolves once stdout has taken the text: a pipe takes 64 KiB at once
+    // and the rest as it drains, and --once exits right after (it would be lost)
+    const write = (chunks: Iterable<string>): Promise<void> | void => {
+      if (opts.output === '-') {
+        // one write: later ones would wait in the stream
+        const text = (format === 'yaml' && !first ? '---\n' : '') + [...chunks].join('');
+        first = false;
+        return new Promise<void>((resolve) => process.stdout.write(text, () => resolve()));
+      }
+      writeChunksAtomically(opts.output, chunks);
       first = false;
     };
     const stop = new AbortController();
@@ -159,14 +169,11 @@ registerSink({
     try {
       if (nodeName && opts.once) {
         // one state and exit: computed and written one Service at a time
-        if (await synced(ctx.store, stop.signal)) write(nodeStateChunks(nodeStateOnce(ctx.store, nodeName, ctx.views.proxyName), format));
+        if (await synced(ctx.store, stop.signal)) await write(nodeStateChunks(nodeStateOnce(ctx.store, nodeName, ctx.views.proxyName), format));
         return;
       }
       if (nodeName) {
-        const sink = new FullStateSink((state) => {
-          write(nodeStateChunks(state, format));
-          if (opts.once) stop.abort();
-        });
+        const sink = new FullStateSink((state) => write(nodeStateChunks(state, format)));
         const diff = new LocalDiff(ctx.store, ctx.views, nodeName, { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
         await runLocalDiff(diff, sink, stop.signal);
         return;
@@ -174,11 +181,13 @@ registerSink({
       // global state: one write per batch of store changes, once all synced
       await new Promise<void>((resolve) => {
         let scheduled = false;
+        let wrote = false;
         const flush = () => {
           scheduled = false;
-          if (stop.signal.aborted || !ctx.store.allSynced) return;
-          write(globalStateChunks(ctx.store, format));
-          if (opts.once) stop.abort();
+          if (stop.signal.aborted || !ctx.store.allSynced || (opts.once && wrote)) return;
+          const written = write(globalStateChunks(ctx.store, format));
+          wrote = true;
+          if (opts.once) void Promise.resolve(written).then(() => stop.abort());
         };
         const unsubscribe = ctx.store.subscribe(() => {
           if (!scheduled) (scheduled = true), setImmediate(flush);

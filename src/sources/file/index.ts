@@ -118,6 +118,8 @@ export class FileSource {
   /** errors met in the reload under way that are not the input's fault (EMFILE, ...): retry */
   private shortOf: unknown[] = [];
   private sliceStart = 0;
+  /** not watching, objects are not hashed: each read object gets a number of its own instead (never equal to another read's) */
+  private serial = 0;
   /** reloads completed */
   reloads = 0;
 
@@ -135,6 +137,8 @@ export class FileSource {
   /** Loads the input (and, watching, sets up the watchers), then marks the store synced. */
   async start(): Promise<void> {
     await this.reload();
+    // read once: the parser threads' memory goes now, not after their idle time (a retry starts them again)
+    if (!this.watching) await Promise.all(this.parsers.map((p) => p.close()));
     if (!this.stopped) this.store.update((tx) => KINDS.forEach((k) => tx.setSynced(k)));
   }
 
@@ -187,8 +191,10 @@ export class FileSource {
       const files = await this.list();
       if (files && !this.stopped) {
         const before = this.files;
-        this.files = await this.loadFiles(files);
-        if (!this.stopped) await this.apply(before);
+        // read once, the first load goes to the store file by file as they are read, in their order
+        const inOrder = !this.watching && !before.size && !this.applied.size;
+        this.files = await this.loadFiles(files, inOrder);
+        if (!this.stopped && !inOrder) await this.apply(before);
       }
     } catch (e) {
       if (this.stopped) return;
@@ -323,10 +329,24 @@ export class FileSource {
 
   // --- reading
 
-  private async loadFiles(files: Map<string, FileState | undefined>): Promise<Map<string, FileState>> {
+  /**
+   * The files' new states. inOrder (a first load into an empty store, not
+   * watching): each file's objects are written to the store as soon as it
+   * and every file before it are read, and let go at once, while later
+   * files are still being read and parsed.
+   */
+  private async loadFiles(files: Map<string, FileState | undefined>, inOrder = false): Promise<Map<string, FileState>> {
     const list = [...files];
     const results: (FileState | undefined)[] = new Array(list.length);
+    const done = new Uint8Array(list.length);
     let next = 0;
+    let applied = 0;
+    const applyReady = () => {
+      for (; applied < list.length && done[applied]; applied++) {
+        const st = results[applied];
+        if (st?.objects.size) this.applyFile(list[applied][0], st);
+      }
+    };
     const reader = async () => {
       while (next < list.length && !this.stopped) {
         const i = next++;
@@ -339,6 +359,8 @@ export class FileSource {
           this.shortOf.push(e);
           results[i] = prev && { ...prev, seen: undefined };
         }
+        done[i] = 1;
+        if (inOrder && !this.stopped) applyReady();
         await this.breathe();
       }
     };
@@ -413,15 +435,17 @@ export class FileSource {
     const take = (chunk: ParsedItem[]) => {
       for (const it of chunk) items.push(it);
     };
+    // hashes tell an unchanged object at the next read: not watching, there is none
+    const hash = this.watching;
     if (data.length <= (json ? INLINE_MAX.json : INLINE_MAX.yaml)) {
-      parseObjects(data.toString('utf8'), json, take);
+      parseObjects(data.toString('utf8'), json, take, undefined, hash);
       return items;
     }
     // the buffer goes to the worker; it must be ours alone
     const own = data.byteOffset === 0 && data.byteLength === data.buffer.byteLength ? data : new Uint8Array(data);
     // a large file's parse takes ~60 times its size in memory: those go to one thread, one at a time
     const parser = data.length > SHARED_PARSE_MAX ? this.parsers[0] : this.parsers.reduce((a, b) => (b.pending < a.pending ? b : a));
-    return parser.parse(own, json, take).then(() => items);
+    return parser.parse(own, json, take, hash).then(() => items);
   }
 
   /** the file's objects from a good read; invalid ones keep their last good version */
@@ -440,7 +464,7 @@ export class FileSource {
       }
       if (out.has(it.key)) this.log.warn({ file, object: it.key }, 'file source: object defined twice in this file; the later one wins');
       // the last entry may have let its object go: kept only while the store has it
-      out.set(it.key, last && last.hash === it.hash && (last.object || this.applied.get(it.key) === it.hash) ? last : { object: it.object, hash: it.hash });
+      out.set(it.key, last && last.hash === it.hash && (last.object || this.applied.get(it.key) === it.hash) ? last : { object: it.object, hash: it.hash || `#${++this.serial}` });
     }
     return out;
   }
@@ -511,6 +535,19 @@ export class FileSource {
         }
       });
     }
+  }
+
+  /** One file's objects to the store (a first load in order: a key an earlier file defined goes to this one), let go once there. */
+  private applyFile(file: string, st: FileState) {
+    this.store.update((tx) => {
+      for (const [k, entry] of st.objects) {
+        if (!entry.object) continue;
+        if (this.applied.has(k)) this.log.warn({ file, object: k }, 'file source: object defined twice; the later file wins');
+        applyObject(tx, entry.object);
+        this.applied.set(k, entry.hash);
+        entry.object = undefined;
+      }
+    });
   }
 
   /** every file's objects; a key two files define goes to the later one */
