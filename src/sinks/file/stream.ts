@@ -134,36 +134,59 @@ class YamlWriter {
 // --- documents
 
 /**
+ * The parts of a document `{ ...head, [listKey]: items }`: its head (the
+ * head's fields and the list's opening), each item, its tail. documentChunks
+ * puts them together; to-file --once renders the items in a thread of their
+ * own (render-thread.ts) with the same code.
+ */
+export class DocumentParts {
+  private readonly yaml?: YamlWriter;
+
+  constructor(
+    readonly format: Format,
+    readonly listKey: string,
+  ) {
+    if (format === 'yaml') this.yaml = new YamlWriter(new Scalars());
+  }
+
+  /** the head's fields, then the list's opening (or the whole empty list) */
+  head(head: Record<string, unknown>, empty: boolean): string {
+    if (this.format === 'json') {
+      let text = '{\n';
+      for (const [k, v] of Object.entries(head)) text += `  ${JSON.stringify(k)}: ${jsonAt(v, 1)},\n`;
+      return text + `  ${JSON.stringify(this.listKey)}: ` + (empty ? '[]\n}\n' : '[\n');
+    }
+    let text = '';
+    for (const [k, v] of Object.entries(head)) text += this.yaml!.pair(k, v as Json);
+    return text + (empty ? this.yaml!.pair(this.listKey, []) : `${this.listKey}:\n`);
+  }
+
+  /** an item of a non-empty list */
+  item(v: unknown, first: boolean): string {
+    // JSON: the comma goes before each item after the first: the last one is known only when the items end
+    if (this.format === 'json') return `${first ? '' : ',\n'}    ${jsonAt(v, 2)}`;
+    return this.yaml!.item(this.listKey, v as Json);
+  }
+
+  /** after the last item of a non-empty list */
+  tail(): string {
+    return this.format === 'json' ? '\n  ]\n}\n' : '';
+  }
+}
+
+/**
  * A document `{ ...head, [listKey]: items }` as text chunks: the head's
  * fields, then the list one item at a time (items is iterated once; an
  * item is rendered only when its turn comes, and how many there are need
  * not be known: a one-shot state computes each item as it is written).
  */
 export function* documentChunks(format: Format, head: Record<string, unknown>, listKey: string, items: Iterable<unknown>): Generator<string> {
+  const parts = new DocumentParts(format, listKey);
   const it = items[Symbol.iterator]();
   let next = it.next();
-  if (format === 'json') {
-    let text = '{\n';
-    for (const [k, v] of Object.entries(head)) text += `  ${JSON.stringify(k)}: ${jsonAt(v, 1)},\n`;
-    text += `  ${JSON.stringify(listKey)}: `;
-    if (next.done) {
-      yield text + '[]\n}\n';
-      return;
-    }
-    yield text + '[\n';
-    // the comma goes before each item after the first: the last one is known only when the items end
-    yield `    ${jsonAt(next.value, 2)}`;
-    for (next = it.next(); !next.done; next = it.next()) yield `,\n    ${jsonAt(next.value, 2)}`;
-    yield '\n  ]\n}\n';
-    return;
-  }
-  const w = new YamlWriter(new Scalars());
-  let text = '';
-  for (const [k, v] of Object.entries(head)) text += w.pair(k, v as Json);
-  if (next.done) {
-    yield text + w.pair(listKey, []);
-    return;
-  }
-  yield text + `${listKey}:\n`;
-  for (; !next.done; next = it.next()) yield w.item(listKey, next.value as Json);
+  yield parts.head(head, !!next.done);
+  if (next.done) return;
+  for (let first = true; !next.done; next = it.next(), first = false) yield parts.item(next.value, first);
+  const tail = parts.tail();
+  if (tail) yield tail;
 }
