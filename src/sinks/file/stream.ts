@@ -20,8 +20,19 @@ const YAML_OPTIONS = { lineWidth: 0 } as const;
 
 // --- JSON
 
-/** JSON.stringify(v, null, 2) as it reads at nesting depth `depth` of a document */
-const jsonAt = (v: unknown, depth: number) => JSON.stringify(v, null, 2).replaceAll('\n', '\n' + '  '.repeat(depth));
+/**
+ * JSON.stringify(v, null, 2) as it reads at nesting depth `depth` of a
+ * document: stringified inside `depth` arrays, which indent it, and cut out
+ * (one pass; indenting every line afterwards was a third of a JSON state's
+ * rendering)
+ */
+function jsonAt(v: unknown, depth: number): string {
+  let wrapped: unknown = v;
+  for (let i = 0; i < depth; i++) wrapped = [wrapped];
+  const text = JSON.stringify(wrapped, null, 2);
+  // depth 2: "[\n  [\n    " before, "\n  ]\n]" after
+  return text.slice(depth * (depth + 3), text.length - depth * (depth + 1));
+}
 
 // --- YAML scalars
 
