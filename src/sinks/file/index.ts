@@ -11,12 +11,11 @@ import * as L from '../../api/gen/api/localv1/api_pb.js';
 import * as G from '../../api/gen/api/globalv1/api_pb.js';
 import { LocalSet } from '../../api/model.js';
 import { LocalDiff, runLocalDiff } from '../../diff/local-diff.js';
-import { FullStateSink, type FullState, type ServiceEndpoints } from '../../diff/fullstate.js';
+import { FullStateSink, type FullState } from '../../diff/fullstate.js';
 import type { Store } from '../../store/store.js';
 import { DEFAULT_BRAIN_SOCKET, STATE_SOCKET_HELP, startStateSocket } from '../api/state-socket.js';
 import { registerSink } from '../registry.js';
-import { DocumentParts, documentChunks, type Format } from './stream.js';
-import { RenderThread } from './render-thread.js';
+import { documentChunks, type Format } from './stream.js';
 import { nodeStateOnce, type NodeStateOnce } from './once.js';
 
 const json = <D extends DescMessage>(schema: D, m: MessageShape<D>) => toJson(schema, m);
@@ -44,47 +43,13 @@ export function globalStateDocument(store: Store): Record<string, unknown> {
   };
 }
 
-const nodeStateHead = (state: FullState | NodeStateOnce) => ({ node: state.node ? json(L.NodeSchema, state.node) : null, serviceCIDRs: state.serviceCIDRs.map((c) => json(L.ServiceCIDRSchema, c)) });
-const serviceItem = (s: ServiceEndpoints) => ({ service: json(L.ServiceSchema, s.service), endpoints: s.endpoints.map((e) => json(L.EndpointSchema, e)) });
-
 /** nodeStateDocument(state) as text, one Service at a time (a NodeStateOnce's services computed as they go) */
 export function nodeStateChunks(state: FullState | NodeStateOnce, format: Format): Iterable<string> {
+  const head = { node: state.node ? json(L.NodeSchema, state.node) : null, serviceCIDRs: state.serviceCIDRs.map((c) => json(L.ServiceCIDRSchema, c)) };
   const items = (function* () {
-    for (const s of state.services) yield serviceItem(s);
+    for (const s of state.services) yield { service: json(L.ServiceSchema, s.service), endpoints: s.endpoints.map((e) => json(L.EndpointSchema, e)) };
   })();
-  return documentChunks(format, nodeStateHead(state), 'services', items);
-}
-
-/** below this many Services the render thread is not worth its start */
-const RENDER_THREAD_MIN = 2000;
-
-/**
- * A NodeStateOnce to a file (atomically), as nodeStateChunks writes it: its
- * Services' YAML rendered by the thread, when given one and there are many,
- * while this thread computes them.
- */
-export async function writeNodeStateOnce(path: string, state: NodeStateOnce, format: Format, thread?: RenderThread, threadMin = RENDER_THREAD_MIN): Promise<void> {
-  await writeFdAtomically(path, async (fd) => {
-    const parts = new DocumentParts(format, 'services');
-    const out = new FdWriter(fd);
-    const it = state.services[Symbol.iterator]();
-    let next = it.next();
-    out.write(parts.head(nodeStateHead(state), !!next.done));
-    if (!next.done) {
-      if (thread && format === 'yaml' && state.most >= threadMin) {
-        out.flush();
-        const first = next.value;
-        await thread.render(fd, 'services', (function* () {
-          yield serviceItem(first);
-          for (let n = it.next(); !n.done; n = it.next()) yield serviceItem(n.value);
-        })());
-      } else {
-        for (let first = true; !next.done; next = it.next(), first = false) out.write(parts.item(serviceItem(next.value), first));
-      }
-      out.write(parts.tail());
-    }
-    out.flush();
-  });
+  return documentChunks(format, head, 'services', items);
 }
 
 /** globalStateDocument(store) as text, one Service at a time (read from the store as it goes: write it before the store changes) */
@@ -135,36 +100,19 @@ export function writeAtomically(path: string, text: string): void {
 
 /** writeAtomically, the text coming in chunks: a temporary file written as they come (FdWriter), then renamed */
 export function writeChunksAtomically(path: string, chunks: Iterable<string>): void {
-  writeFdAtomically(path, (fd) => {
+  const tmp = `${path}.tmp-${process.pid}`;
+  const fd = openSync(tmp, 'w');
+  try {
     const out = new FdWriter(fd);
     for (const c of chunks) out.write(c);
     out.flush();
-  });
-}
-
-/** a temporary file written by fill, then renamed to path; removed when fill fails */
-function writeFdAtomically(path: string, fill: (fd: number) => Promise<void>): Promise<void>;
-function writeFdAtomically(path: string, fill: (fd: number) => void): void;
-function writeFdAtomically(path: string, fill: (fd: number) => void | Promise<void>): void | Promise<void> {
-  const tmp = `${path}.tmp-${process.pid}`;
-  const fd = openSync(tmp, 'w');
-  const fail = (e: unknown) => {
+  } catch (e) {
     closeSync(fd);
     rmSync(tmp, { force: true });
     throw e;
-  };
-  const done = () => {
-    closeSync(fd);
-    renameSync(tmp, path);
-  };
-  let r;
-  try {
-    r = fill(fd);
-  } catch (e) {
-    fail(e);
   }
-  if (r instanceof Promise) return r.then(done, fail);
-  done();
+  closeSync(fd);
+  renameSync(tmp, path);
 }
 
 registerSink({
@@ -202,17 +150,8 @@ registerSink({
     const state = opts.once ? undefined : await startStateSocket({ address: opts.stateSocket, store: ctx.store, views: ctx.views, log: ctx.log, defaultNode: nodeName });
     try {
       if (nodeName && opts.once) {
-        // one state and exit: computed and written one Service at a time; YAML
-        // to a file rendered in a thread started now (it loads while the source reads)
-        const thread = opts.output === '-' || format !== 'yaml' ? undefined : new RenderThread();
-        try {
-          if (!(await synced(ctx.store, stop.signal))) return;
-          const state = nodeStateOnce(ctx.store, nodeName, ctx.views.proxyName);
-          if (thread) await writeNodeStateOnce(opts.output, state, format, thread);
-          else await write(nodeStateChunks(state, format));
-        } finally {
-          await thread?.close();
-        }
+        // one state and exit: computed and written one Service at a time
+        if (await synced(ctx.store, stop.signal)) await write(nodeStateChunks(nodeStateOnce(ctx.store, nodeName, ctx.views.proxyName), format));
         return;
       }
       if (nodeName) {

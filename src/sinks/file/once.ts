@@ -14,8 +14,6 @@ export interface NodeStateOnce {
   readonly serviceCIDRs: readonly ServiceCIDR[];
   /** computed as they are iterated (once), sorted by key as FullStateSink sorts them */
   readonly services: Iterable<ServiceEndpoints>;
-  /** at most this many services */
-  readonly most: number;
 }
 
 const byString = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
@@ -38,5 +36,5 @@ export function nodeStateOnce(store: Store, nodeName: string, proxyName: string)
       yield { service: v.service, endpoints: v.endpoints.map((e) => e.endpoint) };
     }
   }
-  return { node: stored && localNodeOf(stored), serviceCIDRs: store.serviceCIDRs().map((c) => c.cidr), services: services(), most: keys.length };
+  return { node: stored && localNodeOf(stored), serviceCIDRs: store.serviceCIDRs().map((c) => c.cidr), services: services() };
 }

@@ -63,9 +63,17 @@ class Scalars {
     return this.ask(this.values, v, () => toYAML(v, YAML_OPTIONS));
   }
 
+  private readonly keys = new Map<string, boolean>();
+
   /** a map key written plain, or undefined: how the library writes others depends on where they are ("---" at the start of a line) */
   key(k: string): string | undefined {
-    return PLAIN.test(k) && !RESERVED.test(k) ? k : undefined;
+    // a document has few distinct keys
+    let plain = this.keys.get(k);
+    if (plain === undefined) {
+      plain = PLAIN.test(k) && !RESERVED.test(k);
+      if (this.keys.size < 10_000) this.keys.set(k, plain);
+    }
+    return plain ? k : undefined;
   }
 
   private ask(cache: Map<string, string | undefined>, k: string, render: () => string): string | undefined {
@@ -82,30 +90,44 @@ class Scalars {
 /** thrown inside the YAML writer when a value needs the library's own layout */
 class NotPlain extends Error {}
 
-const isEmpty = (v: Json) => (Array.isArray(v) ? v.length === 0 : typeof v === 'object' && v !== null && Object.keys(v).length === 0);
+function isEmpty(v: Json[] | { [k: string]: Json }): boolean {
+  if (Array.isArray(v)) return v.length === 0;
+  for (const _ in v) return false;
+  return true;
+}
 const isCollection = (v: Json): v is Json[] | { [k: string]: Json } => typeof v === 'object' && v !== null;
+
+const PADS: string[] = [];
+const padOf = (n: number) => (PADS[n] ??= ' '.repeat(n));
 
 class YamlWriter {
   constructor(private readonly scalars: Scalars) {}
 
-  /** the text of a value in block context at `indent` spaces, each line ending in \n (a non-empty collection) */
-  block(v: Json[] | { [k: string]: Json }, indent: number): string {
-    const pad = ' '.repeat(indent);
+  /**
+   * The text of a value in block context at `indent` spaces, each line
+   * ending in \n (a non-empty collection); `lead` in place of the first
+   * line's indentation (an item's "- ", of the same width).
+   */
+  block(v: Json[] | { [k: string]: Json }, indent: number, lead?: string): string {
+    const pad = padOf(indent);
+    let p = lead ?? pad;
     let out = '';
     if (Array.isArray(v)) {
       for (const item of v) {
-        if (isCollection(item) && !isEmpty(item)) {
-          // the item laid out 2 deeper, its first line's indentation taken by "- "
-          out += pad + '- ' + this.block(item, indent + 2).slice(indent + 2);
-        } else out += pad + '- ' + this.inline(item) + '\n';
+        // a collection laid out 2 deeper, its first line's indentation taken by "- "
+        if (isCollection(item) && !isEmpty(item)) out += this.block(item, indent + 2, p + '- ');
+        else out += p + '- ' + this.inline(item) + '\n';
+        p = pad;
       }
       return out;
     }
-    for (const [k, x] of Object.entries(v)) {
+    for (const k in v) {
       const key = this.scalars.key(k);
       if (key === undefined) throw new NotPlain();
-      if (isCollection(x) && !isEmpty(x)) out += pad + key + ':\n' + this.block(x, indent + 2);
-      else out += pad + key + ': ' + this.inline(x) + '\n';
+      const x = v[k];
+      if (isCollection(x) && !isEmpty(x)) out += p + key + ':\n' + this.block(x, indent + 2);
+      else out += p + key + ': ' + this.inline(x) + '\n';
+      p = pad;
     }
     return out;
   }
@@ -146,9 +168,7 @@ class YamlWriter {
 
 /**
  * The parts of a document `{ ...head, [listKey]: items }`: its head (the
- * head's fields and the list's opening), each item, its tail. documentChunks
- * puts them together; to-file --once renders the items in a thread of their
- * own (render-thread.ts) with the same code.
+ * head's fields and the list's opening), each item, its tail.
  */
 export class DocumentParts {
   private readonly yaml?: YamlWriter;
