@@ -343,7 +343,6 @@ export class FileSource {
     const list = [...files];
     const results: (FileState | undefined)[] = new Array(list.length);
     const done = new Uint8Array(list.length);
-    let next = 0;
     let applied = 0;
     const applyReady = () => {
       for (; applied < list.length && done[applied]; applied++) {
@@ -351,9 +350,19 @@ export class FileSource {
         if (st?.objects.size) this.applyFile(list[applied][0], st);
       }
     };
-    const reader = async () => {
-      while (next < list.length && !this.stopped) {
-        const i = next++;
+    // In order, the files for the parser threads have readers of their own,
+    // so that the threads start on them at once while this thread parses the
+    // small ones and writes what comes in order (in name order alone, the
+    // threads waited for this one to go through the small files before).
+    const queues = inOrder ? await this.readQueues(list.map(([f]) => f)) : [list.map((_, i) => i)];
+    const taken = queues.map(() => 0);
+    /** the next file of queue q, or of the other one once q is done */
+    const take = (q: number): number | undefined => {
+      for (const k of [q, 1 - q]) if (k < queues.length && taken[k] < queues[k].length) return queues[k][taken[k]++];
+      return undefined;
+    };
+    const reader = async (q: number) => {
+      for (let i = take(q); i !== undefined && !this.stopped; i = take(q)) {
         const [file, prev] = list[i];
         try {
           results[i] = await this.loadFile(file, prev);
@@ -368,7 +377,9 @@ export class FileSource {
         await this.breathe();
       }
     };
-    await Promise.all(Array.from({ length: Math.min(READ_CONCURRENCY, list.length) }, reader));
+    // two readers keep a thread busy: one file parsing, one waiting
+    const threadReaders = queues.length > 1 ? 2 * this.parsers.length : 0;
+    await Promise.all(Array.from({ length: Math.min(READ_CONCURRENCY, list.length) }, (_, r) => reader(r < threadReaders ? 1 : 0)));
     const out = new Map<string, FileState>();
     list.forEach(([f], i) => results[i] && out.set(f, results[i]!));
     return out;
@@ -434,6 +445,20 @@ export class FileSource {
     return { objects: this.merge(file, items!, prev), seen: settled, inode: inodeOf(st), newline };
   }
 
+  /** The indexes of files in order: [parsed here, parsed by a thread] by their size now (one that cannot be stat'ed: here, reading it says why). */
+  private async readQueues(files: string[]): Promise<[number[], number[]]> {
+    const sizes = await Promise.all(files.map((f) => stat(f).then((st) => st.size, () => 0)));
+    const here: number[] = [];
+    const thread: number[] = [];
+    files.forEach((f, i) => (this.inline(sizes[i], extname(f) === '.json') ? here : thread).push(i));
+    return [here, thread];
+  }
+
+  /** a file of this size is parsed here, not by a thread */
+  private inline(size: number, json: boolean): boolean {
+    return size <= (json ? INLINE_MAX.json : INLINE_MAX.yaml);
+  }
+
   private parse(data: Buffer, json: boolean): Promise<ParsedItem[]> | ParsedItem[] {
     const items: ParsedItem[] = [];
     const take = (chunk: ParsedItem[]) => {
@@ -441,7 +466,7 @@ export class FileSource {
     };
     // hashes tell an unchanged object at the next read: not watching, there is none
     const hash = this.watching;
-    if (data.length <= (json ? INLINE_MAX.json : INLINE_MAX.yaml)) {
+    if (this.inline(data.length, json)) {
       parseObjects(data.toString('utf8'), json, take, undefined, hash);
       return items;
     }
