@@ -344,11 +344,19 @@ export class FileSource {
     const results: (FileState | undefined)[] = new Array(list.length);
     const done = new Uint8Array(list.length);
     let applied = 0;
+    // one writer at a time, the files in order; a failure ends the writing
+    // and is the reload's (caught here: the readers go on meanwhile)
+    let applying = Promise.resolve();
+    let applyFailed: { e: unknown } | undefined;
     const applyReady = () => {
-      for (; applied < list.length && done[applied]; applied++) {
-        const st = results[applied];
-        if (st?.objects.size) this.applyFile(list[applied][0], st);
-      }
+      applying = applying
+        .then(async () => {
+          for (; applied < list.length && done[applied] && !this.stopped && !applyFailed; applied++) {
+            const st = results[applied];
+            if (st?.objects.size) await this.applyFile(list[applied][0], st);
+          }
+        })
+        .catch((e: unknown) => void (applyFailed ??= { e }));
     };
     // In order, the files for the parser threads have readers of their own,
     // so that the threads start on them at once while this thread parses the
@@ -380,6 +388,8 @@ export class FileSource {
     // two readers keep a thread busy: one file parsing, one waiting
     const threadReaders = queues.length > 1 ? 2 * this.parsers.length : 0;
     await Promise.all(Array.from({ length: Math.min(READ_CONCURRENCY, list.length) }, (_, r) => reader(r < threadReaders ? 1 : 0)));
+    await applying;
+    if (applyFailed) throw applyFailed.e;
     const out = new Map<string, FileState>();
     list.forEach(([f], i) => results[i] && out.set(f, results[i]!));
     return out;
@@ -566,17 +576,30 @@ export class FileSource {
     }
   }
 
-  /** One file's objects to the store (a first load in order: a key an earlier file defined goes to this one), let go once there. */
-  private applyFile(file: string, st: FileState) {
-    this.store.update((tx) => {
-      for (const [k, entry] of st.objects) {
-        if (!entry.object) continue;
-        if (this.applied.has(k)) this.log.warn({ file, object: k }, 'file source: object defined twice; the later file wins');
-        applyObject(tx, entry.object);
-        this.applied.set(k, entry.hash);
-        entry.object = undefined;
-      }
-    });
+  /**
+   * One file's objects to the store (a first load in order: a key an earlier
+   * file defined goes to this one), let go once there; in several updates
+   * with turns of the event loop between when it takes long, as apply().
+   */
+  private async applyFile(file: string, st: FileState) {
+    const entries = [...st.objects];
+    let i = 0;
+    while (i < entries.length) {
+      if (i) await nextTurn();
+      if (this.stopped) return;
+      const t0 = performance.now();
+      this.store.update((tx) => {
+        for (; i < entries.length; i++) {
+          if (i % BATCH_MIN === 0 && i && performance.now() - t0 > SLICE_MS) break;
+          const [k, entry] = entries[i];
+          if (!entry.object) continue;
+          if (this.applied.has(k)) this.log.warn({ file, object: k }, 'file source: object defined twice; the later file wins');
+          applyObject(tx, entry.object);
+          this.applied.set(k, entry.hash);
+          entry.object = undefined;
+        }
+      });
+    }
   }
 
   /** every file's objects; a key two files define goes to the later one */
