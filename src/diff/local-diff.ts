@@ -3,6 +3,7 @@
 // change is proportional to the services it touched, not to the cluster.
 import { create } from '@bufbuild/protobuf';
 import { NodeSchema as LocalNodeSchema, IPSetSchema, type ServiceCIDR } from '../api/gen/api/localv1/api_pb.js';
+import type { Node as GlobalNode } from '../api/gen/api/globalv1/api_pb.js';
 import { LocalSet, bytesEqual, encodeLocalNode, encodeServiceCIDR, type LocalNode } from '../api/model.js';
 import type { Store, StoreChange } from '../store/store.js';
 import type { ServiceViews } from '../localstate/views.js';
@@ -295,18 +296,7 @@ export class LocalDiff extends StoreFollower {
       this.sentNode = undefined;
       return { sets: [], deletes: [{ kind: 'delete', set: LocalSet.NodesSet, path: this.nodeName }] };
     }
-    const labels: Record<string, string> = {};
-    for (const k of Object.keys(stored.Labels).sort()) {
-      if (NODE_LABEL_PREFIXES.some((p) => k.startsWith(p))) labels[k] = stored.Labels[k];
-    }
-    const node = create(LocalNodeSchema, {
-      Name: stored.Name,
-      Zone: stored.Topology?.Zone ?? '',
-      IPs: stored.IPs ?? create(IPSetSchema),
-      PodCIDRs: stored.PodCIDRs,
-      Labels: labels,
-      Deleting: stored.Deleting,
-    });
+    const node = localNodeOf(stored);
     const bytes = encodeLocalNode(node);
     if (this.sentNode && bytesEqual(this.sentNode.bytes, bytes)) return { sets: [], deletes: [] };
     this.sentNode = { node, bytes };
@@ -331,6 +321,22 @@ export class LocalDiff extends StoreFollower {
     }
     return { sets, deletes };
   }
+}
+
+/** The node-local state's Node (NodesSet) of a stored Node: its topology labels only. */
+export function localNodeOf(stored: GlobalNode): LocalNode {
+  const labels: Record<string, string> = {};
+  for (const k of Object.keys(stored.Labels).sort()) {
+    if (NODE_LABEL_PREFIXES.some((p) => k.startsWith(p))) labels[k] = stored.Labels[k];
+  }
+  return create(LocalNodeSchema, {
+    Name: stored.Name,
+    Zone: stored.Topology?.Zone ?? '',
+    IPs: stored.IPs ?? create(IPSetSchema),
+    PodCIDRs: stored.PodCIDRs,
+    Labels: labels,
+    Deleting: stored.Deleting,
+  });
 }
 
 /**

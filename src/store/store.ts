@@ -369,7 +369,8 @@ export function encodeSlice(serviceName: string, endpoints: readonly EndpointInf
   return out;
 }
 
-function decodeSliceEndpoints(bytes: Uint8Array): readonly EndpointInfo[] {
+/** A slice's endpoints from its canonical bytes (encodeSlice), decoded afresh (not through the store's cache of recent ones). */
+export function decodeSliceEndpoints(bytes: Uint8Array): readonly EndpointInfo[] {
   let off = bytes.indexOf(0) + 1;
   const out: EndpointInfo[] = [];
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);

@@ -255,3 +255,44 @@ test('a reload writes what the changed files changed: one file among many, a fil
     t.done();
   }
 });
+
+test('read once (watch: false), files go to the store as they are read, in order: the same store as a watching source; a later reload still sees a change', async () => {
+  const t = tmp();
+  try {
+    // small files parsed inline and large ones (over 1 MB) in the parser threads, a key two files define
+    const big = (from: number) => ({ apiVersion: 'v1', kind: 'List', items: Array.from({ length: 1500 }, (_, i) => slice('ns', `s-${from + i}-1`, `s-${from + i}`, Array.from({ length: 5 }, (_, e) => ({ ip: `10.${from >> 8}.${i >> 4}.${(i & 15) * 5 + e + 1}`, node: `n${e}` })))) });
+    writeFileSync(join(t.dir, 'a-slices.json'), JSON.stringify(big(0)));
+    writeFileSync(join(t.dir, 'b-services.json'), JSON.stringify({ apiVersion: 'v1', kind: 'List', items: Array.from({ length: 3000 }, (_, i) => service('ns', `s-${i}`, { clusterIP: `10.96.${i >> 8}.${i & 255}` })) }));
+    writeFileSync(join(t.dir, 'c-slices.json'), JSON.stringify(big(1500)));
+    writeFileSync(join(t.dir, 'd.yaml'), stringify(service('ns', 's-7', { clusterIP: '10.97.0.7' })));
+    const dump = (s: Store) => ({
+      services: [...s.allServices()].map((x) => [x.key, Buffer.from(x.bytes).toString('base64')]).sort(),
+      slices: [...s.allSlices()].map((x) => [x.key, Buffer.from(x.bytes).toString('base64')]).sort(),
+    });
+    const once = new Store();
+    const rec = recordingLogger();
+    const src = new FileSource(once, rec.log, { input: t.dir, watch: false });
+    await src.start();
+    const watched = new Store();
+    const w = new FileSource(watched, recordingLogger().log, { input: t.dir });
+    try {
+      await w.start();
+    } finally {
+      await w.stop();
+    }
+    assert.deepEqual(dump(once), dump(watched));
+    assert.equal(dump(once).slices.length, 3000);
+    assert.deepEqual(once.getService('ns/s-7')!.service.IPs!.ClusterIPs!.V4, ['10.97.0.7'], 'the later file wins');
+    assert.deepEqual(rec.records.filter((r) => r.level === 40).map((r) => r.object), ['Service/ns/s-7']);
+    // a reload: what did not change stays as it is, a change is seen
+    const rev = once.rev;
+    await src.reload();
+    assert.equal(once.rev, rev, 'nothing changed');
+    writeFileSync(join(t.dir, 'd.yaml'), stringify(service('ns', 's-7', { clusterIP: '10.97.0.8' })));
+    await src.reload();
+    assert.deepEqual(once.getService('ns/s-7')!.service.IPs!.ClusterIPs!.V4, ['10.97.0.8']);
+    await src.stop();
+  } finally {
+    t.done();
+  }
+});

@@ -14,6 +14,8 @@ import { formatDocument, nodeStateDocument, nodeStateChunks, globalStateDocument
 import { syncedStore, watch, service, slice, node, serviceCIDR } from '../helpers/k8s.js';
 import { spawnSync } from 'node:child_process';
 import { kpngSync, KPNG, ROOT } from '../helpers/cli.js';
+import { nodeStateOnce } from '../../src/sinks/file/once.js';
+import { LocalSet } from '../../src/api/model.js';
 
 type Obj = Record<string, any>;
 
@@ -36,11 +38,12 @@ function objects(): Obj[] {
   return [...example, ...odd];
 }
 
+/** as to-file's stream gives it: with the node and the ServiceCIDRs */
 function nodeState(nodeName: string): FullState {
   const store = syncedStore(objects());
   let state: FullState | undefined;
   const sink = new FullStateSink((s) => void (state = s));
-  for (const op of watch(store, nodeName).next()) void sink.send(op);
+  for (const op of watch(store, nodeName, [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet]).next()) void sink.send(op);
   assert.ok(state, 'a Sync');
   return state;
 }
@@ -103,7 +106,7 @@ test('any JSON value streams to what the yaml library and JSON.stringify write',
     const doc = { ...head, services: items };
     for (const format of ['yaml', 'json'] as const) {
       const want = format === 'json' ? JSON.stringify(doc, null, 2) + '\n' : toYAML(doc, { lineWidth: 0 });
-      assert.equal(join0(documentChunks(format, head, 'services', items, items.length)), want, `${format} ${JSON.stringify(doc)}`);
+      assert.equal(join0(documentChunks(format, head, 'services', items)), want, `${format} ${JSON.stringify(doc)}`);
     }
   }
 });
@@ -121,6 +124,24 @@ test('the streamed file is written atomically: a failure mid-way leaves the old 
     assert.throws(() => writeChunksAtomically(path, failing()), /boom/);
     assert.equal(readFileSync(path, 'utf8'), 'a: 1\n');
     assert.deepEqual(readdirSync(dir), ['state.yaml']);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('the streamed file holds exactly the chunks, UTF-8, small and large and across its write buffer', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kpng-to-file-'));
+  try {
+    const path = join(dir, 'state.yaml');
+    const r = rng(3);
+    const pieces = ['a', 'é', '€', '😀', 'name: x\n', '"\\u0000"'];
+    const chunks: string[] = [];
+    for (let i = 0; i < 20_000; i++) chunks.push(pieces[Math.floor(r() * pieces.length)].repeat(1 + Math.floor(r() * 200)));
+    chunks.splice(5000, 0, '€'.repeat(400_000), 'b'.repeat(2 << 20));
+    writeChunksAtomically(path, chunks);
+    assert.ok(readFileSync(path).equals(Buffer.from(chunks.join(''), 'utf8')));
+    writeChunksAtomically(path, []);
+    assert.equal(readFileSync(path, 'utf8'), '');
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
@@ -154,17 +175,35 @@ test('to-file --output - --once prints a state of several megabytes whole, the s
     }
     const input = join(dir, 'cluster.json');
     writeFileSync(input, JSON.stringify({ apiVersion: 'v1', kind: 'List', items }));
-    const out = join(dir, 'state.yaml');
-    const toFile = kpngSync(['file', '--input', input, '--no-watch', 'to-file', '--node-name', 'n1', '--once', '--output', out], { timeoutMs: 120_000 });
-    assert.equal(toFile.status, 0, toFile.stderr);
-    // kpngSync's spawnSync would cut stdout at 1 MiB
-    const printed = spawnSync(KPNG[0], [...KPNG.slice(1), 'file', '--input', input, '--no-watch', 'to-file', '--node-name', 'n1', '--once', '--output', '-'], { cwd: ROOT, encoding: 'utf8', timeout: 120_000, maxBuffer: 1 << 30 });
-    assert.equal(printed.status, 0, printed.stderr);
-    const expected = readFileSync(out, 'utf8');
-    assert.ok(expected.length > 3 << 20, `${expected.length} bytes`);
-    assert.equal(printed.stdout.length, expected.length);
-    assert.ok(printed.stdout === expected);
+    // the node's state, and the global state
+    for (const nodeArgs of [['--node-name', 'n1'], []]) {
+      const out = join(dir, 'state.yaml');
+      const toFile = kpngSync(['file', '--input', input, '--no-watch', 'to-file', ...nodeArgs, '--once', '--output', out], { timeoutMs: 120_000 });
+      assert.equal(toFile.status, 0, toFile.stderr);
+      // kpngSync's spawnSync would cut stdout at 1 MiB
+      const printed = spawnSync(KPNG[0], [...KPNG.slice(1), 'file', '--input', input, '--no-watch', 'to-file', ...nodeArgs, '--once', '--output', '-'], { cwd: ROOT, encoding: 'utf8', timeout: 120_000, maxBuffer: 1 << 30 });
+      assert.equal(printed.status, 0, printed.stderr);
+      const expected = readFileSync(out, 'utf8');
+      assert.ok(expected.length > 3 << 20, `${expected.length} bytes`);
+      assert.equal(printed.stdout.length, expected.length, nodeArgs.join(' '));
+      assert.ok(printed.stdout === expected);
+    }
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('--once computes the node state from the store one Service at a time: the same state and text as the diff stream gives', () => {
+  const store = syncedStore(objects());
+  const nodes = ['n-odd', ...[...store.allNodes()].map((n) => n.node.Name), 'nowhere'];
+  for (const name of new Set(nodes)) {
+    const want = nodeState(name);
+    const once = nodeStateOnce(store, name, '');
+    const services = [...once.services].map(({ service, endpoints }) => ({ service, endpoints }));
+    assert.deepEqual({ ...once, services }, want, name);
+    for (const format of ['yaml', 'json'] as const) {
+      assert.equal(join0(nodeStateChunks(nodeStateOnce(store, name, ''), format)), join0(nodeStateChunks(want, format)), `${name} ${format}`);
+    }
+  }
+});
+

@@ -3,7 +3,8 @@
 // "-" writes each new state to stdout. The text is made one Service at a
 // time (stream.ts: the same bytes as formatDocument of the whole document)
 // and streamed into the file; stdout gets it in one write.
-import { writeFileSync, renameSync, openSync, writeSync, closeSync, rmSync } from 'node:fs';
+import { writeFileSync, renameSync, openSync, closeSync, rmSync } from 'node:fs';
+import { FdWriter } from './fd-writer.js';
 import { toJson, type DescMessage, type MessageShape } from '@bufbuild/protobuf';
 import { stringify as toYAML } from 'yaml';
 import * as L from '../../api/gen/api/localv1/api_pb.js';
@@ -15,6 +16,7 @@ import type { Store } from '../../store/store.js';
 import { DEFAULT_BRAIN_SOCKET, STATE_SOCKET_HELP, startStateSocket } from '../api/state-socket.js';
 import { registerSink } from '../registry.js';
 import { documentChunks, type Format } from './stream.js';
+import { nodeStateOnce, type NodeStateOnce } from './once.js';
 
 const json = <D extends DescMessage>(schema: D, m: MessageShape<D>) => toJson(schema, m);
 
@@ -41,13 +43,13 @@ export function globalStateDocument(store: Store): Record<string, unknown> {
   };
 }
 
-/** nodeStateDocument(state) as text, one Service at a time */
-export function nodeStateChunks(state: FullState, format: Format): Iterable<string> {
+/** nodeStateDocument(state) as text, one Service at a time (a NodeStateOnce's services computed as they go) */
+export function nodeStateChunks(state: FullState | NodeStateOnce, format: Format): Iterable<string> {
   const head = { node: state.node ? json(L.NodeSchema, state.node) : null, serviceCIDRs: state.serviceCIDRs.map((c) => json(L.ServiceCIDRSchema, c)) };
   const items = (function* () {
     for (const s of state.services) yield { service: json(L.ServiceSchema, s.service), endpoints: s.endpoints.map((e) => json(L.EndpointSchema, e)) };
   })();
-  return documentChunks(format, head, 'services', items, state.services.length);
+  return documentChunks(format, head, 'services', items);
 }
 
 /** globalStateDocument(store) as text, one Service at a time (read from the store as it goes: write it before the store changes) */
@@ -63,7 +65,27 @@ export function globalStateChunks(store: Store, format: Format): Iterable<string
       yield { service: json(L.ServiceSchema, s.service), endpoints: store.slicesOfService(s.key).flatMap((sl) => sl.endpoints.map((e) => json(G.EndpointInfoSchema, e))) };
     }
   })();
-  return documentChunks(format, head, 'services', items, services.length);
+  return documentChunks(format, head, 'services', items);
+}
+
+/** Resolves true once every kind is synced, false if the signal aborts first. */
+function synced(store: Store, signal: AbortSignal): Promise<boolean> {
+  return new Promise<boolean>((resolve) => {
+    if (store.allSynced || signal.aborted) return resolve(!signal.aborted);
+    const done = (ok: boolean) => {
+      unsubscribe();
+      signal.removeEventListener('abort', onAbort);
+      resolve(ok);
+    };
+    const onAbort = () => done(false);
+    // after the update that synced it, not inside it
+    const unsubscribe = store.subscribe(() => {
+      if (!store.allSynced) return;
+      unsubscribe();
+      setImmediate(() => done(true));
+    });
+    signal.addEventListener('abort', onAbort, { once: true });
+  });
 }
 
 export function formatDocument(doc: unknown, format: 'yaml' | 'json'): string {
@@ -76,28 +98,14 @@ export function writeAtomically(path: string, text: string): void {
   renameSync(tmp, path);
 }
 
-/** about this much text goes to one write */
-const BATCH = 1 << 20;
-
-/** chunks into batches of about BATCH characters */
-function* batches(chunks: Iterable<string>): Generator<string> {
-  let buf = '';
-  for (const c of chunks) {
-    buf += c;
-    if (buf.length >= BATCH) {
-      yield buf;
-      buf = '';
-    }
-  }
-  if (buf) yield buf;
-}
-
-/** writeAtomically, the text coming in chunks: a temporary file written as they come, then renamed */
+/** writeAtomically, the text coming in chunks: a temporary file written as they come (FdWriter), then renamed */
 export function writeChunksAtomically(path: string, chunks: Iterable<string>): void {
   const tmp = `${path}.tmp-${process.pid}`;
   const fd = openSync(tmp, 'w');
   try {
-    for (const b of batches(chunks)) writeSync(fd, b);
+    const out = new FdWriter(fd);
+    for (const c of chunks) out.write(c);
+    out.flush();
   } catch (e) {
     closeSync(fd);
     rmSync(tmp, { force: true });
@@ -122,11 +130,16 @@ registerSink({
     const format: Format = opts.format === 'json' ? 'json' : 'yaml';
     let first = true;
     // synchronously, whole: the state does not change while it is written
-    const write = (chunks: Iterable<string>) => {
-      // stdout in one write: a pipe takes one at once, later ones wait in the
-      // stream, and --once exits right after (they would be lost)
-      if (opts.output === '-') process.stdout.write((format === 'yaml' && !first ? '---\n' : '') + [...chunks].join(''));
-      else writeChunksAtomically(opts.output, chunks);
+    // resolves once stdout has taken the text: a pipe takes 64 KiB at once
+    // and the rest as it drains, and --once exits right after (it would be lost)
+    const write = (chunks: Iterable<string>): Promise<void> | void => {
+      if (opts.output === '-') {
+        // one write: later ones would wait in the stream
+        const text = (format === 'yaml' && !first ? '---\n' : '') + [...chunks].join('');
+        first = false;
+        return new Promise<void>((resolve) => process.stdout.write(text, () => resolve()));
+      }
+      writeChunksAtomically(opts.output, chunks);
       first = false;
     };
     const stop = new AbortController();
@@ -136,11 +149,13 @@ registerSink({
     // what it knows, for kpng get, while it follows its source (not for --once)
     const state = opts.once ? undefined : await startStateSocket({ address: opts.stateSocket, store: ctx.store, views: ctx.views, log: ctx.log, defaultNode: nodeName });
     try {
+      if (nodeName && opts.once) {
+        // one state and exit: computed and written one Service at a time
+        if (await synced(ctx.store, stop.signal)) await write(nodeStateChunks(nodeStateOnce(ctx.store, nodeName, ctx.views.proxyName), format));
+        return;
+      }
       if (nodeName) {
-        const sink = new FullStateSink((state) => {
-          write(nodeStateChunks(state, format));
-          if (opts.once) stop.abort();
-        });
+        const sink = new FullStateSink((state) => write(nodeStateChunks(state, format)));
         const diff = new LocalDiff(ctx.store, ctx.views, nodeName, { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
         await runLocalDiff(diff, sink, stop.signal);
         return;
@@ -148,11 +163,13 @@ registerSink({
       // global state: one write per batch of store changes, once all synced
       await new Promise<void>((resolve) => {
         let scheduled = false;
+        let wrote = false;
         const flush = () => {
           scheduled = false;
-          if (stop.signal.aborted || !ctx.store.allSynced) return;
-          write(globalStateChunks(ctx.store, format));
-          if (opts.once) stop.abort();
+          if (stop.signal.aborted || !ctx.store.allSynced || (opts.once && wrote)) return;
+          const written = write(globalStateChunks(ctx.store, format));
+          wrote = true;
+          if (opts.once) void Promise.resolve(written).then(() => stop.abort());
         };
         const unsubscribe = ctx.store.subscribe(() => {
           if (!scheduled) (scheduled = true), setImmediate(flush);

@@ -20,8 +20,19 @@ const YAML_OPTIONS = { lineWidth: 0 } as const;
 
 // --- JSON
 
-/** JSON.stringify(v, null, 2) as it reads at nesting depth `depth` of a document */
-const jsonAt = (v: unknown, depth: number) => JSON.stringify(v, null, 2).replaceAll('\n', '\n' + '  '.repeat(depth));
+/**
+ * JSON.stringify(v, null, 2) as it reads at nesting depth `depth` of a
+ * document: stringified inside `depth` arrays, which indent it, and cut out
+ * (one pass; indenting every line afterwards was a third of a JSON state's
+ * rendering)
+ */
+function jsonAt(v: unknown, depth: number): string {
+  let wrapped: unknown = v;
+  for (let i = 0; i < depth; i++) wrapped = [wrapped];
+  const text = JSON.stringify(wrapped, null, 2);
+  // depth 2: "[\n  [\n    " before, "\n  ]\n]" after
+  return text.slice(depth * (depth + 3), text.length - depth * (depth + 1));
+}
 
 // --- YAML scalars
 
@@ -52,9 +63,17 @@ class Scalars {
     return this.ask(this.values, v, () => toYAML(v, YAML_OPTIONS));
   }
 
+  private readonly keys = new Map<string, boolean>();
+
   /** a map key written plain, or undefined: how the library writes others depends on where they are ("---" at the start of a line) */
   key(k: string): string | undefined {
-    return PLAIN.test(k) && !RESERVED.test(k) ? k : undefined;
+    // a document has few distinct keys
+    let plain = this.keys.get(k);
+    if (plain === undefined) {
+      plain = PLAIN.test(k) && !RESERVED.test(k);
+      if (this.keys.size < 10_000) this.keys.set(k, plain);
+    }
+    return plain ? k : undefined;
   }
 
   private ask(cache: Map<string, string | undefined>, k: string, render: () => string): string | undefined {
@@ -71,30 +90,44 @@ class Scalars {
 /** thrown inside the YAML writer when a value needs the library's own layout */
 class NotPlain extends Error {}
 
-const isEmpty = (v: Json) => (Array.isArray(v) ? v.length === 0 : typeof v === 'object' && v !== null && Object.keys(v).length === 0);
+function isEmpty(v: Json[] | { [k: string]: Json }): boolean {
+  if (Array.isArray(v)) return v.length === 0;
+  for (const _ in v) return false;
+  return true;
+}
 const isCollection = (v: Json): v is Json[] | { [k: string]: Json } => typeof v === 'object' && v !== null;
+
+const PADS: string[] = [];
+const padOf = (n: number) => (PADS[n] ??= ' '.repeat(n));
 
 class YamlWriter {
   constructor(private readonly scalars: Scalars) {}
 
-  /** the text of a value in block context at `indent` spaces, each line ending in \n (a non-empty collection) */
-  block(v: Json[] | { [k: string]: Json }, indent: number): string {
-    const pad = ' '.repeat(indent);
+  /**
+   * The text of a value in block context at `indent` spaces, each line
+   * ending in \n (a non-empty collection); `lead` in place of the first
+   * line's indentation (an item's "- ", of the same width).
+   */
+  block(v: Json[] | { [k: string]: Json }, indent: number, lead?: string): string {
+    const pad = padOf(indent);
+    let p = lead ?? pad;
     let out = '';
     if (Array.isArray(v)) {
       for (const item of v) {
-        if (isCollection(item) && !isEmpty(item)) {
-          // the item laid out 2 deeper, its first line's indentation taken by "- "
-          out += pad + '- ' + this.block(item, indent + 2).slice(indent + 2);
-        } else out += pad + '- ' + this.inline(item) + '\n';
+        // a collection laid out 2 deeper, its first line's indentation taken by "- "
+        if (isCollection(item) && !isEmpty(item)) out += this.block(item, indent + 2, p + '- ');
+        else out += p + '- ' + this.inline(item) + '\n';
+        p = pad;
       }
       return out;
     }
-    for (const [k, x] of Object.entries(v)) {
+    for (const k in v) {
       const key = this.scalars.key(k);
       if (key === undefined) throw new NotPlain();
-      if (isCollection(x) && !isEmpty(x)) out += pad + key + ':\n' + this.block(x, indent + 2);
-      else out += pad + key + ': ' + this.inline(x) + '\n';
+      const x = v[k];
+      if (isCollection(x) && !isEmpty(x)) out += p + key + ':\n' + this.block(x, indent + 2);
+      else out += p + key + ': ' + this.inline(x) + '\n';
+      p = pad;
     }
     return out;
   }
@@ -134,32 +167,57 @@ class YamlWriter {
 // --- documents
 
 /**
+ * The parts of a document `{ ...head, [listKey]: items }`: its head (the
+ * head's fields and the list's opening), each item, its tail.
+ */
+export class DocumentParts {
+  private readonly yaml?: YamlWriter;
+
+  constructor(
+    readonly format: Format,
+    readonly listKey: string,
+  ) {
+    if (format === 'yaml') this.yaml = new YamlWriter(new Scalars());
+  }
+
+  /** the head's fields, then the list's opening (or the whole empty list) */
+  head(head: Record<string, unknown>, empty: boolean): string {
+    if (this.format === 'json') {
+      let text = '{\n';
+      for (const [k, v] of Object.entries(head)) text += `  ${JSON.stringify(k)}: ${jsonAt(v, 1)},\n`;
+      return text + `  ${JSON.stringify(this.listKey)}: ` + (empty ? '[]\n}\n' : '[\n');
+    }
+    let text = '';
+    for (const [k, v] of Object.entries(head)) text += this.yaml!.pair(k, v as Json);
+    return text + (empty ? this.yaml!.pair(this.listKey, []) : `${this.listKey}:\n`);
+  }
+
+  /** an item of a non-empty list */
+  item(v: unknown, first: boolean): string {
+    // JSON: the comma goes before each item after the first: the last one is known only when the items end
+    if (this.format === 'json') return `${first ? '' : ',\n'}    ${jsonAt(v, 2)}`;
+    return this.yaml!.item(this.listKey, v as Json);
+  }
+
+  /** after the last item of a non-empty list */
+  tail(): string {
+    return this.format === 'json' ? '\n  ]\n}\n' : '';
+  }
+}
+
+/**
  * A document `{ ...head, [listKey]: items }` as text chunks: the head's
  * fields, then the list one item at a time (items is iterated once; an
- * item is rendered only when its turn comes).
+ * item is rendered only when its turn comes, and how many there are need
+ * not be known: a one-shot state computes each item as it is written).
  */
-export function* documentChunks(format: Format, head: Record<string, unknown>, listKey: string, items: Iterable<unknown>, count: number): Generator<string> {
-  if (format === 'json') {
-    let text = '{\n';
-    for (const [k, v] of Object.entries(head)) text += `  ${JSON.stringify(k)}: ${jsonAt(v, 1)},\n`;
-    text += `  ${JSON.stringify(listKey)}: `;
-    if (!count) {
-      yield text + '[]\n}\n';
-      return;
-    }
-    yield text + '[\n';
-    let i = 0;
-    for (const item of items) yield `    ${jsonAt(item, 2)}${++i < count ? ',' : ''}\n`;
-    yield '  ]\n}\n';
-    return;
-  }
-  const w = new YamlWriter(new Scalars());
-  let text = '';
-  for (const [k, v] of Object.entries(head)) text += w.pair(k, v as Json);
-  if (!count) {
-    yield text + w.pair(listKey, []);
-    return;
-  }
-  yield text + `${listKey}:\n`;
-  for (const item of items) yield w.item(listKey, item as Json);
+export function* documentChunks(format: Format, head: Record<string, unknown>, listKey: string, items: Iterable<unknown>): Generator<string> {
+  const parts = new DocumentParts(format, listKey);
+  const it = items[Symbol.iterator]();
+  let next = it.next();
+  yield parts.head(head, !!next.done);
+  if (next.done) return;
+  for (let first = true; !next.done; next = it.next(), first = false) yield parts.item(next.value, first);
+  const tail = parts.tail();
+  if (tail) yield tail;
 }

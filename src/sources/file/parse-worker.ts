@@ -8,6 +8,8 @@ import { parseObjects } from './parse.js';
 export interface ParseRequest {
   id: number;
   json: boolean;
+  /** hash each object (a source that reads its files only once compares nothing) */
+  hash: boolean;
   data: Uint8Array;
   /** chunks the main thread has taken in (a SharedArrayBuffer) */
   taken: Int32Array;
@@ -34,6 +36,7 @@ port.on('message', (req: ParseRequest) => {
         sent++;
       },
       CHUNK,
+      req.hash,
     );
     text = undefined;
     port.postMessage({ id: req.id, done: true } satisfies ParseReply);

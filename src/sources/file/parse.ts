@@ -10,7 +10,7 @@ import { encodedObject, modelKey, type ModelObject } from '../apply.js';
 export class ParseFailed extends Error {}
 
 export type ParsedItem =
-  /** hash: of the converted object, to tell an unchanged object without comparing it */
+  /** hash: of the converted object, to tell an unchanged object without comparing it ('' when not asked for) */
   | { key: string; object: ModelObject; hash: string }
   /** an object that does not convert: key is what it would have, to keep its last good version */
   | { key: string; ref: string; field: string; reason: string; message: string }
@@ -22,7 +22,7 @@ export type ParsedItem =
  * converts every object in it, handing them out in chunks. Throws
  * ParseFailed when the file as a whole cannot be taken.
  */
-export function parseObjects(text: string, json: boolean, onChunk: (items: ParsedItem[]) => void, chunkSize = 1000): void {
+export function parseObjects(text: string, json: boolean, onChunk: (items: ParsedItem[]) => void, chunkSize = 1000, hash = true): void {
   let chunk: ParsedItem[] = [];
   const flush = () => {
     if (chunk.length) onChunk(chunk);
@@ -32,7 +32,7 @@ export function parseObjects(text: string, json: boolean, onChunk: (items: Parse
     for (const doc of documents(text, json)) {
       for (const raw of flattenObjects(doc)) {
         if (raw === null || raw === undefined) continue;
-        chunk.push(convert(raw));
+        chunk.push(convert(raw, hash));
         if (chunk.length >= chunkSize) flush();
       }
     }
@@ -67,7 +67,7 @@ function* documents(text: string, json: boolean): Generator<unknown> {
   }
 }
 
-function convert(raw: unknown): ParsedItem {
+function convert(raw: unknown, hash: boolean): ParsedItem {
   let c;
   try {
     c = convertObject(raw);
@@ -79,6 +79,7 @@ function convert(raw: unknown): ParsedItem {
   // slices (most objects) cross to the main thread as their bytes: cheap to
   // clone, nothing to encode or copy there, and the hash comes from them
   const object = encodedObject(c);
+  if (!hash) return { key: modelKey(object), object, hash: '' };
   return { key: modelKey(object), object, hash: object.kind === 'EncodedSlice' ? createHash('sha1').update(object.bytes).digest('base64') : objectHash(object) };
 }
 

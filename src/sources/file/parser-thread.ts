@@ -34,7 +34,7 @@ export class ParserThread {
    * the worker cannot start or dies (ERR_WORKER_OUT_OF_MEMORY: the file was
    * too much for it).
    */
-  parse(data: Uint8Array, json: boolean, onChunk: (items: ParsedItem[]) => void): Promise<void> {
+  parse(data: Uint8Array, json: boolean, onChunk: (items: ParsedItem[]) => void, hash = true): Promise<void> {
     clearTimeout(this.idleTimer);
     const w = this.start();
     w.ref();
@@ -42,7 +42,7 @@ export class ParserThread {
     return new Promise<void>((resolve, reject) => {
       const taken = new Int32Array(new SharedArrayBuffer(4));
       this.jobs.set(id, { worker: w, taken, onChunk, resolve, reject });
-      w.postMessage({ id, json, data, taken } satisfies ParseRequest, [data.buffer as ArrayBuffer]);
+      w.postMessage({ id, json, hash, data, taken } satisfies ParseRequest, [data.buffer as ArrayBuffer]);
     }).finally(() => {
       if (this.worker !== w || [...this.jobs.values()].some((j) => j.worker === w)) return;
       w.unref();
