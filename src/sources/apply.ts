@@ -1,6 +1,5 @@
 // Applying converted Kubernetes objects to the store, shared by sources.
-import type { StoreTx } from '../store/store.js';
-import { encodeSliceFast } from './encode-slice.js';
+import { encodeSlice, type StoreTx } from '../store/store.js';
 import type { Converted } from './objects.js';
 import { flat } from '../memory.js';
 
@@ -18,7 +17,7 @@ export type ModelObject = Exclude<Converted, { kind: 'Ignored' }> | EncodedSlice
 /** the object in the form that costs least to hand over and store: a slice encoded */
 export function encodedObject(c: ModelObject): ModelObject {
   if (c.kind !== 'EndpointSlice') return c;
-  return { kind: 'EncodedSlice', namespace: c.namespace, name: c.name, serviceName: c.serviceName, bytes: encodeSliceFast(c.serviceName, c.endpoints) };
+  return { kind: 'EncodedSlice', namespace: c.namespace, name: c.name, serviceName: c.serviceName, bytes: encodeSlice(c.serviceName, c.endpoints) };
 }
 
 /** kind/namespace/name: identifies an object across reloads */

@@ -10,6 +10,9 @@ import { bytesEqual, serviceKey } from '../api/model.js';
 import { compact } from '../api/compact.js';
 import { flat } from '../memory.js';
 import { decodeEndpointInfoFast } from '../api/fast-decode.js';
+import { encodeSlice } from './encode-slice.js';
+
+export { encodeSlice };
 
 export type Kind = 'services' | 'endpointSlices' | 'nodes' | 'serviceCIDRs';
 export const KINDS: readonly Kind[] = ['services', 'endpointSlices', 'nodes', 'serviceCIDRs'];
@@ -348,25 +351,6 @@ export class Store {
       if (had.size === 1) for (const k of had) this.slicesByService.set(key, k);
     }
   }
-}
-
-/** A slice's canonical bytes: the service name, a NUL, then each endpoint's encoding after its length (4 bytes, big-endian). */
-export function encodeSlice(serviceName: string, endpoints: readonly EndpointInfo[]): Uint8Array {
-  const parts: Uint8Array[] = [Buffer.from(serviceName + '\0')];
-  for (const e of endpoints) {
-    const b = toBinary(EndpointInfoSchema, e);
-    const len = Buffer.alloc(4);
-    len.writeUInt32BE(b.length);
-    parts.push(len, b);
-  }
-  // a buffer of its own: a slice of Buffer's shared pool would keep the whole pool alive
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-  let off = 0;
-  for (const p of parts) {
-    out.set(p, off);
-    off += p.length;
-  }
-  return out;
 }
 
 /** A slice's endpoints from its canonical bytes (encodeSlice), decoded afresh (not through the store's cache of recent ones). */

@@ -1,5 +1,5 @@
-// encodeSlice (the store's canonical bytes of a slice) by hand: the same
-// bytes as protobuf-es's toBinary of each EndpointInfo (fields by number,
+// The store's canonical bytes of a slice, encoded by hand: the same bytes
+// as protobuf-es's toBinary of each EndpointInfo (fields by number,
 // proto3 defaults left out, a message field that is set written even when
 // empty), checked by test/core/encode-slice.test.ts. Sources encode every
 // slice they read; toBinary was most of a file source's parse (0.6 s of CPU
@@ -168,8 +168,8 @@ function writeInfo(e: EndpointInfo) {
   }
 }
 
-/** encodeSlice(serviceName, endpoints) of src/store/store.ts, byte for byte: the service name, a NUL, then each endpoint after its length (4 bytes, big-endian) */
-export function encodeSliceFast(serviceName: string, endpoints: readonly EndpointInfo[]): Uint8Array {
+/** A slice's canonical bytes: the service name, a NUL, then each endpoint's encoding after its length (4 bytes, big-endian). */
+export function encodeSlice(serviceName: string, endpoints: readonly EndpointInfo[]): Uint8Array {
   const name = utf8.encode(serviceName + '\0');
   w.pos = 0;
   w.ensure(name.length);
