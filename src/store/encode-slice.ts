@@ -7,95 +7,11 @@
 // negative number, unknown fields) goes through toBinary.
 import { toBinary } from '@bufbuild/protobuf';
 import { EndpointInfoSchema, type EndpointInfo } from '../api/gen/api/globalv1/api_pb.js';
-import type { Endpoint, IPSet } from '../api/gen/api/localv1/api_pb.js';
+import { ProtoWriter } from '../api/proto-writer.js';
+import { writeEndpoint } from '../api/fast-encode.js';
 
 const utf8 = new TextEncoder();
-
-class Writer {
-  buf = new Uint8Array(4096);
-  pos = 0;
-
-  ensure(n: number) {
-    if (this.pos + n <= this.buf.length) return;
-    const b = new Uint8Array(Math.max(this.buf.length * 2, this.pos + n));
-    b.set(this.buf.subarray(0, this.pos));
-    this.buf = b;
-  }
-
-  /** a non-negative integer below 2^32 */
-  varint(v: number) {
-    this.ensure(5);
-    while (v > 0x7f) {
-      this.buf[this.pos++] = (v & 0x7f) | 0x80;
-      v >>>= 7;
-    }
-    this.buf[this.pos++] = v;
-  }
-
-  /** a string field (tag, length, UTF-8), even when empty: repeated fields write every element */
-  string(field: number, s: string) {
-    this.varint((field << 3) | 2);
-    let ascii = true;
-    for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) > 0x7f) (ascii = false), (i = s.length);
-    if (ascii) {
-      this.varint(s.length);
-      this.ensure(s.length);
-      for (let i = 0; i < s.length; i++) this.buf[this.pos++] = s.charCodeAt(i);
-      return;
-    }
-    const b = utf8.encode(s);
-    this.varint(b.length);
-    this.ensure(b.length);
-    this.buf.set(b, this.pos);
-    this.pos += b.length;
-  }
-
-  /** a singular string: left out when empty */
-  str(field: number, s: string) {
-    if (s !== '') this.string(field, s);
-  }
-
-  bool(field: number, v: boolean) {
-    if (!v) return;
-    this.varint(field << 3);
-    this.varint(1);
-  }
-
-  uint(field: number, v: number) {
-    if (v === 0) return;
-    this.varint(field << 3);
-    this.varint(v);
-  }
-
-  /** starts a message field: its tag and one byte for its length (end() makes room when it takes more) */
-  begin(field: number): number {
-    this.varint((field << 3) | 2);
-    this.ensure(1);
-    return this.pos++;
-  }
-
-  end(at: number) {
-    const len = this.pos - at - 1;
-    if (len < 0x80) {
-      this.buf[at] = len;
-      return;
-    }
-    let extra = 0;
-    for (let v = len >>> 7; v > 0; v >>>= 7) extra++;
-    this.ensure(extra);
-    this.buf.copyWithin(at + 1 + extra, at + 1, this.pos);
-    this.pos += extra;
-    let v = len;
-    let p = at;
-    while (v > 0x7f) {
-      this.buf[p++] = (v & 0x7f) | 0x80;
-      v >>>= 7;
-    }
-    this.buf[p] = v;
-  }
-}
-
-const w = new Writer();
+const w = new ProtoWriter(4096);
 
 const okInt = (v: number) => Number.isInteger(v) && v >= 0 && v <= 0xffffffff;
 
@@ -110,42 +26,15 @@ function writable(e: EndpointInfo): boolean {
   return !e.Conditions?.$unknown?.length && !e.Topology?.$unknown?.length && !e.Hints?.$unknown?.length;
 }
 
-function writeIPs(field: number, ips: IPSet) {
-  const at = w.begin(field);
-  for (const s of ips.V4) w.string(1, s);
-  for (const s of ips.V6) w.string(2, s);
-  w.end(at);
-}
-
-function writeEndpoint(ep: Endpoint) {
-  const at = w.begin(6);
-  w.str(1, ep.Hostname);
-  if (ep.IPs) writeIPs(2, ep.IPs);
-  w.bool(3, ep.Local);
-  for (const p of ep.PortOverrides) {
-    const pa = w.begin(4);
-    w.str(1, p.Name);
-    w.uint(2, p.Port);
-    w.uint(3, p.Protocol);
-    w.end(pa);
-  }
-  if (ep.Scopes) {
-    const sa = w.begin(5);
-    w.bool(1, ep.Scopes.Internal);
-    w.bool(2, ep.Scopes.External);
-    w.bool(3, ep.Scopes.Cluster);
-    w.end(sa);
-  }
-  w.bool(6, ep.Terminating);
-  w.str(7, ep.NodeName);
-  w.end(at);
-}
-
 function writeInfo(e: EndpointInfo) {
   w.str(2, e.Namespace);
   w.str(3, e.SourceName);
   w.str(4, e.ServiceName);
-  if (e.Endpoint) writeEndpoint(e.Endpoint);
+  if (e.Endpoint) {
+    const at = w.begin(6);
+    writeEndpoint(w, e.Endpoint);
+    w.end(at);
+  }
   if (e.Conditions) {
     const at = w.begin(7);
     w.bool(1, e.Conditions.Ready);
