@@ -13,7 +13,7 @@ import { dirname, extname, join, resolve, sep } from 'node:path';
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { availableParallelism } from 'node:os';
 import type { Logger } from '../../log.js';
-import type { Store } from '../../store/store.js';
+import type { Store, StoreTx } from '../../store/store.js';
 import { KINDS } from '../../store/store.js';
 import { applyObject, deleteByKey, type ModelObject } from '../apply.js';
 import { registerSource } from '../registry.js';
@@ -554,23 +554,29 @@ export class FileSource {
       }
     }
     if (reread) this.changed();
+    await this.updateInTurns(writes, (tx, [k, entry]) => {
+      if (entry) {
+        applyObject(tx, entry.object!);
+        this.applied.set(k, entry.hash);
+        entry.object = undefined;
+      } else {
+        deleteByKey(tx, k);
+        this.applied.delete(k);
+      }
+    });
+  }
+
+  /** Store updates of at most SLICE_MS each, with turns of the event loop between (a large file must not hold the process). */
+  private async updateInTurns<T>(items: readonly T[], apply: (tx: StoreTx, item: T) => void): Promise<void> {
     let i = 0;
-    while (i < writes.length) {
+    while (i < items.length) {
       if (i) await nextTurn();
       if (this.stopped) return;
       const t0 = performance.now();
       this.store.update((tx) => {
-        for (; i < writes.length; i++) {
+        for (; i < items.length; i++) {
           if (i % BATCH_MIN === 0 && i && performance.now() - t0 > SLICE_MS) break;
-          const [k, entry] = writes[i];
-          if (entry) {
-            applyObject(tx, entry.object!);
-            this.applied.set(k, entry.hash);
-            entry.object = undefined;
-          } else {
-            deleteByKey(tx, k);
-            this.applied.delete(k);
-          }
+          apply(tx, items[i]);
         }
       });
     }
@@ -579,27 +585,16 @@ export class FileSource {
   /**
    * One file's objects to the store (a first load in order: a key an earlier
    * file defined goes to this one), let go once there; in several updates
-   * with turns of the event loop between when it takes long, as apply().
+   * with turns of the event loop between when it takes long (updateInTurns).
    */
   private async applyFile(file: string, st: FileState) {
-    const entries = [...st.objects];
-    let i = 0;
-    while (i < entries.length) {
-      if (i) await nextTurn();
-      if (this.stopped) return;
-      const t0 = performance.now();
-      this.store.update((tx) => {
-        for (; i < entries.length; i++) {
-          if (i % BATCH_MIN === 0 && i && performance.now() - t0 > SLICE_MS) break;
-          const [k, entry] = entries[i];
-          if (!entry.object) continue;
-          if (this.applied.has(k)) this.log.warn({ file, object: k }, 'file source: object defined twice; the later file wins');
-          applyObject(tx, entry.object);
-          this.applied.set(k, entry.hash);
-          entry.object = undefined;
-        }
-      });
-    }
+    await this.updateInTurns([...st.objects], (tx, [k, entry]) => {
+      if (!entry.object) return;
+      if (this.applied.has(k)) this.log.warn({ file, object: k }, 'file source: object defined twice; the later file wins');
+      applyObject(tx, entry.object);
+      this.applied.set(k, entry.hash);
+      entry.object = undefined;
+    });
   }
 
   /** every file's objects; a key two files define goes to the later one */
