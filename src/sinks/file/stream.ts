@@ -170,7 +170,7 @@ class YamlWriter {
  * The parts of a document `{ ...head, [listKey]: items }`: its head (the
  * head's fields and the list's opening), each item, its tail.
  */
-export class DocumentParts {
+class DocumentParts {
   private readonly yaml?: YamlWriter;
 
   constructor(
