@@ -7,7 +7,7 @@ import { mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync, mkdirSync
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseAllDocuments, stringify } from 'yaml';
+import { yaml } from '../lazy.js';
 import type { Logger } from '../log.js';
 import { flattenObjects } from '../sources/objects.js';
 import { canonicalIP, ipFamily, ipToBig, parseCIDR } from '../api/ip.js';
@@ -59,7 +59,7 @@ export async function runDemo(opts: { example?: string; node?: string; backend?:
   if (noCgroup) throw new Error(`kpng demo --backend ebpf: ${noCgroup}`);
   const t0 = Date.now();
   const example = opts.example ?? EXAMPLE;
-  const objects = parseAllDocuments(readFileSync(example, 'utf8')).flatMap((d) => flattenObjects(d.toJS())) as Obj[];
+  const objects = yaml().parseAllDocuments(readFileSync(example, 'utf8')).flatMap((d) => flattenObjects(d.toJS())) as Obj[];
   const of = (kind: string) => objects.filter((o) => o?.kind === kind);
   const nodes = of('Node');
   const services = of('Service');
@@ -128,7 +128,7 @@ export async function runDemo(opts: { example?: string; node?: string; backend?:
     const stateDir = join(dir, 'state');
     mkdirSync(stateDir);
     const writeState = (items: Obj[]) => {
-      writeFileSync(join(dir, 'state.tmp'), stringify({ apiVersion: 'v1', kind: 'List', items }));
+      writeFileSync(join(dir, 'state.tmp'), yaml().stringify({ apiVersion: 'v1', kind: 'List', items }));
       renameSync(join(dir, 'state.tmp'), join(stateDir, 'cluster.yaml'));
     };
     writeState(objects);

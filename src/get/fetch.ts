@@ -3,7 +3,8 @@
 // Nodes) and the node it serves by default (/localv1.Sets/Watch without a
 // node name, asking for the node set). A stream is read to its first Sync
 // and closed: kpng get is a client like any node, and changes nothing.
-import * as grpc from '@grpc/grpc-js';
+import type * as grpc from '@grpc/grpc-js';
+import { grpcJs } from '../lazy.js';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import * as G from '../api/gen/api/globalv1/api_pb.js';
 import { WatchReqSchema, type OpItem } from '../api/gen/api/localv1/api_pb.js';
@@ -30,7 +31,7 @@ const TIMEOUT_MS = 10_000;
 function snapshot(client: grpc.Client, path: string, request: Buffer, deadline: number): Promise<OpItem[]> {
   return new Promise((resolve, reject) => {
     const ops: OpItem[] = [];
-    const call = client.makeBidiStreamRequest<Buffer, OpItem>(path, (b) => b, decodeOpItem, new grpc.Metadata(), { deadline });
+    const call = client.makeBidiStreamRequest<Buffer, OpItem>(path, (b) => b, decodeOpItem, new (grpcJs().Metadata)(), { deadline });
     let done = false;
     call.on('data', (op: OpItem) => {
       if (done) return;
@@ -88,7 +89,7 @@ export async function fetchState(address: string, tls?: ClientTLS, node?: string
       global = await snapshot(client, GLOBAL_WATCH_PATH, Buffer.from(toBinary(G.GlobalWatchReqSchema, create(G.GlobalWatchReqSchema, {}))), deadline);
     } catch (e) {
       const err = e as grpc.ServiceError;
-      if (err.code === grpc.status.UNIMPLEMENTED) return await nodeLocalState(client, address, node, deadline);
+      if (err.code === grpcJs().status.UNIMPLEMENTED) return await nodeLocalState(client, address, node, deadline);
       throw new GetError(`${address}: ${err.details ?? err.message}`);
     }
     const state: ClusterState = { services: [], slices: new Map(), nodes: [] };

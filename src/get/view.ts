@@ -3,7 +3,7 @@
 // reason each is in or out (src/localstate: portCandidates, categorize,
 // explainCategorized: what the node-local state, hence the dataplane, uses);
 // then kubectl-style tables, JSON or YAML.
-import { stringify } from 'yaml';
+import { yaml } from '../lazy.js';
 import { ipSetAll, ipSetOf, protocolName, type Service, type LocalNode } from '../api/model.js';
 import { portCandidates, trafficPolicies } from '../localstate/service-view.js';
 import { explainCategorized, type Use } from '../localstate/topology.js';
@@ -258,5 +258,5 @@ export function nodesTable(nodes: NodeState[], self: string | undefined, style: 
 
 export function structured(kind: string, items: unknown[], node: LocalNode | undefined, format: 'json' | 'yaml'): string {
   const doc = { kind, ...(node ? { node: { name: node.Name, zone: node.Zone } } : {}), items };
-  return format === 'json' ? JSON.stringify(doc, null, 2) : stringify(doc);
+  return format === 'json' ? JSON.stringify(doc, null, 2) : yaml().stringify(doc);
 }

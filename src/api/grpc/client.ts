@@ -9,7 +9,8 @@
 // a Resume when the request said what the client holds; the consumer makes
 // that invisible (FilterResetSink, or the api source's own diff).
 import { createHash } from 'node:crypto';
-import * as grpc from '@grpc/grpc-js';
+import type * as grpc from '@grpc/grpc-js';
+import { grpcJs } from '../../lazy.js';
 import type { Logger } from '../../log.js';
 import type { OpItem } from '../gen/api/localv1/api_pb.js';
 import { grpcTarget, isLoopback, parseAddress, type ApiAddress } from './address.js';
@@ -89,7 +90,7 @@ export function newClient(address: ApiAddress, tls: ClientTLS | undefined): grpc
   };
   if (tls?.serverName) options['grpc.ssl_target_name_override'] = tls.serverName;
   if (address.kind === 'unix' && tls && !tls.serverName) options['grpc.ssl_target_name_override'] = 'localhost';
-  return new grpc.Client(grpcTarget(address), channelCredentials(tls), options);
+  return new (grpcJs().Client)(grpcTarget(address), channelCredentials(tls), options);
 }
 
 /**
@@ -211,14 +212,14 @@ async function probeOwnBrain<Req>(client: grpc.Client, opts: WatchClientOptions,
 }
 
 function md(opts: WatchClientOptions): grpc.Metadata {
-  const m = new grpc.Metadata();
+  const m = new (grpcJs().Metadata)();
   for (const [k, v] of Object.entries(opts.metadata ?? {})) m.set(k, v);
   return m;
 }
 
 /** the watchdog's error: the brain is connected but does not answer */
 function silence(ms: number): Error {
-  return Object.assign(new Error(`no answer within ${ms} ms (watchdog)`), { code: grpc.status.DEADLINE_EXCEEDED, details: `no answer within ${ms} ms (watchdog)` });
+  return Object.assign(new Error(`no answer within ${ms} ms (watchdog)`), { code: grpcJs().status.DEADLINE_EXCEEDED, details: `no answer within ${ms} ms (watchdog)` });
 }
 
 async function watchOnce<Req>(
@@ -264,7 +265,7 @@ async function watchOnce<Req>(
       throw watchdog.fired ? silence(watchdogMs) : e;
     }
     if (watchdog.fired) throw silence(watchdogMs);
-    if (!signal.aborted) throw Object.assign(new Error('server ended the watch'), { code: grpc.status.UNAVAILABLE });
+    if (!signal.aborted) throw Object.assign(new Error('server ended the watch'), { code: grpcJs().status.UNAVAILABLE });
   } finally {
     watchdog.stop();
     signal.removeEventListener('abort', onAbort);

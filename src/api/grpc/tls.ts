@@ -4,7 +4,8 @@
 import { readFileSync } from 'node:fs';
 import type { TlsOptions } from 'node:tls';
 import type { Command } from 'commander';
-import * as grpc from '@grpc/grpc-js';
+import type * as grpc from '@grpc/grpc-js';
+import { grpcJs } from '../../lazy.js';
 
 export interface TLSFiles {
   cert?: string;
@@ -58,9 +59,9 @@ export function serverTLSOptions(t: TLSFiles | undefined): TlsOptions | undefine
 }
 
 export function channelCredentials(t: ClientTLS | undefined): grpc.ChannelCredentials {
-  if (!t || (!t.ca && !t.cert && !t.key)) return grpc.credentials.createInsecure();
+  if (!t || (!t.ca && !t.cert && !t.key)) return grpcJs().credentials.createInsecure();
   if (!!t.cert !== !!t.key) throw new Error('a client certificate needs both --tls-cert and --tls-key');
-  return grpc.credentials.createSsl(
+  return grpcJs().credentials.createSsl(
     t.ca ? read(t.ca, '--tls-ca') : null,
     t.key ? read(t.key, '--tls-key') : null,
     t.cert ? read(t.cert, '--tls-cert') : null,

@@ -4,7 +4,7 @@
 // ignored (upstream #98302). Flags given on the command line override the file.
 import { readFileSync } from 'node:fs';
 import { Option, type Command } from 'commander';
-import { parse as parseYAML } from 'yaml';
+import { yaml } from '../../lazy.js';
 import { parseCIDR, formatCIDR } from '../../api/ip.js';
 
 export type DetectLocalMode = 'ClusterCIDR' | 'NodeCIDR' | 'BridgeInterface' | 'InterfaceNamePrefix';
@@ -121,7 +121,7 @@ type FieldReader = (v: unknown, field: string) => void;
 export function loadConfigFile(path: string, base = defaultConfig()): KubeProxyConfiguration {
   let doc: unknown;
   try {
-    doc = parseYAML(readFileSync(path, 'utf8'));
+    doc = yaml().parse(readFileSync(path, 'utf8'));
   } catch (e) {
     throw new ConfigError(path, `cannot read: ${(e as Error).message}`);
   }

@@ -6,7 +6,7 @@
 import { writeFileSync, renameSync, openSync, closeSync, rmSync } from 'node:fs';
 import { FdWriter } from './fd-writer.js';
 import { toJson, type DescMessage, type MessageShape } from '@bufbuild/protobuf';
-import { stringify as toYAML } from 'yaml';
+import { yaml } from '../../lazy.js';
 import * as L from '../../api/gen/api/localv1/api_pb.js';
 import * as G from '../../api/gen/api/globalv1/api_pb.js';
 import { LocalSet } from '../../api/model.js';
@@ -89,7 +89,7 @@ function synced(store: Store, signal: AbortSignal): Promise<boolean> {
 }
 
 export function formatDocument(doc: unknown, format: 'yaml' | 'json'): string {
-  return format === 'json' ? JSON.stringify(doc, null, 2) + '\n' : toYAML(doc, { lineWidth: 0 });
+  return format === 'json' ? JSON.stringify(doc, null, 2) + '\n' : yaml().stringify(doc, { lineWidth: 0 });
 }
 
 export function writeAtomically(path: string, text: string): void {

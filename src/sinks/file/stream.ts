@@ -10,7 +10,7 @@
 // rendered by the library itself (remembered per value), and a value this
 // cannot lay out for sure (a string across lines, a key not plain) is
 // rendered whole by it.
-import { stringify as toYAML } from 'yaml';
+import { yaml } from '../../lazy.js';
 
 export type Format = 'yaml' | 'json';
 
@@ -57,10 +57,10 @@ class Scalars {
     if (typeof v === 'boolean') return v ? 'true' : 'false';
     if (typeof v === 'number') {
       if (Number.isSafeInteger(v) && !Object.is(v, -0)) return String(v);
-      return this.ask(this.values, `n:${v}`, () => toYAML(v, YAML_OPTIONS));
+      return this.ask(this.values, `n:${v}`, () => yaml().stringify(v, YAML_OPTIONS));
     }
     if ((PLAIN.test(v) && !RESERVED.test(v)) || DOTTED.test(v)) return v;
-    return this.ask(this.values, v, () => toYAML(v, YAML_OPTIONS));
+    return this.ask(this.values, v, () => yaml().stringify(v, YAML_OPTIONS));
   }
 
   private readonly keys = new Map<string, boolean>();
@@ -148,7 +148,7 @@ class YamlWriter {
     } catch (e) {
       if (!(e instanceof NotPlain)) throw e;
       // the library's own layout of the item, where it stands
-      const text = toYAML({ [key]: [v] }, YAML_OPTIONS);
+      const text = yaml().stringify({ [key]: [v] }, YAML_OPTIONS);
       return text.slice(text.indexOf('\n') + 1);
     }
   }
@@ -159,7 +159,7 @@ class YamlWriter {
       return this.block({ [k]: v }, 0);
     } catch (e) {
       if (!(e instanceof NotPlain)) throw e;
-      return toYAML({ [k]: v }, YAML_OPTIONS);
+      return yaml().stringify({ [k]: v }, YAML_OPTIONS);
     }
   }
 }

@@ -2,7 +2,7 @@
 // thread for small files and in a worker thread for large ones (worker.ts),
 // so what it returns must survive structured cloning.
 import { createHash } from 'node:crypto';
-import { Composer, LineCounter, Parser } from 'yaml';
+import { yaml } from '../../lazy.js';
 import { convertObject, flattenObjects, InvalidObject, objectRef } from '../objects.js';
 import { encodedObject, modelKey, type ModelObject } from '../apply.js';
 
@@ -55,9 +55,9 @@ function* documents(text: string, json: boolean): Generator<unknown> {
   }
   // one document at a time, so a multi-document file never holds every
   // document's syntax tree at once
-  const lines = new LineCounter();
-  const composer = new Composer();
-  for (const doc of composer.compose(new Parser(lines.addNewLine).parse(text))) {
+  const lines = new (yaml().LineCounter)();
+  const composer = new (yaml().Composer)();
+  for (const doc of composer.compose(new (yaml().Parser)(lines.addNewLine).parse(text))) {
     const err = doc.errors[0];
     if (err) {
       const at = lines.linePos(err.pos[0]);

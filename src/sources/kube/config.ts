@@ -5,7 +5,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { delimiter, dirname, isAbsolute, join, resolve } from 'node:path';
-import { parse as parseYAML } from 'yaml';
+import { yaml } from '../../lazy.js';
 import { ConfigError } from '../../backends/shared/config.js';
 import { ExecCredentials, NoCredentials, StaticCredentials, TokenFileCredentials, type Credentials, type ExecConfig } from './credentials.js';
 
@@ -110,7 +110,7 @@ function mergeKubeconfigs(paths: string[]): { clusters: Map<string, Named>; user
   for (const file of paths) {
     let doc: unknown;
     try {
-      doc = parseYAML(readFileSync(file, 'utf8'));
+      doc = yaml().parse(readFileSync(file, 'utf8'));
     } catch (e) {
       throw new ConfigError(file, `cannot read kubeconfig: ${(e as Error).message}`);
     }
