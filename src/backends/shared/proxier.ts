@@ -65,17 +65,53 @@ export interface ApplyRequest {
   readonly check: boolean;
 }
 
+/**
+ * A Service's endpoints by key. Most Services have a few: they are kept as
+ * key, endpoint pairs in one array (a Map costs about 340 bytes even for
+ * five); past SMALL_ENDPOINTS pairs, a Map.
+ */
+type EndpointSet = (string | Endpoint)[] | Map<string, Endpoint>;
+const SMALL_ENDPOINTS = 16;
+
+function endpointSet(set: EndpointSet | undefined, key: string, ep: Endpoint): EndpointSet {
+  if (!set) return [key, ep];
+  if (set instanceof Map) return set.set(key, ep);
+  for (let i = 0; i < set.length; i += 2) {
+    if (set[i] !== key) continue;
+    set[i + 1] = ep;
+    return set;
+  }
+  if (set.length < 2 * SMALL_ENDPOINTS) {
+    set.push(key, ep);
+    return set;
+  }
+  const m = new Map<string, Endpoint>();
+  for (let i = 0; i < set.length; i += 2) m.set(set[i] as string, set[i + 1] as Endpoint);
+  return m.set(key, ep);
+}
+
+function endpointDelete(set: EndpointSet, key: string): void {
+  if (set instanceof Map) return void set.delete(key);
+  for (let i = 0; i < set.length; i += 2) if (set[i] === key) return void set.splice(i, 2);
+}
+
+function* endpointValues(set: (string | Endpoint)[]): Generator<Endpoint> {
+  for (let i = 1; i < set.length; i += 2) yield set[i] as Endpoint;
+}
+
+const copyOf = (set: EndpointSet): EndpointSet => (set instanceof Map ? new Map(set) : set.slice());
+
 /** A Service's version the last time it was applied (undefined: not programmed). */
 interface Applied {
   readonly svc: Service | undefined;
-  readonly eps: Map<string, Endpoint> | undefined;
+  readonly eps: EndpointSet | undefined;
 }
 
 export abstract class ProxierBase implements DecoderHandler {
   abstract readonly stats: SyncStats;
   /** the node-local state, as the stream says it is now */
   protected readonly services = new Map<string, Service>();
-  protected readonly endpoints = new Map<string, Map<string, Endpoint>>();
+  private readonly endpoints = new Map<string, EndpointSet>();
   protected node?: LocalNode;
   protected readonly cidrs = new Map<string, ServiceCIDR>();
   protected nodeDirty = true;
@@ -162,15 +198,16 @@ export abstract class ProxierBase implements DecoderHandler {
   setEndpoint(namespace: string, service: string, key: string, ep: Endpoint): void {
     const svcKey = serviceKey(namespace, service);
     this.changing(svcKey);
-    let m = this.endpoints.get(svcKey);
-    if (!m) this.endpoints.set(svcKey, (m = new Map()));
-    m.set(key, ep);
+    const set = this.endpoints.get(svcKey);
+    const next = endpointSet(set, key, ep);
+    if (next !== set) this.endpoints.set(svcKey, next);
   }
 
   deleteEndpoint(namespace: string, service: string, key: string): void {
     const svcKey = serviceKey(namespace, service);
     this.changing(svcKey);
-    this.endpoints.get(svcKey)?.delete(key);
+    const set = this.endpoints.get(svcKey);
+    if (set) endpointDelete(set, key);
   }
 
   setNode(node: LocalNode): void {
@@ -233,8 +270,9 @@ export abstract class ProxierBase implements DecoderHandler {
 
   /** Its endpoints, likewise. */
   protected endpointsOf(key: string): Iterable<Endpoint> {
-    const m = this.held.has(key) ? this.pending.get(key)?.eps : this.endpoints.get(key);
-    return m?.values() ?? [];
+    const set = this.held.has(key) ? this.pending.get(key)?.eps : this.endpoints.get(key);
+    if (!set) return [];
+    return set instanceof Map ? set.values() : endpointValues(set);
   }
 
   /** true while a Service is shown at its last applied version (held back: refused, or during the search for what is) */
@@ -261,8 +299,8 @@ export abstract class ProxierBase implements DecoderHandler {
     if (this.pending.has(key)) return;
     const eps = this.endpoints.get(key);
     this.pending.set(key, { svc: this.services.get(key), eps });
-    // the applied version keeps its own map; the new one is a copy to change
-    if (eps) this.endpoints.set(key, new Map(eps));
+    // the applied version keeps its own set; the new one is a copy to change
+    if (eps) this.endpoints.set(key, copyOf(eps));
   }
 
   private async runSync(reason: 'change' | 'retry', full = this.needFull): Promise<SyncResult> {
