@@ -26,11 +26,11 @@ export function encodeServiceFast(s: Service): Uint8Array {
 
 /**
  * Encodes endpoints one after the other into one buffer: endpoint i is
- * buf[starts[i], starts[i + 1]), and `tail` (if given) follows from
- * starts[list.length]. One allocation for all of a service's encodings
- * instead of one ArrayBuffer each (most of their memory).
+ * buf[starts[i], starts[i + 1]), and the service's encoding (if given)
+ * follows from starts[list.length]. One allocation for all of a service's
+ * encodings instead of one ArrayBuffer each (most of their memory).
  */
-export function encodeEndpointsFast(list: readonly Endpoint[], tail?: Uint8Array): { buf: Uint8Array; starts: number[] } {
+export function encodeEndpointsFast(list: readonly Endpoint[], service?: Service): { buf: Uint8Array; starts: number[] } {
   main.pos = 0;
   const starts: number[] = [];
   for (const e of list) {
@@ -38,7 +38,7 @@ export function encodeEndpointsFast(list: readonly Endpoint[], tail?: Uint8Array
     writeEndpoint(main, e);
   }
   starts.push(main.pos);
-  if (tail) main.bytes(tail);
+  if (service) writeService(main, service);
   return { buf: main.buf.slice(0, main.pos), starts };
 }
 

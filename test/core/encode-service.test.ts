@@ -4,7 +4,8 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { create, equals, fromBinary, toBinary } from '@bufbuild/protobuf';
 import { ServiceSchema, type Protocol, type Service } from '../../src/api/gen/api/localv1/api_pb.js';
-import { encodeServiceFast } from '../../src/api/fast-encode.js';
+import { encodeServiceFast, encodeEndpointsFast } from '../../src/api/fast-encode.js';
+import { encodeService, decodeService } from '../../src/api/model.js';
 import { convertObject } from '../../src/sources/objects.js';
 import { service } from '../helpers/k8s.js';
 import { randomMessages } from '../helpers/random-messages.js';
@@ -68,14 +69,19 @@ test('a number that is not an int32 throws as toBinary does', () => {
   }
 });
 
-test('converted Services encode as toBinary', () => {
+test('encodeService (model) and the store path: converted Services encode as toBinary', () => {
   const o = service('ns', 'web', { type: 'NodePort', ports: [{ name: 'http', port: 80, nodePort: 30080 }, { name: 'dns', port: 53, protocol: 'UDP', targetPort: 'dns' }], sessionAffinity: 'ClientIP', clusterIPs: ['10.96.0.1', 'fd00::1'], ipFamilies: ['IPv4', 'IPv6'] }, { metadata: { labels: { app: 'web', '1': 'one' }, annotations: { note: 'x' } } });
   const c = convertObject(o);
   assert.equal(c.kind, 'Service');
   if (c.kind !== 'Service') return;
   same(c.service, 'converted');
-  // its own buffer, of its size
+  assert.deepEqual(Buffer.from(encodeService(c.service)), Buffer.from(toBinary(ServiceSchema, c.service)));
+  assert.ok(equals(ServiceSchema, decodeService(encodeService(c.service)), c.service));
+  // its own buffer, of its size; and after endpoints in encodeEndpointsFast
   const b = encodeServiceFast(c.service);
   assert.equal(b.byteOffset, 0);
   assert.equal(b.buffer.byteLength, b.length);
+  const { buf, starts } = encodeEndpointsFast([], c.service);
+  assert.deepEqual(starts, [0]);
+  assert.deepEqual(Buffer.from(buf), Buffer.from(b));
 });
