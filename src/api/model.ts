@@ -19,6 +19,7 @@ import {
 } from './gen/api/localv1/api_pb.js';
 import { ipFamily } from './ip.js';
 import { compact } from './compact.js';
+import { encodeServiceFast } from './fast-encode.js';
 
 export { LocalSet, Protocol };
 export type { Service, Endpoint, IPSet, PortMapping, LocalNode, ServiceCIDR };
@@ -89,7 +90,7 @@ export function externallyAccessible(svc: Service): boolean {
   );
 }
 
-export const encodeService = (s: Service): Uint8Array => toBinary(ServiceSchema, s);
+export const encodeService = (s: Service): Uint8Array => encodeServiceFast(s);
 export const encodeEndpoint = (e: Endpoint): Uint8Array => toBinary(EndpointSchema, e);
 export const encodeLocalNode = (n: LocalNode): Uint8Array => toBinary(LocalNodeSchema, n);
 export const encodeServiceCIDR = (c: ServiceCIDR): Uint8Array => toBinary(ServiceCIDRSchema, c);

@@ -5,6 +5,8 @@
 // end() makes room when it takes more.
 const utf8 = new TextEncoder();
 
+const varintSize = (v: number) => (v < 0x80 ? 1 : v < 0x4000 ? 2 : v < 0x200000 ? 3 : v < 0x10000000 ? 4 : 5);
+
 export class ProtoWriter {
   buf: Uint8Array;
   pos = 0;
@@ -44,17 +46,35 @@ export class ProtoWriter {
   /** a string field (tag, length, UTF-8), even when empty: repeated fields write every element */
   string(field: number, s: string): void {
     this.varint((field << 3) | 2);
-    let ascii = true;
-    for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) > 0x7f) (ascii = false), (i = s.length);
-    if (ascii) {
-      this.varint(s.length);
-      this.ensure(s.length);
-      for (let i = 0; i < s.length; i++) this.buf[this.pos++] = s.charCodeAt(i);
-      return;
+    const n = s.length;
+    if (n < 0x80) {
+      // ASCII (most strings): one byte of length, a byte a character
+      this.ensure(n + 1);
+      const buf = this.buf;
+      let p = this.pos + 1;
+      let i = 0;
+      for (; i < n; i++) {
+        const c = s.charCodeAt(i);
+        if (c > 0x7f) break;
+        buf[p++] = c;
+      }
+      if (i === n) {
+        buf[this.pos] = n;
+        this.pos = p;
+        return;
+      }
     }
-    const b = utf8.encode(s);
-    this.varint(b.length);
-    this.bytes(b);
+    // UTF-8 (at most 3 bytes a UTF-16 unit) straight into the buffer, after
+    // the room its length takes if it is n bytes (it is at least n): moved
+    // when its length takes more
+    this.ensure(n * 3 + 10);
+    const at = this.pos;
+    const guess = varintSize(n);
+    const { written } = utf8.encodeInto(s, this.buf.subarray(at + guess));
+    const size = varintSize(written);
+    if (size !== guess) this.buf.copyWithin(at + size, at + guess, at + guess + written);
+    this.varint(written);
+    this.pos += written;
   }
 
   /** a singular string: left out when empty */

@@ -1,8 +1,7 @@
 // One service as one node must see it: the service (with per-node facts) and
 // the endpoints this node may use, each with the scopes it is used for.
-import { toBinary } from '@bufbuild/protobuf';
 import { createHash } from 'node:crypto';
-import { ServiceSchema, type Service, type Endpoint, type EndpointScopes, type PortMapping, type PortName } from '../api/gen/api/localv1/api_pb.js';
+import { type Service, type Endpoint, type EndpointScopes, type PortMapping, type PortName } from '../api/gen/api/localv1/api_pb.js';
 import { encodeEndpointsFast } from '../api/fast-encode.js';
 import { sortSmall } from '../sort.js';
 import { flat } from '../memory.js';
@@ -291,8 +290,8 @@ export function computeServiceView(
       names.push(g.podName !== '' && i === 0 ? g.podName : '');
     });
   }
-  // the service's encoding goes in the same buffer: one allocation per view
-  const { buf, starts } = encodeEndpointsFast(built, toBinary(ServiceSchema, out));
+  // the service is encoded in the same buffer, after the endpoints: one allocation per view
+  const { buf, starts } = encodeEndpointsFast(built, out);
   const endpoints: EndpointView[] = built.map((ep, i) => {
     const named = names[i] !== '';
     const start = starts[i];

@@ -11,6 +11,7 @@ import { compact } from '../api/compact.js';
 import { flat } from '../memory.js';
 import { decodeEndpointInfoFast } from '../api/fast-decode.js';
 import { encodeSlice } from './encode-slice.js';
+import { encodeServiceFast } from '../api/fast-encode.js';
 
 export { encodeSlice };
 
@@ -208,7 +209,7 @@ export class Store {
       setService: (svc) => {
         this.eventCount++;
         const key = serviceKey(svc.Namespace, svc.Name);
-        const bytes = toBinary(ServiceSchema, svc);
+        const bytes = encodeServiceFast(svc);
         const prev = this.services.get(key);
         if (prev && bytesEqual(prev.bytes, bytes)) return;
         keep(this.services, key);
