@@ -1,11 +1,11 @@
 // Giving back what a burst of work left behind. V8 keeps the heap it grew to
 // for a cold sync (two to three times what stays in use) until its memory
 // reducer notices the process is idle, which may be never on a busy node; a
-// node agent's RSS is multiplied by the cluster. After the burst: a full
-// collection (compacting where that does not raise the peak), glibc's
-// malloc_trim for what malloc kept of freed buffers (the kube source's list
-// pages, TLS), and later a scavenge that lets the young generation shrink
-// (measured: docs/benchmarks.md).
+// node agent's RSS is multiplied by the cluster. After the burst: full
+// collections while they give pages back, glibc's malloc_trim for what
+// malloc kept of freed buffers (the kube source's list pages, TLS), and
+// later a scavenge that lets the young generation shrink (measured:
+// docs/benchmarks.md).
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { setFlagsFromString } from 'node:v8';
@@ -40,7 +40,7 @@ function peakRss(): number | undefined {
 export const TRIM_AFTER_BURST_MS = 2000;
 
 /** after the full collection, when the young generation is collected (and shrunk) */
-const YOUNG_AFTER_MS = 8000;
+const YOUNG_AFTER_MS = 6000;
 
 type Gc = (opts?: { type: 'minor' | 'major' }) => void;
 let collect: Gc | undefined;
@@ -56,45 +56,78 @@ function collector(): Gc {
   return collect;
 }
 
+/** between two collections of a trim */
+const STEP_GAP_MS = 250;
+/** a collection that gave back less of V8's heap than this is the trim's last */
+const STEP_MIN_GAIN = 4 << 20;
+/** collections after the first stop once they took this long together (each one stops the event loop) */
+const STEP_BUDGET_MS = 1000;
+/** after a full collection, V8's memory reducer runs this much later (its default, 8 s) when allocation is quiet */
+const REDUCER_DELAY_MS = 1000;
+
 /**
- * A full collection after delayMs (at least the next turn of the event loop:
- * the caller's garbage is then garbage). A delay keeps its cost (0.1-0.3 s
- * at 10k Services) off what follows the burst: the node is
- * programmed, the first changes come. youngAfterMs after it, the young
- * generation is collected once more. Returns a canceller (a process on its
+ * Full collections after delayMs (at least the next turn of the event loop:
+ * the caller's garbage is then garbage); the delay keeps their cost off
+ * what follows the burst (the node is programmed, the first changes come).
+ *
+ * One full collection frees the objects but keeps most of the pages they
+ * were spread over (at 10k Services V8's heap stayed 111 MB for 80 MB in
+ * use). Each further one moves the survivors of a few sparse pages
+ * together and gives those pages back (about 16 MB at a time), without the
+ * copy of the whole heap that forcing compaction costs. So collections
+ * follow one another, STEP_GAP_MS apart, while each gives back at least
+ * STEP_MIN_GAIN and within STEP_BUDGET_MS. Then one compacting collection
+ * moves what is left together, if copying it all stays under the peak RSS
+ * the process already reached (at 30k Services it did not before the
+ * steps), and V8's memory reducer, told to come sooner, does the rest
+ * while the process is quiet. youngAfterMs after the last,
+ * the young generation is collected once more. Measured:
+ * docs/benchmarks.md, "Node agent". Returns a canceller (a process on its
  * way out has nothing to give back).
  */
 export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => void {
+  let timer: NodeJS.Timeout | undefined;
   let young: NodeJS.Timeout | undefined;
-  const t = setTimeout(() => {
+  let committed = process.memoryUsage().heapTotal;
+  let spentMs = 0;
+  let first = true;
+  const step = () => {
+    const gc = collector();
+    if (first) setFlagsFromString(`--gc-memory-reducer-start-delay-ms=${REDUCER_DELAY_MS}`);
+    const t0 = performance.now();
+    gc();
+    mallocTrim()?.();
+    if (!first) spentMs += performance.now() - t0;
+    const now = process.memoryUsage().heapTotal;
+    const gained = committed - now;
+    committed = now;
+    first = false;
+    if (gained >= STEP_MIN_GAIN && spentMs < STEP_BUDGET_MS) {
+      timer = setTimeout(step, STEP_GAP_MS).unref();
+      return;
+    }
+    // what is left sparse: one compacting collection moves it all together,
+    // if copying it stays under the peak the process already reached (a
+    // node's memory limit is set by its peak)
+    const { rss, heapUsed } = process.memoryUsage();
+    const peak = peakRss();
+    if (peak !== undefined && rss + heapUsed <= peak) {
+      setFlagsFromString('--compact-on-every-full-gc');
+      try {
+        gc();
+      } finally {
+        setFlagsFromString('--no-compact-on-every-full-gc');
+      }
+      mallocTrim()?.();
+    }
     // the young generation grew to 32 MB for the burst; V8 shrinks it in a
     // collection only once allocation has been slow for a while: a
     // scavenge (about a millisecond) some seconds later gives it back
     young = setTimeout(() => collector()({ type: 'minor' }), youngAfterMs).unref();
-    // A plain full collection frees the objects but keeps most of the pages
-    // they were spread over (at 10k Services V8's heap stayed 196 MB for
-    // 109 MB in use). A compacting one then moves the live objects together
-    // and the emptied pages go back, but it copies them first: RSS rises by
-    // up to the heap in use before it falls. It runs only when that stays
-    // under the peak the process already reached (a node's memory limit is
-    // set by its peak): at 10k Services it does, at 30k not
-    // (docs/benchmarks.md).
-    const gc = collector();
-    gc();
-    mallocTrim()?.();
-    const { rss, heapUsed } = process.memoryUsage();
-    const peak = peakRss();
-    if (peak === undefined || rss + heapUsed > peak) return;
-    setFlagsFromString('--compact-on-every-full-gc');
-    try {
-      gc();
-    } finally {
-      setFlagsFromString('--no-compact-on-every-full-gc');
-    }
-    mallocTrim()?.();
-  }, delayMs).unref();
+  };
+  timer = setTimeout(step, delayMs).unref();
   return () => {
-    clearTimeout(t);
+    clearTimeout(timer);
     clearTimeout(young);
   };
 }
