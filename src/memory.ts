@@ -62,8 +62,9 @@ const STEP_GAP_MS = 250;
 const STEP_MIN_GAIN = 4 << 20;
 /** collections after the first stop once they took this long together (each one stops the event loop) */
 const STEP_BUDGET_MS = 1000;
-/** after a full collection, V8's memory reducer runs this much later (its default, 8 s) when allocation is quiet */
+/** after a full collection, V8's memory reducer runs this much later when allocation is quiet: during a trim, and V8's default */
 const REDUCER_DELAY_MS = 1000;
+const REDUCER_DEFAULT_MS = 8000;
 
 /**
  * Full collections after delayMs (at least the next turn of the event loop:
@@ -123,7 +124,11 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => vo
     // the young generation grew to 32 MB for the burst; V8 shrinks it in a
     // collection only once allocation has been slow for a while: a
     // scavenge (about a millisecond) some seconds later gives it back
-    young = setTimeout(() => collector()({ type: 'minor' }), youngAfterMs).unref();
+    young = setTimeout(() => {
+      collector()({ type: 'minor' });
+      // later bursts' own collections are not followed by the reducer so soon (its collections cost CPU)
+      setFlagsFromString(`--gc-memory-reducer-start-delay-ms=${REDUCER_DEFAULT_MS}`);
+    }, youngAfterMs).unref();
   };
   timer = setTimeout(step, delayMs).unref();
   return () => {
