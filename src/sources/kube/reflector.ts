@@ -7,6 +7,7 @@ import type { Logger } from '../../log.js';
 import type { Kind, StoreTx } from '../../store/store.js';
 import { convertObject, InvalidObject, objectRef } from '../objects.js';
 import { applyObject, encodedObject, type ModelObject } from '../apply.js';
+import { flat } from '../../memory.js';
 import { formatBytes, IdleTimeout, readBody, statusError, StatusError, TooLarge, watchLines, type KubeClient } from './client.js';
 
 export type KubeKind = 'Service' | 'EndpointSlice' | 'Node' | 'ServiceCIDR';
@@ -454,7 +455,8 @@ export class Reflector {
     const md = obj?.metadata;
     const name = md?.name;
     if (typeof name !== 'string' || !name) return undefined;
-    return this.resource.namespaced ? `${md.namespace || 'default'}/${name}` : name;
+    // kept for the object's life (known): flat, not a rope (src/memory.ts)
+    return this.resource.namespaced ? flat(md.namespace || 'default', '/', name) : name;
   }
 
   /**
