@@ -2,8 +2,34 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { readFileSync } from 'node:fs';
 import { getHeapSpaceStatistics } from 'node:v8';
 import { trimMemory } from '../../src/memory.js';
+
+const peakRss = () => Number(/^VmHWM:\s+(\d+) kB/m.exec(readFileSync('/proc/self/status', 'utf8'))![1]) * 1024;
+const oldSpace = () => getHeapSpaceStatistics().find((s) => s.space_name === 'old_space')!;
+
+// first: the tests after it raise the process's peak (a 256 MiB buffer)
+test('trimMemory compacts in steps when copying the heap in use at once would pass the peak', async () => {
+  // 3M objects that outlive young collections (old space), then two in three dropped: every page keeps a third
+  const all: ({ i: number; s: string } | undefined)[] = [];
+  for (let i = 0; i < 3_000_000; i++) all.push({ i, s: `x${i}` });
+  // the peak: 32 MiB above this, room for a step's copy (at most 6 MB) but not for the 60+ MB in use
+  let room: Buffer | undefined = Buffer.alloc(32 << 20, 1);
+  assert.equal(room[room.length - 1], 1);
+  room = undefined;
+  for (let i = 0; i < all.length; i++) if (i % 3) all[i] = undefined;
+  const peak = peakRss();
+  const used = oldSpace().space_used_size;
+  trimMemory(0, 60_000);
+  // collected (two in three gone), and the pages they were spread over given back
+  const compacted = () => oldSpace().space_used_size < used / 2 && oldSpace().space_size < 1.3 * oldSpace().space_used_size;
+  for (let t = 0; t < 100 && !compacted(); t++) await sleep(100);
+  const old = oldSpace();
+  assert.ok(compacted(), `V8's old space ${Math.round(old.space_size / 2 ** 20)} MiB committed for ${Math.round(old.space_used_size / 2 ** 20)} MiB in use`);
+  assert.ok(peakRss() - peak < 16 * 2 ** 20, `peak RSS ${Math.round(peak / 2 ** 20)} -> ${Math.round(peakRss() / 2 ** 20)} MiB`);
+  assert.equal(all.length, 3_000_000);
+});
 
 test('trimMemory collects the garbage a burst left behind, and gc() stays hidden from the process', async () => {
   let junk: unknown[] | undefined = Array.from({ length: 1_000_000 }, (_, i) => ({ i, s: `x${i}` }));

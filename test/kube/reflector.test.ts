@@ -158,6 +158,26 @@ describe('kube source: pagination', () => {
     assert.equal([...r.store.serviceKeys()].length, 20);
     assert.equal(listsOf('services').filter((q) => !q.query.continue).length, 2, 'listed from the start twice');
   });
+
+  for (const fault of [{ status: 410, reason: 'Expired' }, { status: 500 }]) {
+    it(`a first list writes each page as it comes; listed again (${fault.status === 410 ? 'its continue token expired' : 'it failed'}), it deletes what the pages written had and the server no longer has`, async () => {
+      await setup();
+      seed(20);
+      const continued = { resource: 'services', watch: false, when: (q: RequestRecord) => q.query.continue !== undefined } as const;
+      server.failNext(continued, { delayMs: 300 });
+      server.failNext(continued, fault);
+      const r = start({}, { pageSize: 5, backoffMinMs: 10 });
+      // the first page is in the store while the second is held
+      await until(() => !!r.store.getService('default/svc-0'), 'the first page written');
+      assert.equal(r.store.isSynced('services'), false);
+      server.delete('Service', 'default/svc-0');
+      await until(() => r.store.allSynced, 'synced');
+      assert.equal(listsOf('services').filter((q) => !q.query.continue).length, 2, 'listed from the start twice');
+      assert.equal(r.store.getService('default/svc-0'), undefined);
+      assert.equal([...r.store.serviceKeys()].length, 19);
+      await assertMatchesServer(r);
+    });
+  }
 });
 
 describe('kube source: faults', () => {

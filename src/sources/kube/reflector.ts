@@ -7,6 +7,7 @@ import type { Logger } from '../../log.js';
 import type { Kind, StoreTx } from '../../store/store.js';
 import { convertObject, InvalidObject, objectRef } from '../objects.js';
 import { applyObject, encodedObject, type ModelObject } from '../apply.js';
+import { flat } from '../../memory.js';
 import { formatBytes, IdleTimeout, readBody, statusError, StatusError, TooLarge, watchLines, type KubeClient } from './client.js';
 
 export type KubeKind = 'Service' | 'EndpointSlice' | 'Node' | 'ServiceCIDR';
@@ -274,12 +275,22 @@ export class Reflector {
     return { labelSelector: this.resource.labelSelector, fieldSelector: this.resource.fieldSelector, ...extra };
   }
 
-  /** Lists every page, then applies the difference to what we had in one store update. */
+  /**
+   * Lists every page, then applies the difference to what we had in one
+   * store update. The first list (nothing reaches the sinks before every
+   * kind is synced) writes each page as it comes instead: held until the
+   * last page, 10k Services' converted objects outlived many young
+   * collections, were copied to V8's old space and died there after the
+   * store's update, leaving its pages half empty (about 14 MB of heap more
+   * at 10k Services, docs/benchmarks.md).
+   */
   private async list(): Promise<void> {
     const r = this.resource;
     const t0 = performance.now();
+    const first = !this.synced;
     let seen = new Map<string, string>();
     let writes: ((tx: StoreTx) => void)[] = [];
+    let changed = 0;
     let cont: string | undefined;
     let rv = '';
     let restarted = false;
@@ -299,15 +310,27 @@ export class Reflector {
           restarted = true;
           seen = new Map();
           writes = [];
+          changed = 0;
           cont = undefined;
           continue;
         }
         throw e;
       }
       if (!Array.isArray(page?.items)) throw new Error(`${r.path}: the list has no items`);
+      // a first list's pages are written (and known) at once: a list that
+      // fails or starts over after them compares with them and deletes
+      // what it no longer finds
       for (const item of page.items) {
-        const w = this.observe(item, seen);
+        const w = this.observe(item, seen, first);
         if (w) writes.push(w);
+      }
+      changed += writes.length;
+      if (first && writes.length) {
+        const batch = writes;
+        writes = [];
+        this.writer.enqueue((tx) => {
+          for (const w of batch) w(tx);
+        });
       }
       rv = String(page.metadata?.resourceVersion ?? '');
       cont = page.metadata?.continue || undefined;
@@ -319,9 +342,9 @@ export class Reflector {
     for (const key of this.known.keys()) {
       if (seen.has(key)) continue;
       deleted++;
+      changed++;
       writes.push((tx) => this.deleteKey(tx, key));
     }
-    const first = !this.synced;
     this.known = seen;
     this.resourceVersion = rv;
     this.synced = true;
@@ -332,11 +355,11 @@ export class Reflector {
       for (const w of writes) w(tx);
       if (first) tx.setSynced(kind);
     });
-    const quiet = this.quietRelist && writes.length === 0;
+    const quiet = this.quietRelist && changed === 0;
     this.quietRelist = false;
     this.log[first ? 'info' : quiet ? 'debug' : 'warn'](
-      { resource: r.plural, objects: seen.size, changed: writes.length, deleted, resourceVersion: rv, ms: Math.round(performance.now() - t0) },
-      first ? `kube source: listed ${seen.size} ${r.plural}` : `kube source: relisted ${r.plural}: ${writes.length} changes (${deleted} deleted)`,
+      { resource: r.plural, objects: seen.size, changed, deleted, resourceVersion: rv, ms: Math.round(performance.now() - t0) },
+      first ? `kube source: listed ${seen.size} ${r.plural}` : `kube source: relisted ${r.plural}: ${changed} changes (${deleted} deleted)`,
     );
     for (const k of this.reported.keys()) if (!seen.has(k)) this.reported.delete(k);
   }
@@ -432,16 +455,18 @@ export class Reflector {
     const md = obj?.metadata;
     const name = md?.name;
     if (typeof name !== 'string' || !name) return undefined;
-    return this.resource.namespaced ? `${md.namespace || 'default'}/${name}` : name;
+    // kept for the object's life (known): flat, not a rope (src/memory.ts)
+    return this.resource.namespaced ? flat(md.namespace || 'default', '/', name) : name;
   }
 
   /**
-   * Records one object in `into` and returns the store write it needs: none
+   * Records one object in `into` (and in `known` too if `written`: its write
+   * goes to the store now) and returns the store write it needs: none
    * when we already have this version, the converted object, a delete when a
    * known object became irrelevant (Ignored). An invalid object keeps its
    * last good version and is reported once.
    */
-  private observe(obj: any, into: Map<string, string>): ((tx: StoreTx) => void) | undefined {
+  private observe(obj: any, into: Map<string, string>, written = false): ((tx: StoreTx) => void) | undefined {
     const key = this.keyOf(obj);
     if (key === undefined) {
       this.log.error({ resource: this.resource.plural, object: objectRef(obj), field: 'metadata.name', reason: 'missing' }, `kube source: skipping ${objectRef(obj)}: metadata.name: missing`);
@@ -452,6 +477,7 @@ export class Reflector {
     into.set(key, rv);
     if (rv && prev === rv) return undefined;
     const c = this.convert(obj, key, rv);
+    if (written) this.known.set(key, rv);
     if (c === 'invalid') return undefined;
     if (c === 'ignored') return prev === undefined ? undefined : (tx) => this.deleteKey(tx, key);
     // a list holds every write until its last page: a slice waits as its bytes, not as its objects
