@@ -53,7 +53,10 @@ registerSink({
                 if (t !== undefined) since.set(k!, t);
               }
               changed.clear();
-              for (const op of ops) await sink.send(op);
+              for (const op of ops) {
+                const r = sink.send(op);
+                if (r) await r;
+              }
               if (!ops.length) continue;
               // this frame waits for the next change: it must not keep the ops (and their views) meanwhile
               ops = undefined;
