@@ -134,6 +134,8 @@ export function convertObject(o: unknown): Converted {
   }
 }
 
+const emptyIPSet = (): L.IPSet => ({ $typeName: 'localv1.IPSet', V4: [], V6: [] });
+
 const SERVICE_TYPES = new Set(['ClusterIP', 'NodePort', 'LoadBalancer', 'ExternalName']);
 
 /** annotations a backend reads (to-ipvs: a scheduler per Service), kept with the Service's labels */
@@ -145,18 +147,26 @@ export function convertService(o: Obj): Converted {
   const type = str(spec.type, 'spec.type', 'ClusterIP');
   if (!SERVICE_TYPES.has(type)) throw new InvalidObject('spec.type', `unknown type ${JSON.stringify(type)}`);
 
-  const svc = create(L.ServiceSchema, {
+  // message literals, every field as create() sets it (test/core/objects-literal.test.ts):
+  // protobuf-es's reflective create() was a tenth of a cold start's conversion
+  const ips: L.ServiceIPs = { $typeName: 'localv1.ServiceIPs', ClusterIPs: emptyIPSet(), ExternalIPs: emptyIPSet(), Headless: false, LoadBalancerIPs: emptyIPSet(), ProxyLoadBalancerIPs: emptyIPSet() };
+  const svc: L.Service = {
+    $typeName: 'localv1.Service',
     Namespace: namespace,
     Name: name,
     Type: type,
-    IPs: create(L.ServiceIPsSchema, {
-      ClusterIPs: create(L.IPSetSchema),
-      ExternalIPs: create(L.IPSetSchema),
-      LoadBalancerIPs: create(L.IPSetSchema),
-      ProxyLoadBalancerIPs: create(L.IPSetSchema),
-    }),
-  });
-  const ips = svc.IPs!;
+    IPs: ips,
+    Labels: {},
+    Annotations: {},
+    IPFilters: [],
+    MapIP: false,
+    Ports: [],
+    ExternalTrafficToLocal: false,
+    SessionAffinity: { case: undefined },
+    InternalTrafficToLocal: false,
+    HealthCheckNodePort: 0,
+    TrafficDistribution: '',
+  };
   // only the labels that change how kpng treats the service
   for (const k of Object.keys(labels).sort()) if (k.startsWith('service.kubernetes.io/')) svc.Labels[k] = labels[k];
   const annotations = obj(md.annotations, 'metadata.annotations');
@@ -178,7 +188,7 @@ export function convertService(o: Obj): Converted {
     if (!c) throw new InvalidObject(f, `${JSON.stringify(v)} is not a CIDR`);
     return formatCIDR(c);
   });
-  if (ranges.length) svc.IPFilters.push(create(L.IPFilterSchema, { SourceRanges: ranges }));
+  if (ranges.length) svc.IPFilters.push({ $typeName: 'localv1.IPFilter', SourceRanges: ranges });
 
   const seenPorts = new Set<string>();
   arr(spec.ports, 'spec.ports').forEach((pv, i) => {
@@ -191,7 +201,7 @@ export function convertService(o: Obj): Converted {
     const port = int(p.port, `${f}.port`, 1, 65535);
     if (port === undefined) throw new InvalidObject(`${f}.port`, 'missing');
     const nodePort = int(p.nodePort, `${f}.nodePort`, 0, 65535) ?? 0;
-    const pm = create(L.PortMappingSchema, { Name: portName, Protocol: protocol, Port: port, NodePort: nodePort });
+    const pm: L.PortMapping = { $typeName: 'localv1.PortMapping', Name: portName, Protocol: protocol, Port: port, NodePort: nodePort, TargetPort: 0, TargetPortName: '', HasEndpointsV4: false, HasEndpointsV6: false };
     const tp = p.targetPort;
     if (typeof tp === 'string' && !/^\d+$/.test(tp)) {
       if (!tp) throw new InvalidObject(`${f}.targetPort`, 'empty');
@@ -216,7 +226,7 @@ export function convertService(o: Obj): Converted {
   if (affinity === 'ClientIP') {
     const cfg = obj(obj(spec.sessionAffinityConfig, 'spec.sessionAffinityConfig').clientIP, 'spec.sessionAffinityConfig.clientIP');
     const timeout = int(cfg.timeoutSeconds, 'spec.sessionAffinityConfig.clientIP.timeoutSeconds', 1, 86400) ?? 10800;
-    svc.SessionAffinity = { case: 'ClientIP', value: create(L.ClientIPAffinitySchema, { TimeoutSeconds: timeout }) };
+    svc.SessionAffinity = { case: 'ClientIP', value: { $typeName: 'localv1.ClientIPAffinity', TimeoutSeconds: timeout } };
   } else if (affinity !== 'None') {
     throw new InvalidObject('spec.sessionAffinity', `unknown affinity ${JSON.stringify(affinity)}`);
   }
@@ -279,7 +289,7 @@ export function convertSlice(o: Obj): Converted {
     const nodeHints = arr(hints.forNodes, `${f}.hints.forNodes`).map((z, j) => str(obj(z, `${f}.hints.forNodes[${j}]`, true).name, `${f}.hints.forNodes[${j}].name`)).filter(Boolean).sort();
     const ref = obj(e.targetRef, `${f}.targetRef`);
     const podName = str(ref.kind, `${f}.targetRef.kind`) === 'Pod' ? str(ref.name, `${f}.targetRef.name`) : '';
-    const ipset: L.IPSet = { $typeName: 'localv1.IPSet', V4: [], V6: [] };
+    const ipset = emptyIPSet();
     ipSetAdd(ipset, addr);
     // message literals, every field as create() sets it (test/core/objects-literal.test.ts):
     // the reflective create() was a fifth of a large file's parse

@@ -4,8 +4,9 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import { EndpointInfoSchema } from '../../src/api/gen/api/globalv1/api_pb.js';
+import { ServiceSchema } from '../../src/api/gen/api/localv1/api_pb.js';
 import { convertObject } from '../../src/sources/objects.js';
-import { slice } from '../helpers/k8s.js';
+import { service, slice } from '../helpers/k8s.js';
 
 test('converted slice endpoints are complete messages, as create() and a decode make them', () => {
   const o = slice('ns', 'web-1', 'web', [
@@ -22,5 +23,37 @@ test('converted slice endpoints are complete messages, as create() and a decode 
       assert.deepStrictEqual(fromBinary(EndpointInfoSchema, toBinary(EndpointInfoSchema, e)), e);
       assert.deepStrictEqual(create(EndpointInfoSchema, structuredClone(e)), e);
     }
+  }
+});
+
+test('converted Services are complete messages, as create() and a decode make them', () => {
+  const objects = [
+    service('ns', 'plain'),
+    service('ns', 'lb', {
+      type: 'LoadBalancer',
+      clusterIP: '10.96.0.2',
+      externalIPs: ['192.0.2.1'],
+      loadBalancerSourceRanges: ['10.0.0.0/8'],
+      externalTrafficPolicy: 'Local',
+      internalTrafficPolicy: 'Local',
+      healthCheckNodePort: 30001,
+      sessionAffinity: 'ClientIP',
+      sessionAffinityConfig: { clientIP: { timeoutSeconds: 60 } },
+      trafficDistribution: 'PreferClose',
+      ports: [
+        { name: 'http', port: 80, targetPort: 'web', nodePort: 30080 },
+        { name: 'dns', port: 53, protocol: 'UDP', targetPort: 5353 },
+      ],
+    }, { metadata: { labels: { 'service.kubernetes.io/topology-mode': 'Auto', app: 'x' }, annotations: { 'kpng.io/ipvs-scheduler': 'wrr' } }, status: { loadBalancer: { ingress: [{ ip: '198.51.100.1' }, { ip: '198.51.100.2', ipMode: 'Proxy' }] } } }),
+    service('ns', 'headless', { clusterIP: 'None' }),
+    service('ns', 'dual', { clusterIP: '10.96.0.3', clusterIPs: ['10.96.0.3', 'fd00::3'] }),
+  ];
+  for (const o of objects) {
+    const c = convertObject(o);
+    assert.equal(c.kind, 'Service');
+    if (c.kind !== 'Service') continue;
+    const svc = c.service;
+    assert.deepStrictEqual(fromBinary(ServiceSchema, toBinary(ServiceSchema, svc)), svc);
+    assert.deepStrictEqual(create(ServiceSchema, structuredClone(svc)), svc);
   }
 });
