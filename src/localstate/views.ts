@@ -15,6 +15,7 @@ import { LocalSet, bytesEqual, decodeEndpoint, decodeService, type Endpoint, typ
 import { putSetOp, setOpSize } from '../api/opitem.js';
 import { computeServiceView, type EndpointView, type ServiceView } from './service-view.js';
 import type { NodeContext } from './topology.js';
+import { encodeEndpointFast, encodeServiceFast } from '../api/fast-encode.js';
 
 interface Entry {
   version: number;
@@ -140,13 +141,13 @@ export class ServiceViews {
   // View ids: a LocalDiff keeps the id of each view it sent in an Int32Array
   // (off the JS heap, 4 bytes per service and node); a view stays known by
   // its id while some LocalDiff holds it.
-  private readonly table: (ServiceView | undefined)[] = [undefined];
+  private readonly table: ((ServiceView & HeldView) | undefined)[] = [undefined];
   private readonly tableRefs: number[] = [0];
   private readonly freeIds: number[] = [];
   /** The id of a view (from view()) a LocalDiff now holds; 0 is never an id. */
   ref(v: ServiceView): number {
-    const lv = v as LazyServiceView;
-    if (!(lv instanceof LazyServiceView)) throw new Error('ServiceViews.ref: not a view of these views');
+    if (!(v instanceof HeldView)) throw new Error('ServiceViews.ref: not a view of these views');
+    const lv = v as ServiceView & HeldView;
     if (lv.id === 0) {
       lv.id = this.freeIds.pop() ?? this.table.length;
       this.table[lv.id] = lv;
@@ -159,7 +160,7 @@ export class ServiceViews {
   /** A LocalDiff no longer holds this view. */
   unref(id: number): void {
     if (--this.tableRefs[id] > 0) return;
-    (this.table[id] as LazyServiceView).id = 0;
+    this.table[id]!.id = 0;
     this.table[id] = undefined;
     this.freeIds.push(id);
   }
@@ -240,8 +241,8 @@ export class ServiceViews {
    * values new in one computation packed in one buffer.
    */
   private intern(e: Entry, v: ServiceView): ServiceView {
-    // in-process (one node): nothing to share, keep what was computed
-    if (this.keepDecoded && e.firstClass === undefined) return new LazyServiceView(v.key, v.bytes, -1, v.endpoints, undefined, v.service);
+    // in-process (one node): nothing to share; its messages are kept, their encodings are not
+    if (this.keepDecoded && e.firstClass === undefined) return new DecodedServiceView(v.key, v.service, v.endpoints.map((ep) => new DecodedEndpointView(ep.path, ep.named, ep.endpoint)));
     const services = e.services ?? [];
     const known = (e.endpoints ??= new Map<string, LazyEndpointView[]>());
     const svc = services.find((x) => bytesEqual(x.bytes, v.bytes));
@@ -299,9 +300,42 @@ const NO_ENDPOINTS: readonly EndpointView[] = Object.freeze([]) as readonly Endp
 // A value's `data` is either its bytes (valueAt -1) or the OpItem Set frame
 // that sends it, whose bytes start at valueAt: one object per value, and
 // the frames of one computation share one buffer.
-class LazyServiceView implements ServiceView {
+abstract class HeldView {
   /** ServiceViews.ref's id while some LocalDiff holds this view (a field: no WeakMap for the GC to trace) */
   id = 0;
+}
+
+/**
+ * A node agent's view (one node, in the process: keepDecoded): the messages
+ * only. Their encodings are made when asked for (a diff comparing a changed
+ * Service's two versions, the state socket), not kept: the buffer each view
+ * kept was about 600 bytes a Service with its wrappers (docs/benchmarks.md).
+ */
+class DecodedServiceView extends HeldView implements ServiceView {
+  constructor(
+    readonly key: string,
+    readonly service: Service,
+    readonly endpoints: readonly EndpointView[],
+  ) {
+    super();
+  }
+  get bytes(): Uint8Array {
+    return encodeServiceFast(this.service);
+  }
+}
+
+class DecodedEndpointView implements EndpointView {
+  constructor(
+    readonly path: string,
+    readonly named: boolean,
+    readonly endpoint: Endpoint,
+  ) {}
+  get bytes(): Uint8Array {
+    return encodeEndpointFast(this.endpoint);
+  }
+}
+
+class LazyServiceView extends HeldView implements ServiceView {
   constructor(
     readonly key: string,
     private readonly data: Uint8Array,
@@ -309,7 +343,9 @@ class LazyServiceView implements ServiceView {
     readonly endpoints: readonly EndpointView[],
     private readonly from?: LazyServiceView,
     private decoded?: Service,
-  ) {}
+  ) {
+    super();
+  }
   get bytes(): Uint8Array {
     if (this.from) return this.from.bytes;
     return this.valueAt < 0 ? this.data : this.data.subarray(this.valueAt);
