@@ -48,3 +48,17 @@ test('parts the messages share stay shared; empty lists are one frozen value', (
   assert.throws(() => (v6 as string[]).push('fd00::1'), TypeError);
   eps.forEach((e, i) => assert.deepEqual(toBinary(G.EndpointInfoSchema, copies[i]), toBinary(G.EndpointInfoSchema, e)));
 });
+
+test('nested messages left at their defaults are one shared frozen value per type, and encode the same', () => {
+  const a = create(L.ServiceSchema, { Name: 'a', IPs: { ClusterIPs: { V4: ['10.96.0.1'] }, ExternalIPs: {}, LoadBalancerIPs: {} } });
+  const b = create(L.ServiceSchema, { Name: 'b', IPs: { ClusterIPs: { V4: ['10.96.0.2'] }, ExternalIPs: {}, LoadBalancerIPs: { V4: ['192.0.2.1'] } } });
+  const [ca] = compact(L.ServiceSchema, [a]);
+  const [cb] = compact(L.ServiceSchema, [b]);
+  assert.equal(ca.IPs!.ExternalIPs, cb.IPs!.ExternalIPs, 'empty IPSets are shared');
+  assert.ok(Object.isFrozen(ca.IPs!.ExternalIPs));
+  assert.notEqual(ca.IPs!.ClusterIPs, cb.IPs!.ClusterIPs);
+  assert.deepEqual(cb.IPs!.LoadBalancerIPs!.V4, ['192.0.2.1'], 'a set one is its own');
+  assert.equal(ca.SessionAffinity, cb.SessionAffinity, 'a oneof with no case is shared');
+  assert.equal(ca.IPs!.ProxyLoadBalancerIPs, undefined, 'an unset message stays unset');
+  for (const [c, m] of [[ca, a], [cb, b]] as const) assert.deepEqual(toBinary(L.ServiceSchema, c), toBinary(L.ServiceSchema, m));
+});
