@@ -83,8 +83,8 @@ const REDUCER_DEFAULT_MS = 8000;
  * steps), and V8's memory reducer, told to come sooner, does the rest
  * while the process is quiet. youngAfterMs after the last,
  * the young generation is collected once more. Measured:
- * docs/benchmarks.md, "Node agent". Returns a canceller (a process on its
- * way out has nothing to give back).
+ * docs/benchmarks.md, "The node agent's memory and start, second pass".
+ * Returns a canceller (a process on its way out has nothing to give back).
  */
 export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => void {
   let timer: NodeJS.Timeout | undefined;
@@ -134,6 +134,7 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => vo
   return () => {
     clearTimeout(timer);
     clearTimeout(young);
+    if (!first) setFlagsFromString(`--gc-memory-reducer-start-delay-ms=${REDUCER_DEFAULT_MS}`);
   };
 }
 

@@ -296,10 +296,6 @@ const NO_ENDPOINTS: readonly EndpointView[] = Object.freeze([]) as readonly Endp
 
 // Classes, not object literals with getters: a literal's getter is a closure
 // and a dictionary-mode object, several times the size of these.
-//
-// A value's `data` is either its bytes (valueAt -1) or the OpItem Set frame
-// that sends it, whose bytes start at valueAt: one object per value, and
-// the frames of one computation share one buffer.
 abstract class HeldView {
   /** ServiceViews.ref's id while some LocalDiff holds this view (a field: no WeakMap for the GC to trace) */
   id = 0;
@@ -335,6 +331,9 @@ class DecodedEndpointView implements EndpointView {
   }
 }
 
+// A value's `data` is either its bytes (valueAt -1) or the OpItem Set frame
+// that sends it, whose bytes start at valueAt: one object per value, and
+// the frames of one computation share one buffer.
 class LazyServiceView extends HeldView implements ServiceView {
   constructor(
     readonly key: string,
