@@ -45,12 +45,7 @@ export function encodeEndpointsFast(list: readonly Endpoint[], service?: Service
 /** localv1.Endpoint's fields, as toBinary writes them */
 export function writeEndpoint(w: ProtoWriter, e: Endpoint): void {
   w.str(1, e.Hostname);
-  if (e.IPs) {
-    const at = w.begin(2);
-    for (const ip of e.IPs.V4) w.string(1, ip);
-    for (const ip of e.IPs.V6) w.string(2, ip);
-    w.end(at);
-  }
+  if (e.IPs) writeIPSet(w, 2, e.IPs);
   w.bool(3, e.Local);
   for (const p of e.PortOverrides) {
     const at = w.begin(4);
