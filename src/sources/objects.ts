@@ -6,7 +6,7 @@ import { create } from '@bufbuild/protobuf';
 import * as L from '../api/gen/api/localv1/api_pb.js';
 import * as G from '../api/gen/api/globalv1/api_pb.js';
 import { canonicalIP, parseCIDR, formatCIDR, ipFamily } from '../api/ip.js';
-import { ipSetAdd, parseProtocol } from '../api/model.js';
+import { ipSetAdd, newIPSet, parseProtocol } from '../api/model.js';
 
 export class InvalidObject extends Error {
   constructor(
@@ -134,8 +134,6 @@ export function convertObject(o: unknown): Converted {
   }
 }
 
-const emptyIPSet = (): L.IPSet => ({ $typeName: 'localv1.IPSet', V4: [], V6: [] });
-
 const SERVICE_TYPES = new Set(['ClusterIP', 'NodePort', 'LoadBalancer', 'ExternalName']);
 
 /** annotations a backend reads (to-ipvs: a scheduler per Service), kept with the Service's labels */
@@ -149,7 +147,7 @@ export function convertService(o: Obj): Converted {
 
   // message literals, every field as create() sets it (test/core/objects-literal.test.ts):
   // protobuf-es's reflective create() was a tenth of a cold start's conversion
-  const ips: L.ServiceIPs = { $typeName: 'localv1.ServiceIPs', ClusterIPs: emptyIPSet(), ExternalIPs: emptyIPSet(), Headless: false, LoadBalancerIPs: emptyIPSet(), ProxyLoadBalancerIPs: emptyIPSet() };
+  const ips: L.ServiceIPs = { $typeName: 'localv1.ServiceIPs', ClusterIPs: newIPSet(), ExternalIPs: newIPSet(), Headless: false, LoadBalancerIPs: newIPSet(), ProxyLoadBalancerIPs: newIPSet() };
   const svc: L.Service = {
     $typeName: 'localv1.Service',
     Namespace: namespace,
@@ -289,7 +287,7 @@ export function convertSlice(o: Obj): Converted {
     const nodeHints = arr(hints.forNodes, `${f}.hints.forNodes`).map((z, j) => str(obj(z, `${f}.hints.forNodes[${j}]`, true).name, `${f}.hints.forNodes[${j}].name`)).filter(Boolean).sort();
     const ref = obj(e.targetRef, `${f}.targetRef`);
     const podName = str(ref.kind, `${f}.targetRef.kind`) === 'Pod' ? str(ref.name, `${f}.targetRef.name`) : '';
-    const ipset = emptyIPSet();
+    const ipset = newIPSet();
     ipSetAdd(ipset, addr);
     // message literals, every field as create() sets it (test/core/objects-literal.test.ts):
     // the reflective create() was a fifth of a large file's parse
@@ -324,7 +322,7 @@ export function convertNode(o: Obj): Converted {
   });
   // upstream GetNodeHostIPs: the first address, then the first of the other family
   const all = [...internal, ...external];
-  const ips = create(L.IPSetSchema);
+  const ips = newIPSet();
   if (all.length) {
     ipSetAdd(ips, all[0]);
     const other = all.find((a) => ipFamily(a) !== ipFamily(all[0]));
