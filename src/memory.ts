@@ -5,25 +5,51 @@
 // collections while they give pages back, glibc's malloc_trim for what
 // malloc kept of freed buffers (the kube source's list pages, TLS), and
 // later a scavenge that lets the young generation shrink (measured:
-// docs/benchmarks.md).
+// docs/benchmarks.md). And from the start, few malloc arenas.
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 
+interface Libc {
+  func(signature: string): (...args: number[]) => number;
+}
+let libc: Libc | undefined | null;
+
+/** glibc through koffi; null where there is none (musl, no koffi) */
+function glibc(): Libc | null {
+  if (libc !== undefined) return libc;
+  try {
+    libc = createRequire(import.meta.url)('koffi').load('libc.so.6') as Libc;
+  } catch {
+    libc = null;
+  }
+  return libc;
+}
+
 let trim: (() => void) | undefined | null;
 
-/** glibc's malloc_trim(0) through koffi; null where there is none (musl, no koffi) */
+/** glibc's malloc_trim(0); null where there is none */
 function mallocTrim(): (() => void) | null {
   if (trim !== undefined) return trim;
-  try {
-    const koffi = createRequire(import.meta.url)('koffi');
-    const f = koffi.load('libc.so.6').func('int malloc_trim(size_t)');
-    trim = () => void f(0);
-  } catch {
-    trim = null;
-  }
+  const f = glibc()?.func('int malloc_trim(size_t)');
+  trim = f ? () => void f(0) : null;
   return trim;
+}
+
+/** glibc's mallopt parameter for the most arenas (malloc.h) */
+const M_ARENA_MAX = -8;
+
+/**
+ * At most `arenas` malloc arenas, unless MALLOC_ARENA_MAX says otherwise.
+ * glibc gives each thread that mallocs (V8's GC helpers, libuv's pool) an
+ * arena of its own up to 8 per CPU, and each keeps its own free fragments:
+ * two cut the node agent's settled RSS by about 6 MB at 10k Services
+ * (docs/benchmarks.md). Called first thing, before those threads malloc.
+ */
+export function limitMallocArenas(arenas = 2): void {
+  if (process.env.MALLOC_ARENA_MAX) return;
+  glibc()?.func('int mallopt(int, int)')(M_ARENA_MAX, arenas);
 }
 
 /** the process's peak RSS (VmHWM), bytes; undefined where /proc has none */

@@ -1,3 +1,6 @@
 #!/usr/bin/env node
-import { main } from './main.js';
+// The malloc arenas are limited before anything else loads (and starts threads).
+import { limitMallocArenas } from '../memory.js';
+limitMallocArenas();
+const { main } = await import('./main.js');
 await main();
