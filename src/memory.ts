@@ -7,6 +7,7 @@
 // later a scavenge that lets the young generation shrink (measured:
 // docs/benchmarks.md). And from the start, few malloc arenas.
 import { readFileSync } from 'node:fs';
+import { Session } from 'node:inspector';
 import { createRequire } from 'node:module';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
@@ -65,8 +66,33 @@ function peakRss(): number | undefined {
 /** how long after a burst (a full sync) its garbage is collected: off what follows it */
 export const TRIM_AFTER_BURST_MS = 2000;
 
-/** after the full collection, when the young generation is collected (and shrunk) */
+/** without an inspector: after the full collections, when the young generation is collected (and shrunk) */
 const YOUNG_AFTER_MS = 6000;
+
+/**
+ * V8's low-memory notification, as the inspector's collectGarbage makes it:
+ * full collections flagged to reduce memory, after which V8 shrinks the
+ * young generation at once (a plain collection shrinks it only once
+ * allocation has been slow for about 5 s). done() when it is over; false
+ * where there is no inspector (a build without it).
+ */
+function lowMemoryNotification(done: () => void): boolean {
+  let session: Session;
+  try {
+    session = new Session();
+    session.connect();
+  } catch {
+    return false;
+  }
+  // disconnecting within the reply's callback stalled the event loop: after it
+  session.post('HeapProfiler.collectGarbage', () =>
+    setImmediate(() => {
+      session.disconnect();
+      done();
+    }),
+  );
+  return true;
+}
 
 type Gc = (opts?: { type: 'minor' | 'major' }) => void;
 let collect: Gc | undefined;
@@ -107,8 +133,9 @@ const REDUCER_DEFAULT_MS = 8000;
  * moves what is left together, if copying it all stays under the peak RSS
  * the process already reached (at 30k Services it did not before the
  * steps), and V8's memory reducer, told to come sooner, does the rest
- * while the process is quiet. youngAfterMs after the last,
- * the young generation is collected once more. Measured:
+ * while the process is quiet. Last, V8's low-memory notification gives
+ * back the young generation (or, without an inspector, a scavenge
+ * youngAfterMs later). Measured:
  * docs/benchmarks.md, "The node agent's memory and start, second pass".
  * Returns a canceller (a process on its way out has nothing to give back).
  */
@@ -147,13 +174,15 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => vo
       }
       mallocTrim()?.();
     }
-    // the young generation grew to 32 MB for the burst; V8 shrinks it in a
-    // collection only once allocation has been slow for a while: a
-    // scavenge (about a millisecond) some seconds later gives it back
+    // the young generation grew to 32 MB for the burst: a low-memory
+    // notification gives it back now; without one, a scavenge (about a
+    // millisecond) once allocation has been slow for a while
+    // later bursts' own collections are not followed by the reducer so soon (its collections cost CPU)
+    const reducerBack = () => setFlagsFromString(`--gc-memory-reducer-start-delay-ms=${REDUCER_DEFAULT_MS}`);
+    if (lowMemoryNotification(() => (mallocTrim()?.(), reducerBack()))) return;
     young = setTimeout(() => {
       collector()({ type: 'minor' });
-      // later bursts' own collections are not followed by the reducer so soon (its collections cost CPU)
-      setFlagsFromString(`--gc-memory-reducer-start-delay-ms=${REDUCER_DEFAULT_MS}`);
+      reducerBack();
     }, youngAfterMs).unref();
   };
   timer = setTimeout(step, delayMs).unref();
