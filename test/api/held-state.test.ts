@@ -10,7 +10,7 @@ import { FilterResetSink } from '../../src/diff/filter-reset.js';
 import { LocalDiff } from '../../src/diff/local-diff.js';
 import { ServiceViews } from '../../src/localstate/views.js';
 import type { LocalOp, LocalSink } from '../../src/diff/ops.js';
-import { ByteSlots, HeldState } from '../../src/sinks/local/held-state.js';
+import { EntryTable, HeldState } from '../../src/sinks/local/held-state.js';
 import { NodeStateMirror } from '../../src/sinks/local/state-mirror.js';
 
 const cluster = (n: number, gen = 0) => {
@@ -97,7 +97,7 @@ test('the state socket shows what the backend holds: a refused value keeps its l
     mirror
       .frames([LocalSet.NodesSet], 'a')
       .map((f) => fromBinary(OpItemSchema, f).Op)
-      .map((o) => (o.case === 'Set' ? `${o.value.Ref!.Path}=${Buffer.from(o.value.Bytes).toString('hex')}` : o.case));
+      .map((o): string => (o.case === 'Set' ? `${o.value.Ref!.Path}=${Buffer.from(o.value.Bytes).toString('hex')}` : String(o.case)));
   const before = shown();
   const sent = ops.filter((o) => o.kind === 'set').map((o) => (o.kind === 'set' ? `${o.path}=${Buffer.from(o.bytes).toString('hex')}` : ''));
   assert.deepEqual(before.filter((s) => s.includes('=') && !s.startsWith('a=')).sort(), sent.sort());
@@ -120,20 +120,39 @@ test('the state socket shows what the backend holds: a refused value keeps its l
   assert.equal(shown().length, before.length);
 });
 
-test('byte slots: values stay right through replacements, and dead bytes are compacted away', () => {
-  const slots = new ByteSlots();
+test('the entry table: finds, replaces and deletes like a Map through growth and compaction', () => {
+  const t = new EntryTable();
+  const ref = new Map<string, { slot: number; value: Buffer }>();
   const val = (i: number, gen: number) => Buffer.from(`value ${i} generation ${gen} `.repeat(1 + (i % 7)));
-  const ids = Array.from({ length: 2000 }, (_, i) => slots.add(val(i, 0)));
-  for (let gen = 1; gen <= 30; gen++) for (let i = 0; i < 2000; i += 2) slots.replace(ids[i], val(i, gen));
-  for (let i = 1; i < 2000; i += 4) slots.release(ids[i]);
-  for (let i = 0; i < 2000; i++) {
-    if (i % 4 === 1) continue;
-    assert.ok(slots.equals(ids[i], val(i, i % 2 ? 0 : 30)), `slot ${i}`);
+  let seed = 7;
+  const rnd = (n: number) => ((seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) >>> 8) % n;
+  for (let step = 0; step < 60_000; step++) {
+    const i = rnd(5000);
+    const set = i % 3 ? LocalSet.EndpointsSet : LocalSet.ServicesSet;
+    const path = `ns/s${i % 1000}/ép${i}`; // not ASCII: paths are UTF-8 in the table
+    const k = `${set} ${path}`;
+    const had = ref.get(k);
+    assert.equal(t.find(set, path), had?.slot, `step ${step}`);
+    const what = rnd(3);
+    if (what === 0 && had) {
+      t.release(had.slot);
+      ref.delete(k);
+    } else if (had) {
+      had.value = val(i, step);
+      t.replace(had.slot, had.value);
+    } else ref.set(k, { slot: t.add(set, path, val(i, step)), value: val(i, step) });
   }
-  const { live, dead } = slots.size;
-  assert.ok(dead <= Math.max(live, 1 << 20) + 64 * 1024, `dead ${dead} live ${live}`);
+  assert.equal(t.size, ref.size);
+  for (const [k, { slot, value }] of ref) {
+    const [set, path] = [Number(k.slice(0, k.indexOf(' '))), k.slice(k.indexOf(' ') + 1)];
+    assert.equal(t.find(set, path), slot);
+    assert.equal(t.path(slot), path);
+    assert.equal(t.setOf(slot), set);
+    assert.ok(t.equals(slot, value), k);
+  }
+  const { live, dead } = t.bytes;
+  assert.ok(dead <= Math.max(live, 1 << 20) + (256 << 10), `dead ${dead} live ${live}`);
   // a big value gets a chunk of its own
   const big = Buffer.alloc(200 << 10, 7);
-  const b = slots.add(big);
-  assert.ok(slots.equals(b, big));
+  assert.ok(t.equals(t.add(LocalSet.ServicesSet, 'ns/big', big), big));
 });
