@@ -1,9 +1,9 @@
 // kpng local: the node agent of a split deployment. It watches its node-local
 // state on another kpng's /localv1.Sets/Watch (to-api) and drives a backend
 // as to-local does (agent.ts), with no store of its own. After a reconnect
-// the server resends everything after a Reset; HeldState turns that
-// into what really changed (held-state.ts), so the backend never sees a flush and refill
-// (QuietResyncSink: not even a Sync when nothing changed). What a brain sends
+// the server resends everything after a Reset; HeldState (held-state.ts)
+// turns that into what really changed, so the backend never sees a flush
+// and refill (QuietResyncSink: not even a Sync when nothing changed). What a brain sends
 // is checked before the backend sees it (ValidatingSink).
 import { create } from '@bufbuild/protobuf';
 import type { Command } from 'commander';
@@ -152,8 +152,8 @@ export async function watchLocalApi(opts: WatchClientOptions, nodeName: string, 
  * A value from a brain that does not decode, or is not valid (src/api/validate.ts),
  * never reaches the backend: one log line naming it and the field; the
  * backend keeps what it had (the Set is dropped, it is not a Delete). It sits
- * behind the reset filter (HeldState), which thus counts a refused value as resent: the
- * last good one is not deleted after a reconnect.
+ * behind the reset filter (HeldState), which thus counts a refused value as
+ * resent: the last good one is not deleted after a reconnect.
  */
 export class ValidatingSink implements LocalSink {
   constructor(

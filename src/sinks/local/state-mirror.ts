@@ -1,9 +1,9 @@
 // The state socket of `kpng local` (split mode), which has no store: what
-// its backend received (as the reset filter holds it: held-state.ts), served read-only as
-// /localv1.Sets/Watch on a unix socket of mode 0600, for kpng get. Each
-// answer is the whole state (Reset, Sets in kpng's order, Sync); the next
-// request is answered when the state changed. A watch for another node is
-// refused: this process knows only its own.
+// its backend received, as the reset filter holds it (held-state.ts),
+// served read-only as /localv1.Sets/Watch on a unix socket of mode 0600,
+// for kpng get. Each answer is the whole state (Reset, Sets in kpng's
+// order, Sync); the next request is answered when the state changed. A
+// watch for another node is refused: this process knows only its own.
 import { chmodSync, unlinkSync } from 'node:fs';
 import net from 'node:net';
 import { create, fromBinary } from '@bufbuild/protobuf';
