@@ -1,9 +1,9 @@
 // kpng local: the node agent of a split deployment. It watches its node-local
 // state on another kpng's /localv1.Sets/Watch (to-api) and drives a backend
 // as to-local does (agent.ts), with no store of its own. After a reconnect
-// the server resends everything after a Reset; FilterResetSink turns that
-// into what really changed, so the backend never sees a flush and refill
-// (QuietResyncSink: not even a Sync when nothing changed). What a brain sends
+// the server resends everything after a Reset; HeldState (held-state.ts)
+// turns that into what really changed, so the backend never sees a flush
+// and refill (QuietResyncSink: not even a Sync when nothing changed). What a brain sends
 // is checked before the backend sees it (ValidatingSink).
 import { create } from '@bufbuild/protobuf';
 import type { Command } from 'commander';
@@ -15,11 +15,11 @@ import { DEFAULT_FAILBACK_MS, DEFAULT_WATCHDOG_MS, runWatch, type WatchClientOpt
 import { MAX_BUCKETS } from '../../diff/resume.js';
 import { addClientTLSOptions, clientTLSFromOpts } from '../../api/grpc/tls.js';
 import { localWatchMethod } from '../../api/grpc/wire.js';
-import { FilterResetSink } from '../../diff/filter-reset.js';
 import type { LocalOp, LocalSink, LocalValue } from '../../diff/ops.js';
 import { addBackendCommands, type BackendSpec } from '../../backends/run.js';
 import { runNodeAgent } from './agent.js';
 import { NodeStateMirror, serveMirror } from './state-mirror.js';
+import { HeldState } from './held-state.js';
 import { DEFAULT_NODE_SOCKET, STATE_SOCKET_HELP } from '../api/state-socket.js';
 import { registerCommand } from '../../cli/commands.js';
 import type { Logger } from '../../log.js';
@@ -37,8 +37,8 @@ const SYNC: LocalOp = { kind: 'sync' };
 /**
  * An OpItem as a LocalOp, or why it is refused (a set this side does not
  * know, a path of the wrong shape: nothing the node could have, so it is
- * refused before FilterResetSink). The value is decoded only if someone
- * reads it (FilterResetSink drops most resent ones).
+ * refused before the reset filter). The value is decoded only if someone
+ * reads it (the reset filter drops most resent ones).
  */
 export function toLocalOp(item: OpItem): LocalOp | string {
   const op = item.Op;
@@ -83,34 +83,38 @@ export function toLocalOp(item: OpItem): LocalOp | string {
 const heldBucketCountOk = (n: number) => n > 0 && n <= MAX_BUCKETS && (n & (n - 1)) === 0;
 
 /**
- * After a reconnect the resend ends with a Sync even when FilterResetSink
+ * After a reconnect the resend ends with a Sync even when HeldState
  * found nothing changed: that Sync is dropped, so the backend does not even
  * wake up. Other Syncs pass (the server never sends an empty diff).
  */
 export class QuietResyncSink implements LocalSink {
   private resending = false;
   private forwarded = false;
-  private readonly inner: FilterResetSink;
+  /** the node's state as received: the reset filter, and what the state socket answers from */
+  readonly held: HeldState;
 
-  constructor(backend: LocalSink) {
-    this.inner = new FilterResetSink({
+  /** backend: the sink behind, or a function that builds it around the held state (HeldState.backend) */
+  constructor(backend: LocalSink | ((held: HeldState) => LocalSink)) {
+    let next: LocalSink;
+    this.held = new HeldState({
       send: (op) => {
         if (op.kind === 'sync' && this.resending && !this.forwarded) return;
         this.forwarded = op.kind !== 'sync';
-        return backend.send(op);
+        return next.send(op);
       },
     });
+    next = typeof backend === 'function' ? backend(this.held) : backend;
   }
 
   /** what the node holds, for a new stream's first request (resume) */
   heldDigests(): Uint8Array {
-    return this.inner.heldDigests();
+    return this.held.heldDigests();
   }
 
   async send(op: LocalOp): Promise<void> {
     // ops a broken stream left without their Sync still count as forwarded
     if (op.kind === 'reset') this.resending = true;
-    await this.inner.send(op);
+    await this.held.send(op);
     if (op.kind === 'sync') (this.resending = false), (this.forwarded = false);
   }
 }
@@ -148,8 +152,8 @@ export async function watchLocalApi(opts: WatchClientOptions, nodeName: string, 
  * A value from a brain that does not decode, or is not valid (src/api/validate.ts),
  * never reaches the backend: one log line naming it and the field; the
  * backend keeps what it had (the Set is dropped, it is not a Delete). It sits
- * behind FilterResetSink, which thus counts a refused value as resent: the
- * last good one is not deleted after a reconnect.
+ * behind the reset filter (HeldState), which thus counts a refused value as
+ * resent: the last good one is not deleted after a reconnect.
  */
 export class ValidatingSink implements LocalSink {
   constructor(
@@ -199,8 +203,10 @@ export async function runLocal(localOpts: Record<string, any>, backends: readonl
     signal,
     async feed(sink, stop, b) {
       log.info({ node: b.nodeName, backends: backends.map((x) => x.name).join(','), api: localOpts.api }, 'local: starting');
-      // what the backend gets, served read-only for kpng get
-      const mirror = new NodeStateMirror();
+      // what the backend gets, served read-only for kpng get; the mirror
+      // answers from the reset filter's state, which learns what the backend took
+      let mirror!: NodeStateMirror;
+      const quiet = new QuietResyncSink((held) => new ValidatingSink(held.backend((mirror = new NodeStateMirror(held)).wrap(sink)), log));
       const once = backends.some((x) => x.opts.once);
       const served = once ? undefined : await serveMirror(localOpts.stateSocket ?? '', b.nodeName, mirror, log);
       try {
@@ -217,7 +223,7 @@ export async function runLocal(localOpts: Record<string, any>, backends: readonl
           },
           b.nodeName,
           b.sets ?? [],
-          new QuietResyncSink(new ValidatingSink(mirror.wrap(sink), log)),
+          quiet,
           { resume: localOpts.resume !== false },
         );
       } finally {

@@ -1,9 +1,9 @@
-// The state socket of `kpng local` (split mode), which has no store: a
-// mirror of the ops its backend received, served read-only as
-// /localv1.Sets/Watch on a unix socket of mode 0600, for kpng get. Each
-// answer is the whole state (Reset, Sets in kpng's order, Sync); the next
-// request is answered when the state changed. A watch for another node is
-// refused: this process knows only its own.
+// The state socket of `kpng local` (split mode), which has no store: what
+// its backend received, as the reset filter holds it (held-state.ts),
+// served read-only as /localv1.Sets/Watch on a unix socket of mode 0600,
+// for kpng get. Each answer is the whole state (Reset, Sets in kpng's
+// order, Sync); the next request is answered when the state changed. A
+// watch for another node is refused: this process knows only its own.
 import { chmodSync, unlinkSync } from 'node:fs';
 import net from 'node:net';
 import { create, fromBinary } from '@bufbuild/protobuf';
@@ -16,6 +16,7 @@ import { prepareUnixSocket } from '../api/server.js';
 import { encodeSetOp, LOCAL_WATCH_PATH, RESET_FRAME, SYNC_FRAME } from '../../api/grpc/wire.js';
 import { GrpcStatus, StreamServer, type ServerCall } from '../../api/grpc/h2-server.js';
 import { StreamWriter } from '../../api/grpc/server-stream.js';
+import type { HeldState } from './held-state.js';
 
 /** kpng's local op order for a full state: extra sets first, then services, then endpoints */
 const ORDER = [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet, LocalSet.ServicesSet, LocalSet.EndpointsSet];
@@ -24,26 +25,21 @@ const EXTRA = new Set([LocalSet.NodesSet, LocalSet.ServiceCIDRsSet]);
 const newLocalNode = (name: string) => create(NodeSchema, { Name: name });
 
 export class NodeStateMirror {
-  private readonly values = new Map<LocalSet, Map<string, Uint8Array>>();
   private version = 0;
   private waiters: (() => void)[] = [];
 
-  /** wraps the backend's sink: every op it gets is mirrored first */
+  /** answers from what the reset filter holds (and knows the backend took): no copy of its own */
+  constructor(private readonly held: HeldState) {}
+
+  /** wraps the backend's sink: its Syncs are the state's versions */
   wrap(inner: LocalSink): LocalSink {
     return { send: (op) => (this.apply(op), inner.send(op)) };
   }
 
   apply(op: LocalOp): void {
-    if (op.kind === 'reset') this.values.clear();
-    else if (op.kind === 'set') {
-      let m = this.values.get(op.set);
-      if (!m) this.values.set(op.set, (m = new Map()));
-      m.set(op.path, op.bytes);
-    } else if (op.kind === 'delete') this.values.get(op.set)?.delete(op.path);
-    else if (op.kind === 'sync') {
-      this.version++;
-      for (const w of this.waiters.splice(0)) w();
-    }
+    if (op.kind !== 'sync') return;
+    this.version++;
+    for (const w of this.waiters.splice(0)) w();
   }
 
   /** the state as one answer (frames), the extra sets only if asked; the node at least by name */
@@ -51,11 +47,10 @@ export class NodeStateMirror {
     const out: Buffer[] = [RESET_FRAME];
     for (const set of ORDER) {
       if (EXTRA.has(set) && !sets.includes(set)) continue;
-      const m = this.values.get(set);
+      const entries = [...this.held.entries(set)].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
       // a backend that did not ask for the node set still has a node
-      if (set === LocalSet.NodesSet && !m?.size) out.push(encodeSetOp(set, node, encodeLocalNode(newLocalNode(node))));
-      if (!m) continue;
-      for (const path of [...m.keys()].sort()) out.push(encodeSetOp(set, path, m.get(path)!));
+      if (set === LocalSet.NodesSet && !entries.length) out.push(encodeSetOp(set, node, encodeLocalNode(newLocalNode(node))));
+      for (const [path, bytes] of entries) out.push(encodeSetOp(set, path, bytes));
     }
     out.push(SYNC_FRAME);
     return out;
