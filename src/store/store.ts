@@ -7,10 +7,11 @@ import { toBinary } from '@bufbuild/protobuf';
 import { EndpointInfoSchema, NodeSchema, type EndpointInfo, type Node } from '../api/gen/api/globalv1/api_pb.js';
 import { ServiceSchema, ServiceCIDRSchema, type Service, type ServiceCIDR } from '../api/gen/api/localv1/api_pb.js';
 import { bytesEqual, serviceKey } from '../api/model.js';
-import { compact } from '../api/compact.js';
+import { compact, pooled } from '../api/compact.js';
 import { flat } from '../memory.js';
 import { decodeEndpointInfoFast } from '../api/fast-decode.js';
-import { encodeSlice } from './encode-slice.js';
+import { encodeSlice, encodeSliceTransient, hasUnknownFields } from './encode-slice.js';
+import { Slabs, type Slab, type SlabRef } from './slabs.js';
 import { encodeServiceFast } from '../api/fast-encode.js';
 
 export { encodeSlice };
@@ -21,6 +22,7 @@ export const KINDS: readonly Kind[] = ['services', 'endpointSlices', 'nodes', 's
 export interface StoredService {
   readonly key: string;
   readonly service: Service;
+  /** its canonical encoding (encodeServiceFast); encoded when read: read it once and keep it */
   readonly bytes: Uint8Array;
 }
 
@@ -32,24 +34,35 @@ export interface StoredSlice {
   readonly serviceName: string;
   /** decoded from bytes when read (SliceRecord) */
   readonly endpoints: readonly EndpointInfo[];
-  /** the canonical encoding (encodeSlice) */
+  /** the canonical encoding (encodeSlice): a view of a shared slab, never written over; not to be written to */
   readonly bytes: Uint8Array;
 }
 
 /**
- * An EndpointSlice as the store keeps it: its canonical bytes only. The
- * decoded endpoints are most of a cluster's objects and are read only when
- * a view is computed (once per change in a node agent), so they are decoded
- * then; the last few decoded are kept, for the reads that come together.
+ * An EndpointSlice as the store keeps it: its canonical bytes only, in a
+ * shared slab (slabs.ts). The decoded endpoints are most of a cluster's
+ * objects and are read only when a view is computed (once per change in a
+ * node agent), so they are decoded then; the last few decoded are kept, for
+ * the reads that come together.
  */
-class SliceRecord implements StoredSlice {
+class SliceRecord implements StoredSlice, SlabRef {
   constructor(
     readonly key: string,
     readonly namespace: string,
-    readonly name: string,
     readonly serviceName: string,
-    readonly bytes: Uint8Array,
+    public slab: Slab,
+    public off: number,
+    readonly len: number,
   ) {}
+
+  /** from the key (namespace/name): one string a slice less to keep */
+  get name(): string {
+    return this.key.slice(this.namespace.length + 1);
+  }
+
+  get bytes(): Uint8Array {
+    return this.slab.buf.subarray(this.off, this.off + this.len);
+  }
 
   get endpoints(): readonly EndpointInfo[] {
     let eps = recentlyDecoded.get(this);
@@ -64,9 +77,9 @@ class SliceRecord implements StoredSlice {
 /** A slice kept decoded as well (Store's keepDecodedSlices): for a process that computes many views of each slice. */
 class DecodedSliceRecord extends SliceRecord {
   private readonly decoded: readonly EndpointInfo[];
-  constructor(key: string, namespace: string, name: string, serviceName: string, bytes: Uint8Array, endpoints: readonly EndpointInfo[] | undefined) {
-    super(key, namespace, name, serviceName, bytes);
-    this.decoded = compact(EndpointInfoSchema, endpoints ?? decodeSliceEndpoints(bytes));
+  constructor(key: string, namespace: string, serviceName: string, slab: Slab, off: number, len: number, endpoints: readonly EndpointInfo[] | undefined) {
+    super(key, namespace, serviceName, slab, off, len);
+    this.decoded = compact(EndpointInfoSchema, endpoints ?? decodeSliceEndpoints(this.bytes));
   }
 
   override get endpoints(): readonly EndpointInfo[] {
@@ -76,6 +89,37 @@ class DecodedSliceRecord extends SliceRecord {
 
 const RECENT_MAX = 256;
 const recentlyDecoded = new Map<SliceRecord, readonly EndpointInfo[]>();
+
+/**
+ * A Service as the store keeps it: the compact message, not its bytes as
+ * well (an ArrayBuffer each); they are encoded again when asked for, the
+ * same bytes (checked when stored).
+ */
+class ServiceRecord implements StoredService {
+  constructor(
+    readonly key: string,
+    readonly service: Service,
+  ) {}
+
+  get bytes(): Uint8Array {
+    return encodeServiceFast(this.service);
+  }
+}
+
+/** A Service whose compact copy does not encode as it came (unknown fields: compact leaves them out): its bytes kept as they came. */
+class ServiceRecordWithBytes extends ServiceRecord {
+  constructor(
+    key: string,
+    service: Service,
+    private readonly own: Uint8Array,
+  ) {
+    super(key, service);
+  }
+
+  override get bytes(): Uint8Array {
+    return this.own;
+  }
+}
 
 export interface StoredNode {
   readonly node: Node;
@@ -134,7 +178,8 @@ export class Store {
   }
 
   private readonly services = new Map<string, StoredService>();
-  private readonly slices = new Map<string, StoredSlice>();
+  private readonly slices = new Map<string, SliceRecord>();
+  private readonly slabs = new Slabs();
   /** service key -> its slices' keys: the one key itself (most services), or a set */
   private readonly slicesByService = new Map<string, string | Set<string>>();
   private readonly nodeMap = new Map<string, StoredNode>();
@@ -189,10 +234,17 @@ export class Store {
       const key = flat(namespace, '/', name);
       const prev = this.slices.get(key);
       if (prev && bytesEqual(prev.bytes, bytes)) return;
-      const stored: StoredSlice = this.keepDecodedSlices ? new DecodedSliceRecord(key, namespace, name, serviceName, bytes, endpoints) : new SliceRecord(key, namespace, name, serviceName, bytes);
+      const { slab, off } = this.slabs.put(bytes);
+      // the Service's own copies (compact pools them)
+      const ns = pooled(namespace);
+      const svcName = pooled(serviceName);
+      const stored = this.keepDecodedSlices ? new DecodedSliceRecord(key, ns, svcName, slab, off, bytes.length, endpoints) : new SliceRecord(key, ns, svcName, slab, off, bytes.length);
+      if (prev) this.slabs.release(prev);
       undo.push(() => {
         this.unindexSlice(stored);
+        this.slabs.release(stored);
         if (prev) {
+          this.slabs.rehold(prev);
           this.slices.set(key, prev);
           this.indexSlice(prev);
         } else this.slices.delete(key);
@@ -212,8 +264,9 @@ export class Store {
         const bytes = encodeServiceFast(svc);
         const prev = this.services.get(key);
         if (prev && bytesEqual(prev.bytes, bytes)) return;
+        const service = compact(ServiceSchema, [svc])[0];
         keep(this.services, key);
-        this.services.set(key, { key, service: compact(ServiceSchema, [svc])[0], bytes });
+        this.services.set(key, bytesEqual(encodeServiceFast(service), bytes) ? new ServiceRecord(key, service) : new ServiceRecordWithBytes(key, service, bytes));
         touchService(key);
       },
       deleteService: (namespace, name) => {
@@ -224,7 +277,7 @@ export class Store {
         this.services.delete(key);
         touchService(key);
       },
-      setSlice: (namespace, name, serviceName, endpoints) => setSlice(namespace, name, serviceName, encodeSlice(serviceName, endpoints), endpoints),
+      setSlice: (namespace, name, serviceName, endpoints) => setSlice(namespace, name, serviceName, encodeSliceTransient(serviceName, endpoints), endpoints),
       setSliceBytes: (namespace, name, serviceName, bytes) => setSlice(namespace, name, serviceName, bytes, undefined),
       deleteSlice: (namespace, name) => {
         this.eventCount++;
@@ -232,9 +285,11 @@ export class Store {
         const prev = this.slices.get(key);
         if (!prev) return;
         undo.push(() => {
+          this.slabs.rehold(prev);
           this.slices.set(key, prev);
           this.indexSlice(prev);
         });
+        this.slabs.release(prev);
         this.slices.delete(key);
         this.unindexSlice(prev);
         slices.add(key);
@@ -288,6 +343,8 @@ export class Store {
     }
     // a service gone for good (no Service, no slice) needs no version: the bookkeeping stays bounded
     for (const key of services) if (!this.services.has(key) && !this.slicesByService.has(key)) this.serviceVersions.delete(key);
+    // after the batch: its undo needs every released record where it was
+    if (this.slabs.wantsCompaction) this.slabs.compact(this.slices.values());
 
     if (!services.size && !slices.size && !nodes.size && !cidrsChanged && !syncFlipped) return undefined;
     this.revision++;
@@ -361,7 +418,11 @@ export function decodeSliceEndpoints(bytes: Uint8Array): readonly EndpointInfo[]
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   while (off < bytes.length) {
     const len = view.getUint32(off);
-    out.push(decodeEndpointInfoFast(bytes.subarray(off + 4, off + 4 + len)));
+    const one = bytes.subarray(off + 4, off + 4 + len);
+    let e = decodeEndpointInfoFast(one);
+    // fromBinary keeps unknown fields as views of what it decoded: of a copy, not of a whole slab
+    if (hasUnknownFields(e)) e = decodeEndpointInfoFast(one.slice());
+    out.push(e);
     off += 4 + len;
   }
   return out;
