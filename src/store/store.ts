@@ -371,6 +371,8 @@ export class Store {
   serviceVersion(key: string): number { return this.serviceVersions.get(key) ?? 0; }
   /** services with a version kept (for tests: bounded by what exists) */
   get versionCount(): number { return this.serviceVersions.size; }
+  /** slices' bytes stored, and bytes of the slabs holding them (for tests: bounded by what is stored) */
+  get sliceBytes(): { readonly live: number; readonly held: number } { return { live: this.slabs.live, held: this.slabs.held }; }
   serviceKeys(): IterableIterator<string> { return this.services.keys(); }
   allServices(): IterableIterator<StoredService> { return this.services.values(); }
 

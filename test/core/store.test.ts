@@ -4,6 +4,8 @@ import assert from 'node:assert/strict';
 import { syncedStore, load, service, slice, node } from '../helpers/k8s.js';
 import { Store, KINDS, encodeSlice } from '../../src/store/store.js';
 import { convertObject } from '../../src/sources/objects.js';
+import { toBinary } from '@bufbuild/protobuf';
+import { ServiceSchema } from '../../src/api/gen/api/localv1/api_pb.js';
 
 const convertOne = (o: Record<string, unknown>) => {
   const c = convertObject(o);
@@ -137,4 +139,112 @@ test('a slice kept as bytes (a node agent) or decoded too (a brain) reads back t
     byObjects.update((tx) => tx.setSliceBytes('ns', 'a-1', 'a', encodeSlice('a', s1.endpoints)));
     assert.equal(byObjects.rev, rev, 'the same bytes are no change');
   }
+});
+
+test("slices' slabs under churn: every read right, bytes read earlier intact, memory bounded by what is stored", () => {
+  const conv = (o: Record<string, unknown>) => {
+    const c = convertObject(o);
+    if (c.kind !== 'EndpointSlice') throw new Error('not a slice');
+    return c.endpoints;
+  };
+  // a few endpoint lists of different sizes, one large enough for a slab of its own
+  const lists = [1, 2, 5, 9, 40, 1500].map((n) => conv(slice('ns', 'x', 'svc', Array.from({ length: n }, (_, i) => ({ ip: `10.${n % 250}.${i >> 8}.${i & 255}`, node: `n${i % 7}`, pod: `p${i}` })))));
+  let seed = 12345;
+  const rnd = (n: number) => ((seed = (seed * 1103515245 + 12345) >>> 0) >>> 8) % n;
+  for (const keepDecodedSlices of [false, true]) {
+    const store = new Store({ keepDecodedSlices });
+    /** slice name -> [service, list index] as written */
+    const want = new Map<string, [string, number]>();
+    const held: { copy: Uint8Array; view: Uint8Array }[] = [];
+    const expected = (name: string) => {
+      const [svc, li] = want.get(name)!;
+      return encodeSlice(svc, lists[li]);
+    };
+    let maxHeldOverLive = 0;
+    for (let round = 0; round < 3000; round++) {
+      store.update((tx) => {
+        for (let k = 0; k < 8; k++) {
+          const name = `s${rnd(300)}`;
+          const op = rnd(10);
+          if (op < 2) {
+            tx.deleteSlice('ns', name);
+            want.delete(name);
+          } else {
+            // the big list rarely: it would be most of the bytes
+            const li = rnd(50) === 0 ? 5 : rnd(5);
+            const svc = `svc${rnd(20)}`;
+            if (op < 6) tx.setSlice('ns', name, svc, lists[li]);
+            else tx.setSliceBytes('ns', name, svc, encodeSlice(svc, lists[li]));
+            want.set(name, [svc, li]);
+          }
+        }
+      });
+      if (round % 50 === 0) {
+        // a caller keeping what it read: the view must never change under it
+        const name = [...want.keys()][rnd(want.size)];
+        if (name) {
+          const view = store.getSlice(`ns/${name}`)!.bytes;
+          held.push({ copy: view.slice(), view });
+        }
+      }
+      const { live, held: h } = store.sliceBytes;
+      maxHeldOverLive = Math.max(maxHeldOverLive, h - live - live * 0.6);
+    }
+    assert.equal([...store.allSlices()].length, want.size);
+    let total = 0;
+    for (const [name, [svc, li]] of want) {
+      const got = store.getSlice(`ns/${name}`)!;
+      const bytes = expected(name);
+      total += bytes.length;
+      assert.deepEqual(got.bytes, bytes, name);
+      assert.equal(got.serviceName, svc);
+      assert.equal(got.name, name);
+      assert.equal(got.endpoints.length, lists[li].length);
+      assert.ok(store.slicesOfService(`ns/${svc}`).includes(got));
+    }
+    assert.equal(store.sliceBytes.live, total, 'live bytes are what is stored');
+    for (const { copy, view } of held) assert.deepEqual(view, copy, 'bytes read earlier are intact');
+    // held bytes stay within the compaction's bound (1.6x live and a slab or two)
+    assert.ok(maxHeldOverLive <= 2 * 256 * 1024, `held exceeded live by ${maxHeldOverLive}`);
+    // everything deleted: nothing held but the current slab
+    store.update((tx) => {
+      for (const name of want.keys()) tx.deleteSlice('ns', name);
+    });
+    assert.equal(store.sliceBytes.live, 0);
+    assert.ok(store.sliceBytes.held <= 256 * 1024);
+  }
+});
+
+test('a batch that throws gives back the slab space of what it wrote, and what it replaced or deleted reads as before', () => {
+  const store = syncedStore([service('ns', 'a'), slice('ns', 'a-1', 'a', [{ ip: '10.0.0.1' }]), slice('ns', 'a-2', 'a', [{ ip: '10.0.0.2' }])]);
+  const before = store.slicesOfService('ns/a').map((s) => s.bytes.slice());
+  const bytes = { ...store.sliceBytes };
+  assert.throws(() =>
+    store.update((tx) => {
+      tx.setSlice('ns', 'a-1', 'a', []);
+      tx.deleteSlice('ns', 'a-2');
+      tx.setSlice('ns', 'a-3', 'a', []);
+      throw new Error('boom');
+    }),
+  );
+  assert.deepEqual(
+    store.slicesOfService('ns/a').map((s) => s.bytes),
+    before,
+  );
+  assert.equal(store.sliceBytes.live, bytes.live);
+  // the same again changes nothing
+  const rev = store.rev;
+  load(store, [slice('ns', 'a-1', 'a', [{ ip: '10.0.0.1' }]), slice('ns', 'a-2', 'a', [{ ip: '10.0.0.2' }])]);
+  assert.equal(store.rev, rev);
+});
+
+test("a Service's bytes are its canonical encoding, read as often as asked; the same Service again changes nothing", () => {
+  const store = syncedStore([service('ns', 'a')]);
+  const s = store.getService('ns/a')!;
+  assert.deepEqual(s.bytes, toBinary(ServiceSchema, s.service));
+  assert.deepEqual(s.bytes, s.bytes);
+  const rev = store.rev;
+  load(store, [service('ns', 'a')]);
+  assert.equal(store.rev, rev);
+  assert.equal(store.getService('ns/a'), s);
 });
