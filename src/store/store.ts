@@ -12,6 +12,7 @@ import { flat } from '../memory.js';
 import { decodeEndpointInfoFast } from '../api/fast-decode.js';
 import { encodeSlice, encodeSliceTransient, hasUnknownFields } from './encode-slice.js';
 import { Slabs, type Slab, type SlabRef } from './slabs.js';
+import { forEachPacked, isRaw, namesPrefix, packSlice, unpackSlice } from './slice-pack.js';
 import { encodeServiceFast } from '../api/fast-encode.js';
 
 export { encodeSlice };
@@ -39,8 +40,8 @@ export interface StoredSlice {
 }
 
 /**
- * An EndpointSlice as the store keeps it: its canonical bytes only, in a
- * shared slab (slabs.ts). The decoded endpoints are most of a cluster's
+ * An EndpointSlice as the store keeps it: its canonical bytes only, packed
+ * (slice-pack.ts) in a shared slab (slabs.ts). The decoded endpoints are most of a cluster's
  * objects and are read only when a view is computed (once per change in a
  * node agent), so they are decoded then; the last few decoded are kept, for
  * the reads that come together.
@@ -60,14 +61,38 @@ class SliceRecord implements StoredSlice, SlabRef {
     return this.key.slice(this.namespace.length + 1);
   }
 
-  get bytes(): Uint8Array {
+  /** the bytes as packed */
+  get packed(): Uint8Array {
     return this.slab.buf.subarray(this.off, this.off + this.len);
+  }
+
+  get bytes(): Uint8Array {
+    return unpackSlice(this.packed, namesPrefix(this.namespace, this.name, this.serviceName));
+  }
+
+  /** the endpoints decoded afresh */
+  decode(): readonly EndpointInfo[] {
+    const packed = this.packed;
+    if (isRaw(packed)) return decodeSliceEndpoints(packed.subarray(1));
+    const out: EndpointInfo[] = [];
+    const name = this.name;
+    forEachPacked(packed, (bytes, stripped) => {
+      const e = decodeEndpoint(bytes);
+      // (a canonical encoding has each field once: one of these later in it would be a second)
+      if (stripped) {
+        if (e.Namespace === '') e.Namespace = this.namespace;
+        if (e.SourceName === '') e.SourceName = name;
+        if (e.ServiceName === '') e.ServiceName = this.serviceName;
+      }
+      out.push(e);
+    });
+    return out;
   }
 
   get endpoints(): readonly EndpointInfo[] {
     let eps = recentlyDecoded.get(this);
     if (eps) return eps;
-    eps = decodeSliceEndpoints(this.bytes);
+    eps = this.decode();
     if (recentlyDecoded.size >= RECENT_MAX) recentlyDecoded.delete(recentlyDecoded.keys().next().value!);
     recentlyDecoded.set(this, eps);
     return eps;
@@ -79,7 +104,7 @@ class DecodedSliceRecord extends SliceRecord {
   private readonly decoded: readonly EndpointInfo[];
   constructor(key: string, namespace: string, serviceName: string, slab: Slab, off: number, len: number, endpoints: readonly EndpointInfo[] | undefined) {
     super(key, namespace, serviceName, slab, off, len);
-    this.decoded = compact(EndpointInfoSchema, endpoints ?? decodeSliceEndpoints(this.bytes));
+    this.decoded = compact(EndpointInfoSchema, endpoints ?? this.decode());
   }
 
   override get endpoints(): readonly EndpointInfo[] {
@@ -233,12 +258,15 @@ export class Store {
       this.eventCount++;
       const key = flat(namespace, '/', name);
       const prev = this.slices.get(key);
-      if (prev && bytesEqual(prev.bytes, bytes)) return;
-      const { slab, off } = this.slabs.put(bytes);
+      // packed with prev's names, the bytes compare as prev's bytes would
+      let packed = packSlice(bytes, namesPrefix(namespace, name, prev?.serviceName ?? serviceName));
+      if (prev && bytesEqual(prev.packed, packed)) return;
+      if (prev && prev.serviceName !== serviceName) packed = packSlice(bytes, namesPrefix(namespace, name, serviceName));
+      const { slab, off } = this.slabs.put(packed);
       // the Service's own copies (compact pools them)
       const ns = pooled(namespace);
       const svcName = pooled(serviceName);
-      const stored = this.keepDecodedSlices ? new DecodedSliceRecord(key, ns, svcName, slab, off, bytes.length, endpoints) : new SliceRecord(key, ns, svcName, slab, off, bytes.length);
+      const stored = this.keepDecodedSlices ? new DecodedSliceRecord(key, ns, svcName, slab, off, packed.length, endpoints) : new SliceRecord(key, ns, svcName, slab, off, packed.length);
       if (prev) this.slabs.release(prev);
       undo.push(() => {
         this.unindexSlice(stored);
@@ -420,12 +448,14 @@ export function decodeSliceEndpoints(bytes: Uint8Array): readonly EndpointInfo[]
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   while (off < bytes.length) {
     const len = view.getUint32(off);
-    const one = bytes.subarray(off + 4, off + 4 + len);
-    let e = decodeEndpointInfoFast(one);
-    // fromBinary keeps unknown fields as views of what it decoded: of a copy, not of a whole slab
-    if (hasUnknownFields(e)) e = decodeEndpointInfoFast(one.slice());
-    out.push(e);
+    out.push(decodeEndpoint(bytes.subarray(off + 4, off + 4 + len)));
     off += 4 + len;
   }
   return out;
+}
+
+function decodeEndpoint(bytes: Uint8Array): EndpointInfo {
+  const e = decodeEndpointInfoFast(bytes);
+  // fromBinary keeps unknown fields as views of what it decoded: of a copy, not of a whole slab
+  return hasUnknownFields(e) ? decodeEndpointInfoFast(bytes.slice()) : e;
 }
