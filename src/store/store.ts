@@ -281,8 +281,8 @@ export class Store {
       this.slices.set(key, stored);
       this.indexSlice(stored);
       slices.add(key);
-      if (prev && prev.serviceName !== serviceName) touchService(serviceKey(namespace, prev.serviceName));
-      touchService(serviceKey(namespace, serviceName));
+      if (prev && prev.serviceName !== serviceName) touchService(this.serviceKeyOf(namespace, prev.serviceName));
+      touchService(this.serviceKeyOf(namespace, serviceName));
     };
 
     const tx: StoreTx = {
@@ -321,7 +321,7 @@ export class Store {
         this.slices.delete(key);
         this.unindexSlice(prev);
         slices.add(key);
-        touchService(serviceKey(namespace, prev.serviceName));
+        touchService(this.serviceKeyOf(namespace, prev.serviceName));
       },
       setNode: (node) => {
         this.eventCount++;
@@ -422,8 +422,14 @@ export class Store {
     return [...this.cidrs.values()].sort((a, b) => (a.cidr.Name < b.cidr.Name ? -1 : 1));
   }
 
+  /** the Service's key, the stored Service's copy of it if there is one: the maps by service share it */
+  private serviceKeyOf(namespace: string, name: string): string {
+    const key = serviceKey(namespace, name);
+    return this.services.get(key)?.key ?? key;
+  }
+
   private indexSlice(s: StoredSlice) {
-    const key = serviceKey(s.namespace, s.serviceName);
+    const key = this.serviceKeyOf(s.namespace, s.serviceName);
     const had = this.slicesByService.get(key);
     if (had === undefined || had === s.key) this.slicesByService.set(key, s.key);
     else if (typeof had === 'string') this.slicesByService.set(key, new Set([had, s.key]));
