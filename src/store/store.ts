@@ -5,13 +5,14 @@
 // updates never wake anyone.
 import { toBinary } from '@bufbuild/protobuf';
 import { EndpointInfoSchema, NodeSchema, type EndpointInfo, type Node } from '../api/gen/api/globalv1/api_pb.js';
-import { ServiceSchema, ServiceCIDRSchema, type Service, type ServiceCIDR } from '../api/gen/api/localv1/api_pb.js';
+import { ServiceSchema, ServiceCIDRSchema, type PortMapping, type Service, type ServiceCIDR } from '../api/gen/api/localv1/api_pb.js';
 import { bytesEqual, serviceKey } from '../api/model.js';
 import { compact, pooled } from '../api/compact.js';
 import { flat } from '../memory.js';
 import { decodeEndpointInfoFast } from '../api/fast-decode.js';
 import { encodeSlice, encodeSliceTransient, hasUnknownFields } from './encode-slice.js';
 import { Slabs, type Slab, type SlabRef } from './slabs.js';
+import { sharedPorts } from './shared-ports.js';
 import { forEachPacked, isRaw, namesPrefix, packSlice, unpackSlice } from './slice-pack.js';
 import { encodeServiceFast } from '../api/fast-encode.js';
 
@@ -293,6 +294,8 @@ export class Store {
         const prev = this.services.get(key);
         if (prev && bytesEqual(prev.bytes, bytes)) return;
         const service = compact(ServiceSchema, [svc])[0];
+        // (compact hands back a message with a prototype chain as it is: not ours to change)
+        if (service !== svc) service.Ports = sharedPorts(service.Ports) as PortMapping[];
         keep(this.services, key);
         this.services.set(key, bytesEqual(encodeServiceFast(service), bytes) ? new ServiceRecord(key, service) : new ServiceRecordWithBytes(key, service, bytes));
         touchService(key);

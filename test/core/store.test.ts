@@ -251,3 +251,18 @@ test("a Service's bytes are its canonical encoding, read as often as asked; the 
   assert.equal(store.rev, rev);
   assert.equal(store.getService('ns/a'), s);
 });
+
+test('Services with the same ports share one frozen list; their bytes are still their own', () => {
+  const ports = [{ name: 'http', port: 80, targetPort: 8080 }, { name: 'dns', port: 53, protocol: 'UDP' }];
+  const store = syncedStore([
+    service('ns', 'a', { ports, clusterIP: '10.96.0.1' }),
+    service('ns', 'b', { ports, clusterIP: '10.96.0.2' }),
+    service('ns', 'c', { ports: [{ name: 'http', port: 81 }], clusterIP: '10.96.0.3' }),
+  ]);
+  const [a, b, c] = ['ns/a', 'ns/b', 'ns/c'].map((k) => store.getService(k)!);
+  assert.equal(a.service.Ports, b.service.Ports);
+  assert.notEqual(a.service.Ports, c.service.Ports);
+  assert.ok(Object.isFrozen(a.service.Ports) && Object.isFrozen(a.service.Ports[0]));
+  for (const s of [a, b, c]) assert.deepEqual(s.bytes, toBinary(ServiceSchema, s.service));
+  assert.deepEqual(a.service.Ports.map((p) => [p.Name, p.Port, p.TargetPort]), [['http', 80, 8080], ['dns', 53, 53]]);
+});
