@@ -36,7 +36,7 @@ export interface StoredSlice {
   readonly serviceName: string;
   /** decoded from bytes when read (SliceRecord) */
   readonly endpoints: readonly EndpointInfo[];
-  /** the canonical encoding (encodeSlice): a view of a shared slab, never written over; not to be written to */
+  /** the canonical encoding (encodeSlice), put together when read (SliceRecord): read it once and keep it; never changes after */
   readonly bytes: Uint8Array;
 }
 
