@@ -185,8 +185,12 @@ test("slices' slabs under churn: every read right, bytes read earlier intact, me
         // a caller keeping what it read: the view must never change under it
         const name = [...want.keys()][rnd(want.size)];
         if (name) {
-          const view = store.getSlice(`ns/${name}`)!.bytes;
+          const got = store.getSlice(`ns/${name}`)!;
+          const view = got.bytes;
           held.push({ copy: view.slice(), view });
+          // and a view of the slab itself (what the record reads from): compaction must not write over it
+          const packed = (got as unknown as { packed: Uint8Array }).packed;
+          held.push({ copy: packed.slice(), view: packed });
         }
       }
       const { live, held: h } = store.sliceBytes;
