@@ -42,10 +42,10 @@ export interface StoredSlice {
 
 /**
  * An EndpointSlice as the store keeps it: its canonical bytes only, packed
- * (slice-pack.ts) in a shared slab (slabs.ts). The decoded endpoints are most of a cluster's
- * objects and are read only when a view is computed (once per change in a
- * node agent), so they are decoded then; the last few decoded are kept, for
- * the reads that come together.
+ * (slice-pack.ts) in a shared slab (slabs.ts). The decoded endpoints are
+ * most of a cluster's objects and are read only when a view is computed
+ * (once per change in a node agent), so they are decoded then; the last few
+ * decoded are kept, for the reads that come together.
  */
 class SliceRecord implements StoredSlice, SlabRef {
   constructor(
