@@ -15,15 +15,22 @@ const w = new ProtoWriter(4096);
 
 const okInt = (v: number) => Number.isInteger(v) && v >= 0 && v <= 0xffffffff;
 
-/** whether writeInfo writes e exactly as toBinary would */
-function writable(e: EndpointInfo): boolean {
-  if (e.Hash !== 0n || e.$unknown?.length) return false;
+/** whether e or a message in it has unknown fields */
+export function hasUnknownFields(e: EndpointInfo): boolean {
+  if (e.$unknown?.length) return true;
   const ep = e.Endpoint;
   if (ep) {
-    if (ep.$unknown?.length || ep.IPs?.$unknown?.length || ep.Scopes?.$unknown?.length) return false;
-    for (const p of ep.PortOverrides) if (p.$unknown?.length || !okInt(p.Port) || !okInt(p.Protocol)) return false;
+    if (ep.$unknown?.length || ep.IPs?.$unknown?.length || ep.Scopes?.$unknown?.length) return true;
+    for (const p of ep.PortOverrides) if (p.$unknown?.length) return true;
   }
-  return !e.Conditions?.$unknown?.length && !e.Topology?.$unknown?.length && !e.Hints?.$unknown?.length;
+  return !!(e.Conditions?.$unknown?.length || e.Topology?.$unknown?.length || e.Hints?.$unknown?.length);
+}
+
+/** whether writeInfo writes e exactly as toBinary would */
+function writable(e: EndpointInfo): boolean {
+  if (e.Hash !== 0n || hasUnknownFields(e)) return false;
+  for (const p of e.Endpoint?.PortOverrides ?? []) if (!okInt(p.Port) || !okInt(p.Protocol)) return false;
+  return true;
 }
 
 function writeInfo(e: EndpointInfo) {
@@ -59,6 +66,12 @@ function writeInfo(e: EndpointInfo) {
 
 /** A slice's canonical bytes: the service name, a NUL, then each endpoint's encoding after its length (4 bytes, big-endian). */
 export function encodeSlice(serviceName: string, endpoints: readonly EndpointInfo[]): Uint8Array {
+  // a buffer of its own, of its size
+  return encodeSliceTransient(serviceName, endpoints).slice();
+}
+
+/** encodeSlice's bytes in the encoder's own buffer: good until the next encoding (the store copies them into a slab) */
+export function encodeSliceTransient(serviceName: string, endpoints: readonly EndpointInfo[]): Uint8Array {
   const name = utf8.encode(serviceName + '\0');
   w.pos = 0;
   w.ensure(name.length);
@@ -81,6 +94,5 @@ export function encodeSlice(serviceName: string, endpoints: readonly EndpointInf
     w.buf[lenAt + 2] = (len >>> 8) & 0xff;
     w.buf[lenAt + 3] = len & 0xff;
   }
-  // a buffer of its own, of its size
-  return w.buf.slice(0, w.pos);
+  return w.buf.subarray(0, w.pos);
 }

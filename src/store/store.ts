@@ -5,12 +5,15 @@
 // updates never wake anyone.
 import { toBinary } from '@bufbuild/protobuf';
 import { EndpointInfoSchema, NodeSchema, type EndpointInfo, type Node } from '../api/gen/api/globalv1/api_pb.js';
-import { ServiceSchema, ServiceCIDRSchema, type Service, type ServiceCIDR } from '../api/gen/api/localv1/api_pb.js';
+import { ServiceSchema, ServiceCIDRSchema, type PortMapping, type Service, type ServiceCIDR } from '../api/gen/api/localv1/api_pb.js';
 import { bytesEqual, serviceKey } from '../api/model.js';
-import { compact } from '../api/compact.js';
+import { compact, pooled } from '../api/compact.js';
 import { flat } from '../memory.js';
 import { decodeEndpointInfoFast } from '../api/fast-decode.js';
-import { encodeSlice } from './encode-slice.js';
+import { encodeSlice, encodeSliceTransient, hasUnknownFields } from './encode-slice.js';
+import { Slabs, type Slab, type SlabRef } from './slabs.js';
+import { sharedPorts } from './shared-ports.js';
+import { forEachPacked, isRaw, namesPrefix, packSlice, unpackSlice } from './slice-pack.js';
 import { encodeServiceFast } from '../api/fast-encode.js';
 
 export { encodeSlice };
@@ -21,6 +24,7 @@ export const KINDS: readonly Kind[] = ['services', 'endpointSlices', 'nodes', 's
 export interface StoredService {
   readonly key: string;
   readonly service: Service;
+  /** its canonical encoding (encodeServiceFast); encoded when read: read it once and keep it */
   readonly bytes: Uint8Array;
 }
 
@@ -32,29 +36,64 @@ export interface StoredSlice {
   readonly serviceName: string;
   /** decoded from bytes when read (SliceRecord) */
   readonly endpoints: readonly EndpointInfo[];
-  /** the canonical encoding (encodeSlice) */
+  /** the canonical encoding (encodeSlice), put together when read (SliceRecord): read it once and keep it; never changes after */
   readonly bytes: Uint8Array;
 }
 
 /**
- * An EndpointSlice as the store keeps it: its canonical bytes only. The
- * decoded endpoints are most of a cluster's objects and are read only when
- * a view is computed (once per change in a node agent), so they are decoded
- * then; the last few decoded are kept, for the reads that come together.
+ * An EndpointSlice as the store keeps it: its canonical bytes only, packed
+ * (slice-pack.ts) in a shared slab (slabs.ts). The decoded endpoints are
+ * most of a cluster's objects and are read only when a view is computed
+ * (once per change in a node agent), so they are decoded then; the last few
+ * decoded are kept, for the reads that come together.
  */
-class SliceRecord implements StoredSlice {
+class SliceRecord implements StoredSlice, SlabRef {
   constructor(
     readonly key: string,
     readonly namespace: string,
-    readonly name: string,
     readonly serviceName: string,
-    readonly bytes: Uint8Array,
+    public slab: Slab,
+    public off: number,
+    readonly len: number,
   ) {}
+
+  /** from the key (namespace/name): one string a slice less to keep */
+  get name(): string {
+    return this.key.slice(this.namespace.length + 1);
+  }
+
+  /** the bytes as packed */
+  get packed(): Uint8Array {
+    return this.slab.buf.subarray(this.off, this.off + this.len);
+  }
+
+  get bytes(): Uint8Array {
+    return unpackSlice(this.packed, namesPrefix(this.namespace, this.name, this.serviceName));
+  }
+
+  /** the endpoints decoded afresh */
+  decode(): readonly EndpointInfo[] {
+    const packed = this.packed;
+    if (isRaw(packed)) return decodeSliceEndpoints(packed.subarray(1));
+    const out: EndpointInfo[] = [];
+    const name = this.name;
+    forEachPacked(packed, (bytes, stripped) => {
+      const e = decodeEndpoint(bytes);
+      // (a canonical encoding has each field once: one of these later in it would be a second)
+      if (stripped) {
+        if (e.Namespace === '') e.Namespace = this.namespace;
+        if (e.SourceName === '') e.SourceName = name;
+        if (e.ServiceName === '') e.ServiceName = this.serviceName;
+      }
+      out.push(e);
+    });
+    return out;
+  }
 
   get endpoints(): readonly EndpointInfo[] {
     let eps = recentlyDecoded.get(this);
     if (eps) return eps;
-    eps = decodeSliceEndpoints(this.bytes);
+    eps = this.decode();
     if (recentlyDecoded.size >= RECENT_MAX) recentlyDecoded.delete(recentlyDecoded.keys().next().value!);
     recentlyDecoded.set(this, eps);
     return eps;
@@ -64,9 +103,9 @@ class SliceRecord implements StoredSlice {
 /** A slice kept decoded as well (Store's keepDecodedSlices): for a process that computes many views of each slice. */
 class DecodedSliceRecord extends SliceRecord {
   private readonly decoded: readonly EndpointInfo[];
-  constructor(key: string, namespace: string, name: string, serviceName: string, bytes: Uint8Array, endpoints: readonly EndpointInfo[] | undefined) {
-    super(key, namespace, name, serviceName, bytes);
-    this.decoded = compact(EndpointInfoSchema, endpoints ?? decodeSliceEndpoints(bytes));
+  constructor(key: string, namespace: string, serviceName: string, slab: Slab, off: number, len: number, endpoints: readonly EndpointInfo[] | undefined) {
+    super(key, namespace, serviceName, slab, off, len);
+    this.decoded = compact(EndpointInfoSchema, endpoints ?? this.decode());
   }
 
   override get endpoints(): readonly EndpointInfo[] {
@@ -76,6 +115,37 @@ class DecodedSliceRecord extends SliceRecord {
 
 const RECENT_MAX = 256;
 const recentlyDecoded = new Map<SliceRecord, readonly EndpointInfo[]>();
+
+/**
+ * A Service as the store keeps it: the compact message, not its bytes as
+ * well (an ArrayBuffer each); they are encoded again when asked for, the
+ * same bytes (checked when stored).
+ */
+class ServiceRecord implements StoredService {
+  constructor(
+    readonly key: string,
+    readonly service: Service,
+  ) {}
+
+  get bytes(): Uint8Array {
+    return encodeServiceFast(this.service);
+  }
+}
+
+/** A Service whose compact copy does not encode as it came (unknown fields: compact leaves them out): its bytes kept as they came. */
+class ServiceRecordWithBytes extends ServiceRecord {
+  constructor(
+    key: string,
+    service: Service,
+    private readonly own: Uint8Array,
+  ) {
+    super(key, service);
+  }
+
+  override get bytes(): Uint8Array {
+    return this.own;
+  }
+}
 
 export interface StoredNode {
   readonly node: Node;
@@ -134,7 +204,8 @@ export class Store {
   }
 
   private readonly services = new Map<string, StoredService>();
-  private readonly slices = new Map<string, StoredSlice>();
+  private readonly slices = new Map<string, SliceRecord>();
+  private readonly slabs = new Slabs();
   /** service key -> its slices' keys: the one key itself (most services), or a set */
   private readonly slicesByService = new Map<string, string | Set<string>>();
   private readonly nodeMap = new Map<string, StoredNode>();
@@ -188,11 +259,21 @@ export class Store {
       this.eventCount++;
       const key = flat(namespace, '/', name);
       const prev = this.slices.get(key);
-      if (prev && bytesEqual(prev.bytes, bytes)) return;
-      const stored: StoredSlice = this.keepDecodedSlices ? new DecodedSliceRecord(key, namespace, name, serviceName, bytes, endpoints) : new SliceRecord(key, namespace, name, serviceName, bytes);
+      // packed with prev's names, the bytes compare as prev's bytes would
+      let packed = packSlice(bytes, namesPrefix(namespace, name, prev?.serviceName ?? serviceName));
+      if (prev && bytesEqual(prev.packed, packed)) return;
+      if (prev && prev.serviceName !== serviceName) packed = packSlice(bytes, namesPrefix(namespace, name, serviceName));
+      const { slab, off } = this.slabs.put(packed);
+      // the Service's own copies (compact pools them)
+      const ns = pooled(namespace);
+      const svcName = pooled(serviceName);
+      const stored = this.keepDecodedSlices ? new DecodedSliceRecord(key, ns, svcName, slab, off, packed.length, endpoints) : new SliceRecord(key, ns, svcName, slab, off, packed.length);
+      if (prev) this.slabs.release(prev);
       undo.push(() => {
         this.unindexSlice(stored);
+        this.slabs.release(stored);
         if (prev) {
+          this.slabs.rehold(prev);
           this.slices.set(key, prev);
           this.indexSlice(prev);
         } else this.slices.delete(key);
@@ -201,8 +282,8 @@ export class Store {
       this.slices.set(key, stored);
       this.indexSlice(stored);
       slices.add(key);
-      if (prev && prev.serviceName !== serviceName) touchService(serviceKey(namespace, prev.serviceName));
-      touchService(serviceKey(namespace, serviceName));
+      if (prev && prev.serviceName !== serviceName) touchService(this.serviceKeyOf(namespace, prev.serviceName));
+      touchService(this.serviceKeyOf(namespace, serviceName));
     };
 
     const tx: StoreTx = {
@@ -212,8 +293,11 @@ export class Store {
         const bytes = encodeServiceFast(svc);
         const prev = this.services.get(key);
         if (prev && bytesEqual(prev.bytes, bytes)) return;
+        const service = compact(ServiceSchema, [svc])[0];
+        // (compact hands back a message with a prototype chain as it is: not ours to change)
+        if (service !== svc) service.Ports = sharedPorts(service.Ports) as PortMapping[];
         keep(this.services, key);
-        this.services.set(key, { key, service: compact(ServiceSchema, [svc])[0], bytes });
+        this.services.set(key, bytesEqual(encodeServiceFast(service), bytes) ? new ServiceRecord(key, service) : new ServiceRecordWithBytes(key, service, bytes));
         touchService(key);
       },
       deleteService: (namespace, name) => {
@@ -224,7 +308,7 @@ export class Store {
         this.services.delete(key);
         touchService(key);
       },
-      setSlice: (namespace, name, serviceName, endpoints) => setSlice(namespace, name, serviceName, encodeSlice(serviceName, endpoints), endpoints),
+      setSlice: (namespace, name, serviceName, endpoints) => setSlice(namespace, name, serviceName, encodeSliceTransient(serviceName, endpoints), endpoints),
       setSliceBytes: (namespace, name, serviceName, bytes) => setSlice(namespace, name, serviceName, bytes, undefined),
       deleteSlice: (namespace, name) => {
         this.eventCount++;
@@ -232,13 +316,15 @@ export class Store {
         const prev = this.slices.get(key);
         if (!prev) return;
         undo.push(() => {
+          this.slabs.rehold(prev);
           this.slices.set(key, prev);
           this.indexSlice(prev);
         });
+        this.slabs.release(prev);
         this.slices.delete(key);
         this.unindexSlice(prev);
         slices.add(key);
-        touchService(serviceKey(namespace, prev.serviceName));
+        touchService(this.serviceKeyOf(namespace, prev.serviceName));
       },
       setNode: (node) => {
         this.eventCount++;
@@ -288,6 +374,8 @@ export class Store {
     }
     // a service gone for good (no Service, no slice) needs no version: the bookkeeping stays bounded
     for (const key of services) if (!this.services.has(key) && !this.slicesByService.has(key)) this.serviceVersions.delete(key);
+    // after the batch: its undo needs every released record where it was
+    if (this.slabs.wantsCompaction) this.slabs.compact(this.slices.values());
 
     if (!services.size && !slices.size && !nodes.size && !cidrsChanged && !syncFlipped) return undefined;
     this.revision++;
@@ -314,6 +402,8 @@ export class Store {
   serviceVersion(key: string): number { return this.serviceVersions.get(key) ?? 0; }
   /** services with a version kept (for tests: bounded by what exists) */
   get versionCount(): number { return this.serviceVersions.size; }
+  /** slices' bytes stored, and bytes of the slabs holding them (for tests: bounded by what is stored) */
+  get sliceBytes(): { readonly live: number; readonly held: number } { return { live: this.slabs.live, held: this.slabs.held }; }
   serviceKeys(): IterableIterator<string> { return this.services.keys(); }
   allServices(): IterableIterator<StoredService> { return this.services.values(); }
 
@@ -335,8 +425,14 @@ export class Store {
     return [...this.cidrs.values()].sort((a, b) => (a.cidr.Name < b.cidr.Name ? -1 : 1));
   }
 
+  /** the Service's key, the stored Service's copy of it if there is one: the maps by service share it */
+  private serviceKeyOf(namespace: string, name: string): string {
+    const key = serviceKey(namespace, name);
+    return this.services.get(key)?.key ?? key;
+  }
+
   private indexSlice(s: StoredSlice) {
-    const key = serviceKey(s.namespace, s.serviceName);
+    const key = this.serviceKeyOf(s.namespace, s.serviceName);
     const had = this.slicesByService.get(key);
     if (had === undefined || had === s.key) this.slicesByService.set(key, s.key);
     else if (typeof had === 'string') this.slicesByService.set(key, new Set([had, s.key]));
@@ -361,8 +457,14 @@ export function decodeSliceEndpoints(bytes: Uint8Array): readonly EndpointInfo[]
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   while (off < bytes.length) {
     const len = view.getUint32(off);
-    out.push(decodeEndpointInfoFast(bytes.subarray(off + 4, off + 4 + len)));
+    out.push(decodeEndpoint(bytes.subarray(off + 4, off + 4 + len)));
     off += 4 + len;
   }
   return out;
+}
+
+function decodeEndpoint(bytes: Uint8Array): EndpointInfo {
+  const e = decodeEndpointInfoFast(bytes);
+  // fromBinary keeps unknown fields as views of what it decoded: of a copy, not of a whole slab
+  return hasUnknownFields(e) ? decodeEndpointInfoFast(bytes.slice()) : e;
 }

@@ -2,8 +2,10 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { syncedStore, load, service, slice, node } from '../helpers/k8s.js';
-import { Store, KINDS, encodeSlice } from '../../src/store/store.js';
+import { Store, KINDS, encodeSlice, decodeSliceEndpoints } from '../../src/store/store.js';
 import { convertObject } from '../../src/sources/objects.js';
+import { toBinary } from '@bufbuild/protobuf';
+import { ServiceSchema } from '../../src/api/gen/api/localv1/api_pb.js';
 
 const convertOne = (o: Record<string, unknown>) => {
   const c = convertObject(o);
@@ -137,4 +139,134 @@ test('a slice kept as bytes (a node agent) or decoded too (a brain) reads back t
     byObjects.update((tx) => tx.setSliceBytes('ns', 'a-1', 'a', encodeSlice('a', s1.endpoints)));
     assert.equal(byObjects.rev, rev, 'the same bytes are no change');
   }
+});
+
+test("slices' slabs under churn: every read right, bytes read earlier intact, memory bounded by what is stored", () => {
+  const conv = (o: Record<string, unknown>) => {
+    const c = convertObject(o);
+    if (c.kind !== 'EndpointSlice') throw new Error('not a slice');
+    return c.endpoints;
+  };
+  // a few endpoint lists of different sizes, one large enough for a slab of its own
+  const lists = [1, 2, 5, 9, 40, 1500].map((n) => conv(slice('ns', 'x', 'svc', Array.from({ length: n }, (_, i) => ({ ip: `10.${n % 250}.${i >> 8}.${i & 255}`, node: `n${i % 7}`, pod: `p${i}` })))));
+  let seed = 12345;
+  const rnd = (n: number) => ((seed = (seed * 1103515245 + 12345) >>> 0) >>> 8) % n;
+  for (const keepDecodedSlices of [false, true]) {
+    const store = new Store({ keepDecodedSlices });
+    /** slice name -> [service, list index] as written */
+    const want = new Map<string, [string, number]>();
+    const held: { copy: Uint8Array; view: Uint8Array }[] = [];
+    // the endpoints name their slice, as a source's do (the store leaves those names out of what it keeps)
+    const named = (name: string, svc: string, li: number) => lists[li].map((e) => ({ ...e, SourceName: name, ServiceName: svc }));
+    const expected = (name: string) => {
+      const [svc, li] = want.get(name)!;
+      return encodeSlice(svc, named(name, svc, li));
+    };
+    let maxHeldOverLive = 0;
+    for (let round = 0; round < 3000; round++) {
+      store.update((tx) => {
+        for (let k = 0; k < 8; k++) {
+          const name = `s${rnd(300)}`;
+          const op = rnd(10);
+          if (op < 2) {
+            tx.deleteSlice('ns', name);
+            want.delete(name);
+          } else {
+            // the big list rarely: it would be most of the bytes
+            const li = rnd(50) === 0 ? 5 : rnd(5);
+            const svc = `svc${rnd(20)}`;
+            if (op < 6) tx.setSlice('ns', name, svc, named(name, svc, li));
+            else tx.setSliceBytes('ns', name, svc, encodeSlice(svc, named(name, svc, li)));
+            want.set(name, [svc, li]);
+          }
+        }
+      });
+      if (round % 50 === 0) {
+        // a caller keeping what it read: the view must never change under it
+        const name = [...want.keys()][rnd(want.size)];
+        if (name) {
+          const got = store.getSlice(`ns/${name}`)!;
+          const view = got.bytes;
+          held.push({ copy: view.slice(), view });
+          // and a view of the slab itself (what the record reads from): compaction must not write over it
+          const packed = (got as unknown as { packed: Uint8Array }).packed;
+          held.push({ copy: packed.slice(), view: packed });
+        }
+      }
+      const { live, held: h } = store.sliceBytes;
+      maxHeldOverLive = Math.max(maxHeldOverLive, h - live - live * 0.6);
+    }
+    assert.equal([...store.allSlices()].length, want.size);
+    let total = 0;
+    for (const [name, [svc]] of want) {
+      const got = store.getSlice(`ns/${name}`)!;
+      const bytes = expected(name);
+      total += bytes.length;
+      assert.deepEqual(got.bytes, bytes, name);
+      assert.equal(got.serviceName, svc);
+      assert.equal(got.name, name);
+      assert.deepEqual(got.endpoints, decodeSliceEndpoints(bytes));
+      assert.ok(store.slicesOfService(`ns/${svc}`).includes(got));
+    }
+    // packed: the names each endpoint repeats left out
+    assert.ok(store.sliceBytes.live > 0 && store.sliceBytes.live < total, 'live bytes are what is stored');
+    for (const { copy, view } of held) assert.deepEqual(view, copy, 'bytes read earlier are intact');
+    // held bytes stay within the compaction's bound (1.6x live and a slab or two)
+    assert.ok(maxHeldOverLive <= 2 * 256 * 1024, `held exceeded live by ${maxHeldOverLive}`);
+    // everything deleted: nothing held but the current slab
+    store.update((tx) => {
+      for (const name of want.keys()) tx.deleteSlice('ns', name);
+    });
+    assert.equal(store.sliceBytes.live, 0);
+    assert.ok(store.sliceBytes.held <= 256 * 1024);
+  }
+});
+
+test('a batch that throws gives back the slab space of what it wrote, and what it replaced or deleted reads as before', () => {
+  const store = syncedStore([service('ns', 'a'), slice('ns', 'a-1', 'a', [{ ip: '10.0.0.1' }]), slice('ns', 'a-2', 'a', [{ ip: '10.0.0.2' }])]);
+  const before = store.slicesOfService('ns/a').map((s) => s.bytes.slice());
+  const bytes = { ...store.sliceBytes };
+  assert.throws(() =>
+    store.update((tx) => {
+      tx.setSlice('ns', 'a-1', 'a', []);
+      tx.deleteSlice('ns', 'a-2');
+      tx.setSlice('ns', 'a-3', 'a', []);
+      throw new Error('boom');
+    }),
+  );
+  assert.deepEqual(
+    store.slicesOfService('ns/a').map((s) => s.bytes),
+    before,
+  );
+  assert.equal(store.sliceBytes.live, bytes.live);
+  // the same again changes nothing
+  const rev = store.rev;
+  load(store, [slice('ns', 'a-1', 'a', [{ ip: '10.0.0.1' }]), slice('ns', 'a-2', 'a', [{ ip: '10.0.0.2' }])]);
+  assert.equal(store.rev, rev);
+});
+
+test("a Service's bytes are its canonical encoding, read as often as asked; the same Service again changes nothing", () => {
+  const store = syncedStore([service('ns', 'a')]);
+  const s = store.getService('ns/a')!;
+  assert.deepEqual(s.bytes, toBinary(ServiceSchema, s.service));
+  assert.deepEqual(s.bytes, s.bytes);
+  const rev = store.rev;
+  load(store, [service('ns', 'a')]);
+  assert.equal(store.rev, rev);
+  assert.equal(store.getService('ns/a'), s);
+});
+
+test('Services with the same ports share one frozen list; their bytes are still their own', () => {
+  const ports = [{ name: 'http', port: 80, targetPort: 8080 }, { name: 'dns', port: 53, protocol: 'UDP' }];
+  const store = syncedStore([
+    service('ns', 'a', { ports, clusterIP: '10.96.0.1' }),
+    service('ns', 'b', { ports, clusterIP: '10.96.0.2' }),
+    service('ns', 'c', { ports: [{ name: 'http', port: 81 }], clusterIP: '10.96.0.3' }),
+  ]);
+  const [a, b, c] = ['ns/a', 'ns/b', 'ns/c'].map((k) => store.getService(k)!);
+  assert.equal(a.service.Ports, b.service.Ports);
+  assert.notEqual(a.service.Ports, c.service.Ports);
+  assert.ok(Object.isFrozen(a.service.Ports) && Object.isFrozen(a.service.Ports[0]));
+  for (const s of [a, b, c]) assert.deepEqual(s.bytes, toBinary(ServiceSchema, s.service));
+  assert.deepEqual(a.service.Ports.map((p) => [p.Name, p.Port, p.TargetPort]), [['http', 80, 8080], ['dns', 53, 53]]);
 });
