@@ -29,7 +29,13 @@ export function nodeStateOnce(store: Store, nodeName: string, proxyName: string)
       // each slice decoded once, for this Service only: through the store's
       // cache of recent decodes they lived long enough to reach V8's old
       // generation (hundreds of MB of garbage at 30k Services)
-      const slices = s && store.slicesOfService(key).map((sl): StoredSlice => ({ key: sl.key, namespace: sl.namespace, name: sl.name, serviceName: sl.serviceName, bytes: sl.bytes, endpoints: decodeSliceEndpoints(sl.bytes) }));
+      // (a stored slice's bytes are put together on each read: once here)
+      const slices =
+        s &&
+        store.slicesOfService(key).map((sl): StoredSlice => {
+          const bytes = sl.bytes;
+          return { key: sl.key, namespace: sl.namespace, name: sl.name, serviceName: sl.serviceName, bytes, endpoints: decodeSliceEndpoints(bytes) };
+        });
       const v = s && computeServiceView(s.service, slices!, ctx, proxyName);
       if (!v) continue;
       // a view's endpoints are sorted by path and unique, all under the service's key: FullStateSink's order
