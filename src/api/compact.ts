@@ -9,6 +9,7 @@
 // create), lists get their exact length, and empty lists and maps are one
 // shared frozen value: nothing may change a stored message.
 import { ScalarType, type DescField, type DescMessage, type Message } from '@bufbuild/protobuf';
+import type { PortMapping } from './gen/api/localv1/api_pb.js';
 
 /** copies made in one call, by source: what the source shared stays shared */
 type Memo = Map<object, unknown>;
@@ -75,10 +76,62 @@ function isDefault(v: unknown): boolean {
 function nestedMessage(memo: Memo, m: Record<string, unknown> | undefined, copy: Copy): Record<string, unknown> | undefined {
   const c = message(memo, m, copy);
   if (!c) return c;
-  for (const k in c) if (k !== '$typeName' && !isDefault(c[k])) return c;
+  let flags = true;
+  for (const k in c) {
+    if (k === '$typeName' || isDefault(c[k])) continue;
+    if (typeof c[k] !== 'boolean') return c;
+    flags = false;
+  }
+  if (!flags) return flagsMessage(c);
   let d = defaults.get(c.$typeName);
   if (!d) defaults.set(c.$typeName, (d = Object.freeze(c)));
   return d as Record<string, unknown>;
+}
+
+// A nested message of flags only (an endpoint's Scopes, a slice endpoint's
+// Conditions) has a few values at most: one shared frozen copy of each (a
+// 56-byte object per endpoint otherwise).
+const flagMessages = new Map<string, Readonly<Record<string, unknown>>>();
+function flagsMessage(c: Record<string, unknown>): Record<string, unknown> {
+  let key = c.$typeName as string;
+  for (const k in c) if (k !== '$typeName') key += c[k] ? '1' : '0';
+  let d = flagMessages.get(key);
+  if (!d) {
+    if (flagMessages.size >= 1024) flagMessages.clear();
+    flagMessages.set(key, (d = Object.freeze(c)));
+  }
+  return d as Record<string, unknown>;
+}
+
+// Services' port lists, one copy for the Services whose lists are the same:
+// most Services have one of a few (a ClusterIP Service's "http" 80 -> 8080),
+// and a list and each PortMapping in it were objects of their own per
+// Service (1 MiB at 10k Services). The pool is bounded: when full it starts
+// over (Services keep the lists they have).
+const PORTS_POOL_MAX = 4096;
+let portLists = new Map<string, readonly PortMapping[]>();
+
+/** the pool's frozen copy of a compact list of ports (every field a scalar) */
+export function sharedPorts(ports: readonly PortMapping[]): readonly PortMapping[] {
+  if (ports.length === 0) return ports;
+  for (const p of ports) if (Object.getPrototypeOf(p) !== Object.prototype) return ports;
+  const key = JSON.stringify(ports.map((p) => Object.values(p)));
+  const had = portLists.get(key);
+  if (had) return had;
+  if (portLists.size >= PORTS_POOL_MAX) portLists = new Map();
+  const list = Object.freeze(ports.map((p) => Object.freeze(p)));
+  portLists.set(key, list);
+  return list;
+}
+
+/** whether a message (or anything nested in it) has unknown fields: compact's copy leaves them out */
+export function anyUnknownFields(v: unknown): boolean {
+  if (typeof v !== 'object' || v === null || v instanceof Uint8Array) return false;
+  if (Array.isArray(v)) return v.some(anyUnknownFields);
+  const o = v as Record<string, unknown>;
+  if ((o.$unknown as unknown[] | undefined)?.length) return true;
+  for (const k in o) if (k !== '$unknown' && anyUnknownFields(o[k])) return true;
+  return false;
 }
 
 function compile(desc: DescMessage): Copy {

@@ -17,7 +17,7 @@ import {
   ServiceCIDRSchema,
 } from './gen/api/localv1/api_pb.js';
 import { ipFamily } from './ip.js';
-import { compact } from './compact.js';
+import { compact, sharedPorts } from './compact.js';
 import { encodeServiceFast } from './fast-encode.js';
 
 export { LocalSet, Protocol };
@@ -96,7 +96,13 @@ export const encodeLocalNode = (n: LocalNode): Uint8Array => toBinary(LocalNodeS
 export const encodeServiceCIDR = (c: ServiceCIDR): Uint8Array => toBinary(ServiceCIDRSchema, c);
 // decoded values are kept (by proxiers, for as long as they hold): compact
 // copies (compact.ts), a third smaller than what fromBinary builds
-export const decodeService = (b: Uint8Array): Service => compact(ServiceSchema, [fromBinary(ServiceSchema, b)])[0];
+export const decodeService = (b: Uint8Array): Service => {
+  const svc = compact(ServiceSchema, [fromBinary(ServiceSchema, b)])[0];
+  // (a message compact hands back as it is, with a prototype chain, is not changed)
+  if (Object.isFrozen(svc.Ports) || Object.getPrototypeOf(svc) !== Object.prototype) return svc;
+  svc.Ports = sharedPorts(svc.Ports) as PortMapping[];
+  return svc;
+};
 export const decodeEndpoint = (b: Uint8Array): Endpoint => compact(EndpointSchema, [fromBinary(EndpointSchema, b)])[0];
 export const decodeLocalNode = (b: Uint8Array): LocalNode => fromBinary(LocalNodeSchema, b);
 export const decodeServiceCIDR = (b: Uint8Array): ServiceCIDR => fromBinary(ServiceCIDRSchema, b);

@@ -7,12 +7,11 @@ import { toBinary } from '@bufbuild/protobuf';
 import { EndpointInfoSchema, NodeSchema, type EndpointInfo, type Node } from '../api/gen/api/globalv1/api_pb.js';
 import { ServiceSchema, ServiceCIDRSchema, type PortMapping, type Service, type ServiceCIDR } from '../api/gen/api/localv1/api_pb.js';
 import { bytesEqual, serviceKey } from '../api/model.js';
-import { compact, pooled } from '../api/compact.js';
+import { anyUnknownFields, compact, pooled, sharedPorts } from '../api/compact.js';
 import { flat } from '../memory.js';
 import { decodeEndpointInfoFast } from '../api/fast-decode.js';
 import { encodeSlice, encodeSliceTransient, hasUnknownFields } from './encode-slice.js';
 import { Slabs, type Slab, type SlabRef } from './slabs.js';
-import { sharedPorts } from './shared-ports.js';
 import { forEachPacked, isRaw, namesPrefix, packSlice, unpackSlice } from './slice-pack.js';
 import { encodeServiceFast } from '../api/fast-encode.js';
 
@@ -297,7 +296,8 @@ export class Store {
         // (compact hands back a message with a prototype chain as it is: not ours to change)
         if (service !== svc) service.Ports = sharedPorts(service.Ports) as PortMapping[];
         keep(this.services, key);
-        this.services.set(key, bytesEqual(encodeServiceFast(service), bytes) ? new ServiceRecord(key, service) : new ServiceRecordWithBytes(key, service, bytes));
+        // its bytes are made again when read, unless compact's copy left something out
+        this.services.set(key, anyUnknownFields(svc) ? new ServiceRecordWithBytes(key, service, bytes) : new ServiceRecord(key, service));
         touchService(key);
       },
       deleteService: (namespace, name) => {

@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { create, equals, toBinary } from '@bufbuild/protobuf';
 import * as L from '../../src/api/gen/api/localv1/api_pb.js';
 import * as G from '../../src/api/gen/api/globalv1/api_pb.js';
-import { compact } from '../../src/api/compact.js';
+import { anyUnknownFields, compact, sharedPorts } from '../../src/api/compact.js';
 
 const service = () =>
   create(L.ServiceSchema, {
@@ -61,4 +61,31 @@ test('nested messages left at their defaults are one shared frozen value per typ
   assert.equal(ca.SessionAffinity, cb.SessionAffinity, 'a oneof with no case is shared');
   assert.equal(ca.IPs!.ProxyLoadBalancerIPs, undefined, 'an unset message stays unset');
   for (const [c, m] of [[ca, a], [cb, b]] as const) assert.deepEqual(toBinary(L.ServiceSchema, c), toBinary(L.ServiceSchema, m));
+});
+
+test('nested messages of flags only are one shared frozen value per content, and encode the same', () => {
+  const ep = (ip: string, internal: boolean) => create(L.EndpointSchema, { IPs: { V4: [ip] }, Scopes: { Internal: internal, External: true, Cluster: true } });
+  const eps = [ep('10.0.0.1', true), ep('10.0.0.2', true), ep('10.0.0.3', false)];
+  const copies = eps.map((e) => compact(L.EndpointSchema, [e])[0]);
+  assert.equal(copies[0].Scopes, copies[1].Scopes, 'the same flags: one object');
+  assert.ok(Object.isFrozen(copies[0].Scopes));
+  assert.notEqual(copies[0].Scopes, copies[2].Scopes);
+  assert.deepEqual({ ...copies[2].Scopes }, { $typeName: 'localv1.EndpointScopes', Internal: false, External: true, Cluster: true });
+  assert.notEqual(copies[0].IPs, copies[1].IPs, 'a message with more than flags is its own');
+  eps.forEach((e, i) => assert.deepEqual(toBinary(L.EndpointSchema, copies[i]), toBinary(L.EndpointSchema, e)));
+});
+
+test('sharedPorts: Services with the same ports share one frozen list; anyUnknownFields finds what compact leaves out', () => {
+  const a = compact(L.ServiceSchema, [service()])[0];
+  const b = compact(L.ServiceSchema, [service()])[0];
+  assert.notEqual(a.Ports, b.Ports);
+  const pa = sharedPorts(a.Ports);
+  assert.equal(sharedPorts(b.Ports), pa);
+  assert.ok(Object.isFrozen(pa) && Object.isFrozen(pa[0]));
+  const other = compact(L.ServiceSchema, [create(L.ServiceSchema, { Ports: [{ Name: 'http', Protocol: L.Protocol.TCP, Port: 81, TargetPort: 8080 }] })])[0];
+  assert.notEqual(sharedPorts(other.Ports), pa);
+  assert.equal(anyUnknownFields(service()), false);
+  const withUnknown = service();
+  withUnknown.Ports[0].$unknown = [{ no: 99, wireType: 0, data: new Uint8Array([1]) }];
+  assert.equal(anyUnknownFields(withUnknown), true);
 });
