@@ -1,6 +1,8 @@
 // Backends program a node's dataplane from its node-local diff stream. A
 // backend is a folder under src/backends that calls registerBackend; the CLI
-// offers it as `to-<name>` below `to-local` (and below `local`).
+// offers it as `to-<name>` below `to-local` (and below `local`). Every kpng
+// process registers every backend: a definition loads nothing heavy, its
+// create() and cleanup() import the implementation (see nft/index.ts).
 import type { Command } from 'commander';
 import type { Logger } from '../log.js';
 import type { LocalSink } from '../diff/ops.js';

@@ -1,7 +1,6 @@
 // kpng version, kpng demo and kpng cleanup.
 import { registerCommand } from './commands.js';
 import { version } from '../version.js';
-import { runDemo } from './demo.js';
 import { registeredBackends, type CleanupReport } from '../backends/registry.js';
 
 registerCommand((program) => {
@@ -19,7 +18,11 @@ registerCommand((program, run) => {
     .option('--backend <name>', 'the backend kpng programs the node with: nft, userspace (kpng proxies the connections itself), or ebpf (to-ebpf beside to-nft: the client pod in a cgroup of the demo\'s own)', 'nft')
     .action(function (this: import('commander').Command) {
       const opts = this.opts();
-      return run((log, signal) => runDemo(opts, log, signal));
+      // the demo (its lab, netns and eBPF helpers) loads when it runs
+      return run(async (log, signal) => {
+        const { runDemo } = await import('./demo.js');
+        await runDemo(opts, log, signal);
+      });
     });
 });
 

@@ -5,9 +5,7 @@ import { Option, type Command } from 'commander';
 import { registerCommand } from './commands.js';
 import { ipSetAll } from '../api/model.js';
 import { addClientTLSOptions, clientTLSFromOpts } from '../api/grpc/tls.js';
-import { fetchState, GetError } from '../get/fetch.js';
-import { endpointsTable, nodesOf, nodesTable, servicesOf, servicesOfLocal, servicesTable, structured, plain, terminal } from '../get/view.js';
-import { DEFAULT_BRAIN_SOCKET, DEFAULT_NODE_SOCKET } from '../sinks/api/state-socket.js';
+import { DEFAULT_BRAIN_SOCKET, DEFAULT_NODE_SOCKET } from '../sinks/api/defaults.js';
 
 const KINDS: Record<string, 'services' | 'endpoints' | 'nodes'> = { services: 'services', service: 'services', svc: 'services', endpoints: 'endpoints', endpoint: 'endpoints', ep: 'endpoints', nodes: 'nodes', node: 'nodes', no: 'nodes' };
 
@@ -51,6 +49,11 @@ registerCommand((program, run) => {
   cmd.action(function (this: Command, kindArg: string, name: string | undefined) {
     const o = this.opts();
     return run(async () => {
+      // the client and the tables load when the command runs
+      const [{ fetchState, GetError }, { endpointsTable, nodesOf, nodesTable, servicesOf, servicesOfLocal, servicesTable, structured, plain, terminal }] = await Promise.all([
+        import('../get/fetch.js'),
+        import('../get/view.js'),
+      ]);
       const kind = KINDS[kindArg.toLowerCase()];
       try {
         if (!kind) throw new GetError(`unknown kind ${JSON.stringify(kindArg)}: services, endpoints or nodes`);

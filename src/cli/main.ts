@@ -2,13 +2,10 @@
 // built from the source, sink and backend registries.
 import { Command, Option } from 'commander';
 import { createLogger, setLogger, type Logger } from '../log.js';
-import { Store } from '../store/store.js';
-import { ServiceViews } from '../localstate/views.js';
 import { registeredSources, type SourceDefinition } from '../sources/registry.js';
 import { registeredSinks, type SinkDefinition } from '../sinks/registry.js';
 import { addBackendCommands, buildBackendsNamedIn, type BackendSpec } from '../backends/run.js';
 import { ConfigError } from '../backends/shared/config.js';
-import { startStats } from './stats.js';
 import { registeredCommands } from './commands.js';
 import '../sources/index.js';
 import '../sinks/index.js';
@@ -30,6 +27,8 @@ export async function runPipeline(p: {
   log: Logger;
   signal: AbortSignal;
 }): Promise<void> {
+  // loaded when a pipeline runs: other commands (get, cleanup, --help) have no store
+  const [{ Store }, { ServiceViews }, { startStats }] = await Promise.all([import('../store/store.js'), import('../localstate/views.js'), import('./stats.js')]);
   // a server fanning out views computes each slice's many times: it keeps them decoded
   const store = new Store({ keepDecodedSlices: !!p.sink.compactViews });
   const views = new ServiceViews(store, p.sourceOpts.serviceProxyName ?? '', { keepDecoded: !p.sink.compactViews });

@@ -2,7 +2,6 @@
 // kernel holds (src/trace).
 import { Option, type Command } from 'commander';
 import { registerCommand } from './commands.js';
-import { formatTrace, trace, traceJSON, TraceError } from '../trace/index.js';
 
 const HELP = `
 Reads kpng's rules back from the kernel (to-nft: nft -j list table ip|ip6 kpng; to-iptables:
@@ -35,6 +34,8 @@ registerCommand((program, run) => {
     .action(function (this: Command) {
       const o = this.opts();
       return run(async () => {
+        // the rule readers load when the command runs
+        const { formatTrace, trace, traceJSON, TraceError } = await import('../trace/index.js');
         try {
           const t = await trace({ src: o.src, dst: o.dst, dport: o.dport, proto: o.proto, sport: o.sport, iif: o.iif, backend: o.backend, iptablesMode: o.iptablesMode });
           console.log(o.output === 'json' ? traceJSON(t) : formatTrace(t));

@@ -1,4 +1,6 @@
 // Sinks consume the store (to-file, to-local, to-api). Each registers itself.
+// Every kpng process registers every sink: a definition loads nothing heavy,
+// its run() imports the implementation (see file/definition.ts).
 import type { Command } from 'commander';
 import type { Logger } from '../log.js';
 import type { Store } from '../store/store.js';

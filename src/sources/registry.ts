@@ -1,5 +1,7 @@
 // Sources fill the store (kube, file, api). Each registers itself; the CLI
-// builds `kpng <source> [flags] <sink> ...` from this registry.
+// builds `kpng <source> [flags] <sink> ...` from this registry. Every kpng
+// process registers every source: a definition loads nothing heavy, its
+// start() imports the implementation (see file/definition.ts).
 import type { Command } from 'commander';
 import type { Logger } from '../log.js';
 import type { Store } from '../store/store.js';

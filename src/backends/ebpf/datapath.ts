@@ -11,9 +11,7 @@ import { BpfObject, linkDetach, cgroupLinkAttached, linkUpdate, mapInfo, mapOps,
 import { LAYOUTS, MAPS, layoutProblems, sizeOf, type MapName } from './layout.js';
 import { BpfMaps } from './maps.js';
 
-export const DEFAULT_BPFFS = '/sys/fs/bpf/kpng';
-export const DEFAULT_MAX_SERVICE_PORTS = 65536;
-export const DEFAULT_MAX_ENDPOINTS = 262144;
+export { DEFAULT_BPFFS, DEFAULT_MAX_SERVICE_PORTS, DEFAULT_MAX_ENDPOINTS } from './defaults.js';
 
 /** program name -> the hook it is attached to (the link's pin is link_<program>) */
 export const PROGRAMS = ['kpng_connect4', 'kpng_connect6', 'kpng_sendmsg4', 'kpng_sendmsg6', 'kpng_recvmsg4', 'kpng_recvmsg6', 'kpng_getpeername4', 'kpng_getpeername6'] as const;

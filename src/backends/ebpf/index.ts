@@ -2,9 +2,8 @@
 import { addDataplaneFlags, dataplaneOptions, proxierInstance } from '../shared/backend.js';
 import { LocalSet } from '../../api/model.js';
 import { registerBackend } from '../registry.js';
-import { EbpfProxier } from './proxier.js';
-import { Datapath, DEFAULT_BPFFS, DEFAULT_MAX_ENDPOINTS, DEFAULT_MAX_SERVICE_PORTS, cgroup2Root, cleanupPins } from './datapath.js';
-import { ebpfMetrics, setCounterSource } from './metrics.js';
+import { DEFAULT_BPFFS, DEFAULT_MAX_ENDPOINTS, DEFAULT_MAX_SERVICE_PORTS } from './defaults.js';
+import type { Datapath } from './datapath.js';
 
 const positive = (flag: string) => (v: string) => {
   const n = Number(v);
@@ -24,7 +23,9 @@ registerBackend({
       .option('--max-service-ports <n>', 'size of the Service address map', positive('--max-service-ports'), DEFAULT_MAX_SERVICE_PORTS)
       .option('--max-endpoints <n>', 'size of the endpoint map', positive('--max-endpoints'), DEFAULT_MAX_ENDPOINTS);
   },
-  create(opts, ctx) {
+  // the implementation loads when the backend runs: other commands pay nothing for it
+  async create(opts, ctx) {
+    const [{ EbpfProxier }, { Datapath, cgroup2Root }, { ebpfMetrics, setCounterSource }] = await Promise.all([import('./proxier.js'), import('./datapath.js'), import('./metrics.js')]);
     const cgroupPath: string | undefined = opts.cgroupPath ?? cgroup2Root();
     if (!cgroupPath) throw new Error('to-ebpf: no cgroup v2 mount in /proc/mounts; give --cgroup-path');
     let datapath: Datapath | undefined;
@@ -63,6 +64,7 @@ registerBackend({
   async cleanup(log) {
     const dir = process.env.KPNG_EBPF_BPFFS || DEFAULT_BPFFS;
     try {
+      const { cleanupPins } = await import('./datapath.js');
       return cleanupPins(dir);
     } catch (e) {
       log.debug({ err: (e as Error).message }, `cleanup: eBPF pins under ${dir}`);
@@ -71,4 +73,4 @@ registerBackend({
   },
 });
 
-export { EbpfProxier };
+export type { EbpfProxier } from './proxier.js';

@@ -3,8 +3,6 @@ import { Option } from 'commander';
 import { addDataplaneFlags, dataplaneOptions, proxierInstance } from '../shared/backend.js';
 import { LocalSet } from '../../api/model.js';
 import { registerBackend } from '../registry.js';
-import { IptablesProxier } from './proxier.js';
-import { cleanupIptables } from './cleanup.js';
 
 registerBackend({
   name: 'iptables',
@@ -16,10 +14,15 @@ registerBackend({
       new Option('--iptables-mode <mode>', 'iptables-nft or iptables-legacy (default: the one the host uses, as iptables-wrappers detects it)').choices(['nft', 'legacy']),
     );
   },
-  create(opts, ctx) {
+  // the implementation loads when the backend runs: other commands pay nothing for it
+  async create(opts, ctx) {
+    const { IptablesProxier } = await import('./proxier.js');
     return proxierInstance(new IptablesProxier({ ...dataplaneOptions(opts, ctx), mode: opts.iptablesMode }), [LocalSet.NodesSet]);
   },
-  cleanup: (log) => cleanupIptables(log),
+  async cleanup(log) {
+    const { cleanupIptables } = await import('./cleanup.js');
+    return cleanupIptables(log);
+  },
 });
 
-export { IptablesProxier };
+export type { IptablesProxier } from './proxier.js';

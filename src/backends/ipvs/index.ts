@@ -2,11 +2,8 @@
 import { LocalSet } from '../../api/model.js';
 import { registerBackend } from '../registry.js';
 import { addDataplaneFlags, dataplaneOptions, proxierInstance } from '../shared/backend.js';
-import { runNft, type NftError } from '../shared/nftables/nft.js';
-import { IpvsProxier } from './proxier.js';
-import { Ipvs, vsKey } from './ipvs.js';
-import { DUMMY, TABLE } from './ruleset.js';
-import { ToolNode } from './node.js';
+import type { NftError } from '../shared/nftables/nft.js';
+import type { Ipvs } from './ipvs.js';
 
 registerBackend({
   name: 'ipvs',
@@ -16,10 +13,18 @@ registerBackend({
   options(cmd) {
     addDataplaneFlags(cmd, 'each nft transaction and IPVS operation').option('--nft-path <path>', 'the nft binary', 'nft');
   },
-  create(opts, ctx) {
+  // the implementation loads when the backend runs: other commands pay nothing for it
+  async create(opts, ctx) {
+    const { IpvsProxier } = await import('./proxier.js');
     return proxierInstance(new IpvsProxier({ ...dataplaneOptions(opts, ctx), nftPath: opts.nftPath }), [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet]);
   },
   async cleanup(log) {
+    const [{ runNft }, { Ipvs, vsKey }, { DUMMY, TABLE }, { ToolNode }] = await Promise.all([
+      import('../shared/nftables/nft.js'),
+      import('./ipvs.js'),
+      import('./ruleset.js'),
+      import('./node.js'),
+    ]);
     const report = { removed: [] as string[], kept: [] as string[], failed: [] as string[] };
     // kpng's virtual servers: on an address of kube-ipvs0, or a NodePort server its table recorded
     const node = new ToolNode();
@@ -62,4 +67,4 @@ registerBackend({
   },
 });
 
-export { IpvsProxier };
+export type { IpvsProxier } from './proxier.js';

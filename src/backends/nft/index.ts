@@ -2,10 +2,7 @@
 import { addDataplaneFlags, dataplaneOptions, proxierInstance } from '../shared/backend.js';
 import { LocalSet } from '../../api/model.js';
 import { registerBackend } from '../registry.js';
-import { NftProxier } from './proxier.js';
-import { runNft, type NftError } from '../shared/nftables/nft.js';
-import { TABLE } from './ruleset.js';
-import { LOCALHOST_TABLE } from '../shared/userspace/localhost.js';
+import type { NftError } from '../shared/nftables/nft.js';
 
 registerBackend({
   name: 'nft',
@@ -15,10 +12,13 @@ registerBackend({
   options(cmd) {
     addDataplaneFlags(cmd, 'each nft transaction').option('--nft-path <path>', 'the nft binary', 'nft');
   },
-  create(opts, ctx) {
+  // the implementation loads when the backend runs: other commands pay nothing for it
+  async create(opts, ctx) {
+    const { NftProxier } = await import('./proxier.js');
     return proxierInstance(new NftProxier({ ...dataplaneOptions(opts, ctx), nftPath: opts.nftPath }), [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet]);
   },
   async cleanup(log) {
+    const [{ runNft }, { TABLE }, { LOCALHOST_TABLE }] = await Promise.all([import('../shared/nftables/nft.js'), import('./ruleset.js'), import('../shared/userspace/localhost.js')]);
     const report = { removed: [] as string[], kept: [] as string[], failed: [] as string[] };
     for (const family of ['ip', 'ip6']) {
       try {
@@ -43,4 +43,4 @@ registerBackend({
   },
 });
 
-export { NftProxier };
+export type { NftProxier } from './proxier.js';

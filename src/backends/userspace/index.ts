@@ -2,8 +2,7 @@
 import { LocalSet } from '../../api/model.js';
 import { registerBackend } from '../registry.js';
 import { addDataplaneFlags, dataplaneOptions, proxierInstance } from '../shared/backend.js';
-import { runNft, type NftError } from '../shared/nftables/nft.js';
-import { UserspaceProxier, TABLE } from './proxier.js';
+import type { NftError } from '../shared/nftables/nft.js';
 
 registerBackend({
   name: 'userspace',
@@ -15,14 +14,17 @@ registerBackend({
       .option('--nft-path <path>', 'the nft binary', 'nft')
       .option('--udp-max-sessions <n>', 'UDP sessions per listener at most (the oldest is closed to make room)', (v) => Number.parseInt(v, 10), 4096);
   },
-  create(opts, ctx) {
+  // the implementation loads when the backend runs: other commands pay nothing for it
+  async create(opts, ctx) {
     if (!Number.isInteger(opts.udpMaxSessions) || opts.udpMaxSessions < 1) throw new Error(`--udp-max-sessions: a positive integer, not ${JSON.stringify(opts.udpMaxSessions)}`);
     // the listeners are this process: with --once they go when it exits, and the redirects lead nowhere
     if (opts.once && !opts.dryRun) ctx.log.warn('to-userspace --once: the rules stay after kpng exits, but the listeners they redirect to go with it');
+    const { UserspaceProxier } = await import('./proxier.js');
     const p = new UserspaceProxier({ ...dataplaneOptions(opts, ctx), nftPath: opts.nftPath, udpMaxSessions: opts.udpMaxSessions });
     return proxierInstance(p, [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet]);
   },
   async cleanup(log) {
+    const [{ runNft }, { TABLE }] = await Promise.all([import('../shared/nftables/nft.js'), import('./proxier.js')]);
     const report = { removed: [] as string[], kept: [] as string[], failed: [] as string[] };
     try {
       await runNft(['delete', 'table', 'inet', TABLE]);
@@ -36,4 +38,4 @@ registerBackend({
   },
 });
 
-export { UserspaceProxier };
+export type { UserspaceProxier } from './proxier.js';

@@ -29,6 +29,7 @@ import { StreamWriter } from '../../api/grpc/server-stream.js';
 import { GrpcStatus, grpcFrames, StreamServer, type ServerCall } from '../../api/grpc/h2-server.js';
 import { encodeDeleteOp, encodeResumeOp, encodeSetOp, GLOBAL_SETS_HEADER, GLOBAL_WATCH_PATH, LOCAL_WATCH_PATH, RESET_FRAME, setOpFrame, SYNC_FRAME } from '../../api/grpc/wire.js';
 import { GlobalDiff, GlobalEncoder, type GlobalOp } from './global-diff.js';
+import { DEFAULT_HEAP_GROWTH_PERCENT } from './defaults.js';
 import { ConnectionGate, DEFAULT_HANDSHAKE_TIMEOUT_MS, defaultMaxConnections, openFileLimit, RESERVED_FDS } from './listener.js';
 
 /** extra local sets a client may ask for in WatchReq.Sets */
@@ -151,8 +152,7 @@ function globalOpFrame(op: GlobalOp): Buffer {
 /** the wire bytes of op lists shared by many nodes (frozen: LocalDiff's transitions) */
 const sharedFrames = new WeakMap<readonly unknown[], Buffer>();
 
-/** to-api's --heap-growth default: the heap may grow 50% past what survived the last full GC */
-export const DEFAULT_HEAP_GROWTH_PERCENT = 50;
+export { DEFAULT_HEAP_GROWTH_PERCENT } from './defaults.js';
 
 /**
  * V8 tuning for a process fanning full states out to many nodes (the to-api

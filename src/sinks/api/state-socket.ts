@@ -9,10 +9,7 @@ import type { Store } from '../../store/store.js';
 import type { ServiceViews } from '../../localstate/views.js';
 import { ApiServer } from './server.js';
 
-export const DEFAULT_BRAIN_SOCKET = 'unix:///run/kpng/brain.sock';
-export const DEFAULT_NODE_SOCKET = 'unix:///run/kpng/node.sock';
-
-export const STATE_SOCKET_HELP = "serve this process's state read-only here for kpng get (unix:///path, mode 0600; '' : not at all)";
+export { DEFAULT_BRAIN_SOCKET, DEFAULT_NODE_SOCKET, STATE_SOCKET_HELP } from './defaults.js';
 
 /** how long setting the socket up, or tearing it down, may take: it must never hold the process */
 const LIMIT_MS = 5_000;

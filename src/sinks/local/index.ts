@@ -1,12 +1,10 @@
 // to-local: runs a backend in this process on this node's diff stream,
 // computed from this process's store (the node agent: agent.ts).
-import { LocalDiff } from '../../diff/local-diff.js';
 import type { LocalOp } from '../../diff/ops.js';
-import { metrics } from '../../backends/shared/metrics.js';
 import { registerSink } from '../registry.js';
-import { runNodeAgent, serviceOfOp } from './agent.js';
-import { DEFAULT_NODE_SOCKET, STATE_SOCKET_HELP, startStateSocket } from '../api/state-socket.js';
-import './remote.js';
+import { DEFAULT_NODE_SOCKET, STATE_SOCKET_HELP } from '../api/defaults.js';
+// kpng local: its command only (remote.ts loads when it runs)
+import './command.js';
 
 registerSink({
   name: 'to-local',
@@ -17,6 +15,13 @@ registerSink({
   },
   async run(opts, ctx, backends) {
     if (!backends.length) throw new Error('to-local needs a backend: to-<backend>');
+    // loaded when the sink runs: a brain or kpng get does not need them
+    const [{ LocalDiff }, { metrics }, { runNodeAgent, serviceOfOp }, { startStateSocket }] = await Promise.all([
+      import('../../diff/local-diff.js'),
+      import('../../backends/shared/metrics.js'),
+      import('./agent.js'),
+      import('../api/state-socket.js'),
+    ]);
     // network programming latency starts when the store first sees a Service change
     const changed = new Map<string, number>();
     const unsubscribe = ctx.store.subscribe((c) => {

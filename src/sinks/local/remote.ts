@@ -6,22 +6,20 @@
 // and refill (QuietResyncSink: not even a Sync when nothing changed). What a brain sends
 // is checked before the backend sees it (ValidatingSink).
 import { create } from '@bufbuild/protobuf';
-import type { Command } from 'commander';
 import { WatchReqSchema, type OpItem } from '../../api/gen/api/localv1/api_pb.js';
 import { LocalSet, decodeEndpoint, decodeLocalNode, decodeService, decodeServiceCIDR, type Endpoint, type LocalNode, type Service, type ServiceCIDR } from '../../api/model.js';
 import { endpointProblem, localPathProblem, nodeProblem, serviceCIDRProblem, serviceProblem } from '../../api/validate.js';
-import { DEFAULT_API } from '../../api/grpc/address.js';
-import { DEFAULT_FAILBACK_MS, DEFAULT_WATCHDOG_MS, runWatch, type WatchClientOptions } from '../../api/grpc/client.js';
+import { runWatch, type WatchClientOptions } from '../../api/grpc/client.js';
 import { MAX_BUCKETS } from '../../diff/resume.js';
-import { addClientTLSOptions, clientTLSFromOpts } from '../../api/grpc/tls.js';
+import { clientTLSFromOpts } from '../../api/grpc/tls.js';
 import { localWatchMethod } from '../../api/grpc/wire.js';
 import type { LocalOp, LocalSink, LocalValue } from '../../diff/ops.js';
-import { addBackendCommands, type BackendSpec } from '../../backends/run.js';
+import type { BackendSpec } from '../../backends/run.js';
 import { runNodeAgent } from './agent.js';
 import { NodeStateMirror, serveMirror } from './state-mirror.js';
 import { HeldState } from './held-state.js';
-import { DEFAULT_NODE_SOCKET, STATE_SOCKET_HELP } from '../api/state-socket.js';
-import { registerCommand } from '../../cli/commands.js';
+// the `kpng local` command registers when this module is imported, as before
+import './command.js';
 import type { Logger } from '../../log.js';
 
 const DECODERS: Partial<Record<LocalSet, (b: Uint8Array) => LocalValue>> = {
@@ -233,30 +231,5 @@ export async function runLocal(localOpts: Record<string, any>, backends: readonl
   });
 }
 
-const ms = (v: string) => {
-  const n = Number(v);
-  if (!Number.isFinite(n) || n <= 0) throw new Error(`not a positive number of milliseconds: ${v}`);
-  return n;
-};
-
-export function addApiClientOptions(cmd: Command): void {
-  cmd
-    .option('--api <address>[,<address>...]', 'the kpng API: unix:///path/to.sock, tcp://host:port or host:port; several brains comma-separated (each client picks its own by its name and fails over to the others)', DEFAULT_API)
-    .option('--error-delay <ms>', 'first retry delay after a failure (doubles, with jitter)', ms, 200)
-    .option('--max-error-delay <ms>', 'longest retry delay', ms, 10_000)
-    .option('--watchdog <ms>', "give a brain up when a stream's first answer, or the rest of a diff, does not come within this", ms, DEFAULT_WATCHDOG_MS)
-    .option('--failback <ms>', 'on another brain than its own: how often to check whether its own answers again', ms, DEFAULT_FAILBACK_MS);
-  addClientTLSOptions(cmd);
-}
-
-registerCommand((program, run) => {
-  const lc = program
-    .command('local')
-    .description("program this node from another kpng's node-local API (to-api): kpng local --api ADDR to-<backend>")
-    .enablePositionalOptions()
-    .option('--node-name <name>', 'the node to watch (default: the backend\'s --node-name, hostnameOverride, then the hostname)')
-    .option('--no-resume', 'after a reconnect, ask for the full state instead of sending what this node holds')
-    .option('--state-socket <address>', STATE_SOCKET_HELP, DEFAULT_NODE_SOCKET);
-  addApiClientOptions(lc);
-  addBackendCommands(lc, (backends) => run((log, signal) => runLocal(lc.opts(), backends, log, signal)));
-});
+// kept here for those who import them from this module
+export { addApiClientOptions } from './client-options.js';

@@ -14,12 +14,12 @@ import { fromBinary } from '@bufbuild/protobuf';
 import { LocalSet } from '../../api/model.js';
 import { endpointInfoProblem, globalPath, nodeProblem, serviceCIDRProblem, serviceProblem } from '../../api/validate.js';
 import { runWatch } from '../../api/grpc/client.js';
-import { clientTLSFromOpts, type ClientTLS } from '../../api/grpc/tls.js';
+import type { ClientTLS } from '../../api/grpc/tls.js';
 import { GLOBAL_SETS_HEADER, globalWatchMethod } from '../../api/grpc/wire.js';
 import { KINDS, type Store } from '../../store/store.js';
 import type { Logger } from '../../log.js';
-import { addApiClientOptions } from '../../sinks/local/remote.js';
-import { registerSource } from '../registry.js';
+// the definition registers when this module is imported, as before
+import './definition.js';
 
 interface MirrorSlice {
   namespace: string;
@@ -238,23 +238,3 @@ export class ApiSource {
     if (first) this.log.info({ api: this.opts.address, services: cur.services.size, slices: cur.slices.size, nodes: cur.nodes.size }, 'api: initial state received');
   }
 }
-
-registerSource({
-  name: 'api',
-  description: "fill the store from another kpng's global API (/globalv1.Sets/Watch), to chain brains",
-  options(cmd) {
-    addApiClientOptions(cmd);
-  },
-  async start(opts, ctx) {
-    const src = new ApiSource(ctx.store, ctx.log, {
-      address: opts.api,
-      tls: clientTLSFromOpts(opts),
-      minBackoffMs: opts.errorDelay,
-      maxBackoffMs: opts.maxErrorDelay,
-      watchdogMs: opts.watchdog,
-      failbackMs: opts.failback,
-    });
-    src.start();
-    return { stop: () => src.stop() };
-  },
-});

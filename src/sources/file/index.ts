@@ -16,8 +16,8 @@ import type { Logger } from '../../log.js';
 import type { Store, StoreTx } from '../../store/store.js';
 import { KINDS } from '../../store/store.js';
 import { applyObject, deleteByKey, type ModelObject } from '../apply.js';
-import { registerSource } from '../registry.js';
-import { ConfigError } from '../../backends/shared/config.js';
+// the definition registers when this module is imported, as before
+import './definition.js';
 import { ParseFailed, parseObjects, type ParsedItem } from './parse.js';
 import { ParserThread } from './parser-thread.js';
 
@@ -687,35 +687,3 @@ function lostObjects(prev: Map<string, Entry>, items: ParsedItem[]): boolean {
   for (const k of prev.keys()) if (!now.has(k)) return true;
   return false;
 }
-
-registerSource({
-  name: 'file',
-  description: 'read Kubernetes objects (kubectl get -o yaml|json) from a file or a directory, and follow their changes',
-  options(cmd) {
-    cmd
-      .requiredOption('-i, --input <path>', 'file or directory of Service, EndpointSlice, Node and ServiceCIDR objects (regular files named *.yaml, *.yml, *.json)')
-      .option('--debounce <ms>', 'reload once file events have been quiet this long (at the latest 10 times this, and 1 s, after the first event)', '100')
-      .option('--write-grace <ms>', 'a file rewritten in place that looks unfinished (emptied, lost objects, cut mid-line, does not parse) keeps its objects this long before it counts', '3000')
-      .option('--no-watch', 'read the input once; do not follow changes');
-  },
-  async start(opts, ctx) {
-    const ms = (flag: string, v: string) => {
-      const n = Number(v);
-      if (!Number.isInteger(n) || n < 0 || n > 3_600_000) throw new ConfigError(flag, `${v} is not a whole number of milliseconds from 0 to 3600000`);
-      return n;
-    };
-    const debounceMs = ms('--debounce', opts.debounce);
-    const writeGraceMs = ms('--write-grace', opts.writeGrace);
-    const src = new FileSource(ctx.store, ctx.log, { input: opts.input, debounceMs, watch: opts.watch, writeGraceMs });
-    const stop = () => src.stop();
-    ctx.signal.addEventListener('abort', stop, { once: true });
-    // sinks wait for the store to be synced, which start() does once the input is loaded
-    src.start().catch((e) => ctx.log.error({ err: message(e) }, 'file source: failed to start'));
-    return {
-      stop: async () => {
-        ctx.signal.removeEventListener('abort', stop);
-        await src.stop();
-      },
-    };
-  },
-});

@@ -6,7 +6,8 @@ import type { Store } from '../../store/store.js';
 import { HEADLESS_LABEL, SERVICE_NAME_LABEL } from '../objects.js';
 import { SERVICE_PROXY_NAME_LABEL } from '../../localstate/service-view.js';
 import { version } from '../../version.js';
-import { registerSource } from '../registry.js';
+// the definition registers when this module is imported, as before
+import './definition.js';
 import { KubeClient } from './client.js';
 import { resolveConnection, type Connection } from './config.js';
 import { DEFAULT_REFLECTOR_OPTIONS, Reflector, StoreWriter, type ReflectorOptions, type Resource } from './reflector.js';
@@ -101,26 +102,3 @@ export class KubeSource {
     this.writer.flush();
   }
 }
-
-registerSource({
-  name: 'kube',
-  description: 'list and watch a Kubernetes API server (kubeconfig, KUBECONFIG, or in-cluster credentials)',
-  options(cmd) {
-    cmd
-      .option('--kubeconfig <path>', 'kubeconfig file (default: $KUBECONFIG, then in-cluster, then ~/.kube/config)')
-      .option('--master <url>', 'API server URL (overrides the kubeconfig\'s server)')
-      .option('--context <name>', 'kubeconfig context (default: its current-context)')
-      .option('--watch-node <name>', 'watch only this Node (enough for a node-local proxy; a to-api brain needs all nodes)');
-  },
-  async start(opts, ctx) {
-    const connection = resolveConnection({ kubeconfig: opts.kubeconfig, master: opts.master, context: opts.context });
-    const src = new KubeSource(ctx.store, ctx.log, {
-      connection,
-      serviceProxyName: opts.serviceProxyName || undefined,
-      watchNode: opts.watchNode || undefined,
-    });
-    ctx.log.info({ server: connection.server.origin, origin: connection.origin }, `kube source: watching ${connection.server.origin}`);
-    src.start();
-    return { stop: () => src.stop() };
-  },
-});
