@@ -134,8 +134,9 @@ const REDUCER_DEFAULT_MS = 8000;
  * the process already reached (at 30k Services it did not before the
  * steps), and V8's memory reducer, told to come sooner, does the rest
  * while the process is quiet. Last, V8's low-memory notification gives
- * back the young generation (or, without an inspector, a scavenge
- * youngAfterMs later). Measured:
+ * back the young generation (without an inspector, the scavenge
+ * youngAfterMs later does), and youngAfterMs later the reducer's delay is
+ * V8's again. Measured:
  * docs/benchmarks.md, "The node agent's memory and start, second pass".
  * Returns a canceller (a process on its way out has nothing to give back).
  */
@@ -175,14 +176,15 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => vo
       mallocTrim()?.();
     }
     // the young generation grew to 32 MB for the burst: a low-memory
-    // notification gives it back now; without one, a scavenge (about a
-    // millisecond) once allocation has been slow for a while
-    // later bursts' own collections are not followed by the reducer so soon (its collections cost CPU)
-    const reducerBack = () => setFlagsFromString(`--gc-memory-reducer-start-delay-ms=${REDUCER_DEFAULT_MS}`);
-    if (lowMemoryNotification(() => (mallocTrim()?.(), reducerBack()))) return;
+    // notification gives it back now; without one, the scavenge (about a
+    // millisecond) below, once allocation has been slow for a while
+    lowMemoryNotification(() => mallocTrim()?.());
     young = setTimeout(() => {
       collector()({ type: 'minor' });
-      reducerBack();
+      // until now V8's memory reducer went on with what the steps left (a
+      // step budget cut short under load); later bursts' own collections are
+      // not followed by it so soon (its collections cost CPU)
+      setFlagsFromString(`--gc-memory-reducer-start-delay-ms=${REDUCER_DEFAULT_MS}`);
     }, youngAfterMs).unref();
   };
   timer = setTimeout(step, delayMs).unref();
