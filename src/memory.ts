@@ -66,8 +66,8 @@ function peakRss(): number | undefined {
 /** how long after a burst (a full sync) its garbage is collected: off what follows it */
 export const TRIM_AFTER_BURST_MS = 2000;
 
-/** without an inspector: after the full collections, when the young generation is collected (and shrunk) */
-const YOUNG_AFTER_MS = 6000;
+/** after the full collections, when the young generation is given back */
+const YOUNG_AFTER_MS = 1000;
 
 /**
  * V8's low-memory notification, as the inspector's collectGarbage makes it:
@@ -133,10 +133,9 @@ const REDUCER_DEFAULT_MS = 8000;
  * moves what is left together, if copying it all stays under the peak RSS
  * the process already reached (at 30k Services it did not before the
  * steps), and V8's memory reducer, told to come sooner, does the rest
- * while the process is quiet. Last, V8's low-memory notification gives
- * back the young generation (without an inspector, the scavenge
- * youngAfterMs later does), and youngAfterMs later the reducer's delay is
- * V8's again. Measured:
+ * while the process is quiet. youngAfterMs after the last, V8's low-memory
+ * notification gives back the young generation (without an inspector, a
+ * scavenge). Measured:
  * docs/benchmarks.md, "The node agent's memory and start, second pass".
  * Returns a canceller (a process on its way out has nothing to give back).
  */
@@ -175,16 +174,17 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => vo
       }
       mallocTrim()?.();
     }
-    // the young generation grew to 32 MB for the burst: a low-memory
-    // notification gives it back now; without one, the scavenge (about a
-    // millisecond) below, once allocation has been slow for a while
-    lowMemoryNotification(() => mallocTrim()?.());
+    // youngAfterMs later (V8's memory reducer, told to come sooner, has had
+    // its turn at what the steps left), the young generation the burst grew
+    // to 32 MB is given back: by a low-memory notification; without one, by
+    // a scavenge, which shrinks it only once allocation has been slow for a
+    // while. Later bursts' own collections are not followed by the reducer
+    // so soon (its collections cost CPU).
     young = setTimeout(() => {
+      const reducerBack = () => setFlagsFromString(`--gc-memory-reducer-start-delay-ms=${REDUCER_DEFAULT_MS}`);
+      if (lowMemoryNotification(() => (mallocTrim()?.(), reducerBack()))) return;
       collector()({ type: 'minor' });
-      // until now V8's memory reducer went on with what the steps left (a
-      // step budget cut short under load); later bursts' own collections are
-      // not followed by it so soon (its collections cost CPU)
-      setFlagsFromString(`--gc-memory-reducer-start-delay-ms=${REDUCER_DEFAULT_MS}`);
+      reducerBack();
     }, youngAfterMs).unref();
   };
   timer = setTimeout(step, delayMs).unref();

@@ -73,8 +73,8 @@ test('trimMemory gives back the young generation a burst grew, without waiting f
     if (keep.length < 2000 && n % 20 === 0) keep.push(a);
   }
   const grown = newSpace();
-  trimMemory(0, 5500);
-  // after the collections that give pages back (a few, 250 ms apart): the low-memory notification, not the scavenge 5.5 s later
+  trimMemory(0, 500);
+  // after the collections that give pages back (a few, 250 ms apart) and 0.5 s: the low-memory notification (a scavenge would not shrink it before 5 s of quiet)
   for (let i = 0; i < 40 && newSpace() > grown / 4; i++) await sleep(100);
   const after = newSpace();
   assert.ok(after <= grown / 4, `young generation ${Math.round(grown / 2 ** 20)} -> ${Math.round(after / 2 ** 20)} MiB`);
