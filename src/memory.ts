@@ -7,7 +7,7 @@
 // later a scavenge that lets the young generation shrink (measured:
 // docs/benchmarks.md). And from the start, few malloc arenas.
 import { readFileSync } from 'node:fs';
-import { Session } from 'node:inspector';
+import type { Session } from 'node:inspector';
 import { createRequire } from 'node:module';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
@@ -79,7 +79,9 @@ const YOUNG_AFTER_MS = 1000;
 function lowMemoryNotification(done: () => void): boolean {
   let session: Session;
   try {
-    session = new Session();
+    // required here: importing node:inspector throws in a build without it
+    const inspector = createRequire(import.meta.url)('node:inspector') as typeof import('node:inspector');
+    session = new inspector.Session();
     session.connect();
   } catch {
     return false;

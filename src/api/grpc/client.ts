@@ -7,7 +7,8 @@
 // on an error or a silent stream (the watchdog) and goes back when its own
 // answers again. Every new stream starts with Reset and the full state, or
 // a Resume when the request said what the client holds; the consumer makes
-// that invisible (FilterResetSink, or the api source's own diff).
+// that invisible (a reset filter: kpng local's HeldState, FilterResetSink;
+// or the api source's own diff).
 import { createHash } from 'node:crypto';
 import type * as grpc from '@grpc/grpc-js';
 import { grpcJs } from '../../lazy.js';
@@ -100,7 +101,7 @@ export function newClient(address: ApiAddress, tls: ClientTLS | undefined): grpc
  * failures over all of them backs off. While on another brain it checks its
  * own every failbackMs (a stream up to its first Sync) and goes back when
  * that one answers, between two diffs. Every switch is a new stream, which
- * the handler makes invisible (FilterResetSink, resume).
+ * the handler makes invisible (its reset filter, resume).
  */
 export async function runWatch<Req>(opts: WatchClientOptions, method: WatchMethod<Req>, handler: WatchHandler<Req>): Promise<void> {
   const brains = brainOrder(parseBrains(opts.address), opts.key ?? '');
