@@ -4,7 +4,7 @@
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
-import { mkdtempSync, writeFileSync, chmodSync, rmSync } from 'node:fs';
+import { mkdtempSync, writeFileSync, chmodSync, rmSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
@@ -29,7 +29,7 @@ function config(over: Partial<KubeProxyConfiguration> = {}): KubeProxyConfigurat
 }
 
 /** a proxier fed by a store through the real diff stream */
-function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfiguration; chunk?: number; session?: boolean; nftPath?: string; log?: Logger } = {}) {
+function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfiguration; chunk?: number; session?: boolean; nftPath?: string; log?: Logger; netlink?: boolean } = {}) {
   const out: string[] = [];
   const sink = new Writable({ write: (c, _e, cb) => (out.push(String(c)), cb()) });
   const make = () =>
@@ -45,6 +45,9 @@ function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfigu
       healthChecks: false,
       freshLoadChunk: opts.chunk,
       session: opts.session,
+      // the cold start's elements over netlink go to the test's namespace (never this process's)
+      netns: opts.netlink ? opts.ns?.name : undefined,
+      netlink: opts.netlink ?? false,
     });
   let proxier = make();
   let diff = new LocalDiff(store, new ServiceViews(store), 'n1', { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
@@ -255,6 +258,54 @@ describe('against nft in a namespace', { skip: canUseNetns() }, () => {
       assert.equal(h.proxier.stats.lastElementChanges, 0);
     } finally {
       other.remove();
+    }
+  });
+
+  test('a cold start whose chunks go over netlink leaves the table a load through nft leaves', async () => {
+    const objs = [node('n1', 'z1', ['192.168.0.2']), serviceCIDR('kubernetes', ['172.30.0.0/16'])];
+    for (let i = 0; i < 1200; i++) {
+      const ip = `172.30.${4 + (i >> 8)}.${i & 255}`;
+      objs.push(service('ns', `s${i}`, { clusterIP: ip, type: i % 3 ? 'ClusterIP' : 'NodePort', ports: [{ name: 'http', port: 80 }] }));
+      objs.push(slice('ns', `s${i}-1`, `s${i}`, [{ ip: `10.7.${i >> 8}.${i & 255}`, node: 'n1', pod: `p${i}` }, { ip: `10.8.${i >> 8}.${i & 255}`, node: 'n2', pod: `q${i}` }]));
+    }
+    // a LoadBalancer with source ranges: its firewall-allow elements (intervals) go through nft
+    objs.push(service('ns', 'lb', { type: 'LoadBalancer', clusterIP: '172.30.9.1', loadBalancerSourceRanges: ['203.0.113.0/25'], ports: [{ name: 'http', port: 80 }] }, { status: { loadBalancer: { ingress: [{ ip: '198.51.100.9' }] } } }));
+    objs.push(slice('ns', 'lb-1', 'lb', [{ ip: '10.9.0.1', node: 'n2', pod: 'l1' }]));
+    const viaNetlink = createNetns();
+    const viaText = createNetns();
+    const listing = (n: TestNetns) => n.exec('nft', ['list', 'table', 'ip', 'kpng']).split('\n').sort().join('\n');
+    // nft, counting its runs
+    const dir = mkdtempSync(join(tmpdir(), 'kpng-nl-'));
+    const counting = (n: TestNetns, name: string) => {
+      const path = join(dir, name);
+      writeFileSync(path, `#!/bin/sh\necho >> ${path}.runs\nexec ${n.wrapper('nft')} "$@"\n`);
+      chmodSync(path, 0o755);
+      return { path, runs: () => readFileSync(`${path}.runs`, 'utf8').length };
+    };
+    const nftA = counting(viaNetlink, 'a');
+    const nftB = counting(viaText, 'b');
+    try {
+      const a = harness(syncedStore(objs), { ns: viaNetlink, chunk: 400, netlink: true, nftPath: nftA.path });
+      await a.sync();
+      const b = harness(syncedStore(objs), { ns: viaText, chunk: 400, nftPath: nftB.path });
+      await b.sync();
+      assert.equal(a.proxier.stats.lastVia, 'chunks');
+      // the elements of the three chunks of 400 did not go through nft (the last chunk's one Service's did)
+      assert.equal(nftB.runs() - nftA.runs(), 3);
+      const want = listing(viaText);
+      assert.match(want, /198\.51\.100\.9 \. tcp \. 80 \. 203\.0\.113\.0\/25/);
+      assert.match(want, /172\.30\.7\.131 \. tcp \. 80 \. 1 : 10\.8\.3\.131 \. 8080/);
+      assert.equal(listing(viaNetlink), want);
+      // what a restart finds is exactly what it wants
+      a.restart();
+      await a.sync();
+      assert.equal(a.proxier.stats.lastElementChanges, 0);
+      await a.proxier.close();
+      await b.proxier.close();
+    } finally {
+      viaNetlink.remove();
+      viaText.remove();
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 

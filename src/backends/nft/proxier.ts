@@ -36,6 +36,11 @@ export interface NftProxierOptions extends DataplaneOptions {
   readonly freshLoadParallel?: number;
   /** small transactions go to a long-lived nft (default: unless once) */
   readonly session?: boolean;
+  /**
+   * a cold start's chunks of elements go to the kernel over netlink (default:
+   * when the nft used is this namespace's, or a netns is given)
+   */
+  readonly netlink?: boolean;
 }
 
 /** What one Service has in one family's table, besides its elements (kept in the element table). */
@@ -92,11 +97,14 @@ export class NftProxier extends ProxierBase {
   constructor(private readonly o: NftProxierOptions) {
     super(o, { minSyncPeriodMs: o.config.nftables.minSyncPeriodMs, syncPeriodMs: o.config.nftables.syncPeriodMs });
     this.ownNft = !o.nft;
-    this.nft =
-      o.nft ??
-      (!o.dryRun && (o.session ?? !o.once)
-        ? new SessionNft({ path: o.nftPath, parallel: this.parallel, onFallback: (msg) => this.warnOnce('nft session', msg) })
-        : new ProcessNft({ path: o.nftPath, parallel: this.parallel }));
+    const nftOptions = {
+      path: o.nftPath,
+      parallel: this.parallel,
+      // netlink reaches the namespace kpng runs in (or netns): only where the nft used is that one's too
+      netlink: !o.dryRun && (o.netlink ?? (o.netns !== undefined || (o.nftPath ?? 'nft') === 'nft')) ? { netns: o.netns } : undefined,
+      onNetlinkFallback: (msg: string) => this.warnOnce('nft netlink', msg),
+    };
+    this.nft = o.nft ?? (!o.dryRun && (o.session ?? !o.once) ? new SessionNft({ ...nftOptions, onFallback: (msg) => this.warnOnce('nft session', msg) }) : new ProcessNft(nftOptions));
     this.fam = new Map(
       (o.families ?? [4, 6]).map((f) => {
         const names = FAMILIES[f];
@@ -301,7 +309,7 @@ export class NftProxier extends ProxierBase {
   /** one transaction; a big one with the drift watch paused (the kernel's change events would cost as much as the load) */
   private async transact(tx: Transaction): Promise<void> {
     if (tx.empty) return;
-    if (tx.elementCount <= WATCH_PAUSE_ELEMENTS || !this.watch) return this.nft.run(tx);
+    if (tx.elementCount <= WATCH_PAUSE_ELEMENTS || !this.watch) return void (await this.nft.run(tx));
     this.watch.pause();
     let ok = 0;
     try {
@@ -332,22 +340,26 @@ export class NftProxier extends ProxierBase {
     let bytes = 0;
     let elementChanges = 0;
     let transactions = 0;
-    const apply = async (tx: Transaction) => {
-      if (tx.empty) return;
-      bytes += tx.render().length;
-      await this.nft.run(tx);
-      transactions++;
+    const apply = async (...txs: Transaction[]) => {
+      for (const tx of txs) {
+        if (tx.empty) continue;
+        bytes += (await this.nft.run(tx)) ?? tx.render().length;
+        transactions++;
+      }
     };
-    /** the elements that count of these owners, as adds */
-    const adds = (owners: (st: FamilyState) => Iterable<string>) => {
-      const tx = new Transaction();
+    /** the elements that count of these owners, as adds; those of interval sets in a second transaction (only the first can go over netlink) */
+    const adds = (owners: (st: FamilyState) => Iterable<string>): [Transaction, Transaction] => {
+      const plain = new Transaction();
+      const ranges = new Transaction();
       for (const st of this.fam.values()) {
         const list: Element[] = [];
-        for (const owner of owners(st)) for (const e of st.elements.winnersOf(owner)) list.push(e);
-        tx.elements('add', st.table, list);
+        const rangeList: Element[] = [];
+        for (const owner of owners(st)) for (const e of st.elements.winnersOf(owner)) (INTERVAL_SETS.has(e.set) ? rangeList : list).push(e);
+        plain.elements('add', st.table, list);
+        ranges.elements('add', st.table, rangeList);
       }
-      elementChanges += tx.elementCount;
-      return tx;
+      elementChanges += plain.elementCount + ranges.elementCount;
+      return [plain, ranges];
     };
     // in name order, the owner that counts for a key (the first by name) is the first to load it
     const sorted = [...keys].sort();
@@ -356,7 +368,8 @@ export class NftProxier extends ProxierBase {
       const header = this.render({ header: true, baseChains: false, elements: false });
       // with the elements of owners not loaded below (the node's, the ServiceCIDRs')
       const reloaded = new Set(sorted.map(ownerOf));
-      await apply(header.tx.append(adds((st) => [...st.elements.owners()].filter((o) => !reloaded.has(o)))));
+      const [plain, ranges] = adds((st) => [...st.elements.owners()].filter((o) => !reloaded.has(o)));
+      await apply(header.tx.append(plain).append(ranges));
       header.commit();
       let failure: unknown;
       const running = new Set<Promise<void>>();
@@ -370,7 +383,7 @@ export class NftProxier extends ProxierBase {
         if (failure) break;
         const owners = chunk.map(ownerOf);
         // nft starts now, while the next chunk is computed
-        const p: Promise<void> = apply(adds(() => owners))
+        const p: Promise<void> = apply(...adds(() => owners))
           .catch((e) => void (failure ??= e))
           .finally(() => running.delete(p));
         running.add(p);
@@ -512,6 +525,13 @@ export class NftProxier extends ProxierBase {
     return this.fam.get(family)!.elements.desiredElements(set);
   }
 }
+
+/** sets of intervals (their elements go to nft as text) */
+const INTERVAL_SETS = new Set(
+  Object.entries(setDeclarations(FAMILIES[4]))
+    .filter(([, d]) => d.body.includes('interval'))
+    .map(([name]) => name),
+);
 
 /** the element owner of a service */
 function ownerOf(key: string): string {

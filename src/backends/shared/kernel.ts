@@ -14,6 +14,8 @@ interface Libc {
   socket(domain: number, type: number, protocol: number): number;
   bind(fd: number, addr: Buffer, len: number): number;
   send(fd: number, buf: Buffer, len: number, flags: number): number | bigint;
+  /** send on libuv's thread pool: the kernel's work on a big batch does not block this thread */
+  sendAsync(fd: number, buf: Buffer, len: number, flags: number): Promise<number>;
   recv(fd: number, buf: Buffer, len: number, flags: number): number | bigint;
   setsockopt(fd: number, level: number, name: number, val: Buffer, len: number): number;
   getsockopt(fd: number, level: number, name: number, val: Buffer, len: Buffer): number;
@@ -24,6 +26,12 @@ interface Libc {
 }
 
 let libc: Libc | undefined;
+
+/** koffi's asynchronous call of a function (on libuv's thread pool) as a promise */
+function asyncCall(f: { async: (...args: unknown[]) => void }) {
+  return (...args: unknown[]) =>
+    new Promise<number>((resolve, reject) => f.async(...args, (err: unknown, r: number | bigint) => (err ? reject(err as Error) : resolve(Number(r)))));
+}
 let loadError: string | undefined;
 
 /** libc through koffi, loaded on first use; throws KernelError where that cannot work. */
@@ -37,6 +45,7 @@ function lib(): Libc {
       socket: c.func('int socket(int, int, int)'),
       bind: c.func('int bind(int, void *, uint32_t)'),
       send: c.func('long send(int, void *, size_t, int)'),
+      sendAsync: asyncCall(c.func('long send(int, void *, size_t, int)')),
       recv: c.func('long recv(int, _Out_ void *, size_t, int)'),
       setsockopt: c.func('int setsockopt(int, int, int, void *, uint32_t)'),
       getsockopt: c.func('int getsockopt(int, int, int, _Inout_ void *, _Inout_ void *)'),
@@ -60,6 +69,7 @@ const SOCK_NONBLOCK = 0o4000;
 const SOCK_CLOEXEC = 0o2000000;
 const NETLINK_NETFILTER = 12;
 const SOL_SOCKET = 1;
+const SO_SNDBUFFORCE = 32;
 const SO_RCVBUFFORCE = 33;
 const SOL_NETLINK = 270;
 const NETLINK_ADD_MEMBERSHIP = 1;
@@ -230,6 +240,24 @@ export class NetlinkSocket {
   send(msg: Buffer): void {
     if (Number(this.c.send(this.fd, msg, msg.length, 0)) !== msg.length) throw new KernelError(`netlink send: errno ${this.c.errno()}`);
   }
+
+  /**
+   * Sends a big message (a batch) from libuv's thread pool: the kernel
+   * handles a netlink batch within the send, and this thread goes on
+   * meanwhile. Answers are queued on the socket when it resolves.
+   */
+  async sendLarge(msg: Buffer): Promise<void> {
+    if (msg.length + 4096 > this.sendBuffer) {
+      // the kernel refuses a message bigger than the socket's send buffer (root may exceed wmem_max)
+      const size = Buffer.alloc(4);
+      size.writeInt32LE(msg.length + 65536);
+      if (this.c.setsockopt(this.fd, SOL_SOCKET, SO_SNDBUFFORCE, size, 4) !== 0) throw new KernelError(`netlink send buffer: errno ${this.c.errno()}`);
+      this.sendBuffer = msg.length + 65536;
+    }
+    const n = await this.c.sendAsync(this.fd, msg, msg.length, 0);
+    if (n !== msg.length) throw new KernelError(`netlink send of ${msg.length} bytes: ${n}`);
+  }
+  private sendBuffer = 0;
 
   /** every queued message to fn; 'empty' when nothing was queued */
   drain(fn: (m: NetlinkMessage) => void): 'read' | 'empty' {

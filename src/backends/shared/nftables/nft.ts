@@ -6,20 +6,22 @@
 // their own; everything with a time limit. FakeNft (fake.ts) is the third,
 // in memory, for tests.
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ToolError, firstLines, runTool } from '../tool.js';
 import type { ElementValue } from './transaction.js';
 import type { TableFamily, Transaction } from './transaction.js';
 import type { DriftSource } from '../nft-watch.js';
+import { KernelError } from '../kernel.js';
+import { NetlinkElements, NetlinkRefused } from './netlink.js';
 
 export class NftError extends ToolError {}
 
 /** What kpng's nftables code needs of nft (nft.ts: the system's; fake.ts: an in-memory one). */
 export interface Nft {
-  /** Applies a transaction atomically; with check, only asks whether nft and the kernel would take it. */
-  run(tx: Transaction | string, opts?: { check?: boolean }): Promise<void>;
+  /** Applies a transaction atomically; with check, only asks whether nft and the kernel would take it. Resolves with the bytes it sent, when it counts them. */
+  run(tx: Transaction | string, opts?: { check?: boolean }): Promise<number | void>;
   /** A table as the kernel has it; undefined when it does not exist. */
   list(family: TableFamily, table: string): Promise<TableListing | undefined>;
   /** true for the pid of an nft this Nft ran: its changes to the ruleset are kpng's own */
@@ -42,7 +44,19 @@ export interface ProcessNftOptions {
   readonly parallel?: number;
   /** per transaction (default 60 s) */
   readonly timeoutMs?: number;
+  /**
+   * Big transactions of element adds and deletes only go to the kernel over
+   * netlink (netlink.ts), in this network namespace (a name under /run/netns,
+   * or a path), or this process's when undefined. Only when the nft used is
+   * the one of that namespace.
+   */
+  readonly netlink?: { readonly netns?: string };
+  /** told once when netlink cannot be used and elements go to nft as text */
+  readonly onNetlinkFallback?: (msg: string) => void;
 }
+
+/** element-only transactions of at least this many elements go over netlink (smaller ones cost nft little) */
+const NETLINK_MIN_ELEMENTS = 1000;
 
 /** The system's nft, a process per transaction (`nft -f -`), with a time limit. */
 export class ProcessNft implements Nft {
@@ -52,17 +66,39 @@ export class ProcessNft implements Nft {
   /** pids of nft processes this ran lately */
   private readonly pids: number[] = [];
 
+  private netlink?: NetlinkElements;
+
   constructor(protected readonly o: ProcessNftOptions = {}) {
     this.path = o.path ?? 'nft';
+    if (o.netlink) this.netlink = new NetlinkElements(o.netlink.netns);
   }
 
-  async run(tx: Transaction | string, opts: { check?: boolean } = {}): Promise<void> {
-    const text = typeof tx === 'string' ? tx : tx.render();
-    if (!text) return;
-    if (opts.check) return void (await runNft(['-c', '-f', '-'], text, this.path, this.procOpts()));
+  async run(tx: Transaction | string, opts: { check?: boolean } = {}): Promise<number> {
+    if (opts.check) {
+      const text = typeof tx === 'string' ? tx : tx.render();
+      if (text) await runNft(['-c', '-f', '-'], text, this.path, this.procOpts());
+      return text.length;
+    }
     await this.acquire();
     try {
+      if (typeof tx !== 'string' && this.netlink && tx.elementCount >= NETLINK_MIN_ELEMENTS && this.netlink.takes(tx)) {
+        try {
+          return await this.netlink.run(tx);
+        } catch (e) {
+          if (!(e instanceof KernelError)) throw e;
+          // refused: nft says why (and the batch changed nothing); anything else: netlink does not work here
+          if (!(e instanceof NetlinkRefused)) {
+            this.netlink.close();
+            this.netlink = undefined;
+            this.o.onNetlinkFallback?.(`elements go to nft as text: ${e.message}`);
+          }
+        }
+      }
+      const text = typeof tx === 'string' ? tx : tx.render();
+      if (!text) return 0;
       await this.apply(text);
+      if (typeof tx !== 'string') this.netlink?.learn(tx);
+      return text.length;
     } finally {
       this.release();
     }
@@ -80,10 +116,13 @@ export class ProcessNft implements Nft {
   }
 
   ownsPid(pid: number): boolean {
-    return this.pids.includes(pid);
+    // netlink batches are sent from a thread of this process
+    return this.pids.includes(pid) || (!!this.o.netlink && (pid === process.pid || existsSync(`/proc/self/task/${pid}`)));
   }
 
-  close(): void {}
+  close(): void {
+    this.netlink?.close();
+  }
 
   /** applies one transaction's text (one of `parallel` at most at a time) */
   protected async apply(text: string): Promise<void> {
@@ -131,6 +170,7 @@ export class SessionNft extends ProcessNft {
   }
 
   override close(): void {
+    super.close();
     for (const s of this.idle.splice(0)) s.close();
   }
 
