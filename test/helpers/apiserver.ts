@@ -446,10 +446,30 @@ export class TestApiServer {
     return state;
   }
 
+  /**
+   * A list's matching keys in order, with the objects as of its
+   * resourceVersion, kept for its continue pages (the last few lists): a
+   * page is a binary search and a slice, as etcd's range reads are, not a
+   * copy and sort of the whole resource (200 pages of 100k objects took
+   * this server most of a benchmark's time).
+   */
+  private lists: { id: string; state: Map<string, KubeObject>; keys: string[] }[] = [];
+
+  private listAt(r: ResourceInfo, rv: number, query: Record<string, string>, match: (o: KubeObject) => boolean) {
+    const id = `${r.name}@${rv}?${query.labelSelector ?? ''}&${query.fieldSelector ?? ''}`;
+    let l = this.lists.find((x) => x.id === id);
+    if (!l) {
+      const state = rv === this.rv ? new Map(this.objects.get(r.name)!) : this.stateAt(r.name, rv);
+      l = { id, state, keys: [...state.keys()].filter((k) => match(state.get(k)!)).sort() };
+      this.lists.push(l);
+      if (this.lists.length > 4) this.lists.shift();
+    }
+    return l;
+  }
+
   private listPage(r: ResourceInfo, query: Record<string, string>, match: (o: KubeObject) => boolean, reply: (s: number, b: unknown) => void) {
     let listRV = this.rv;
-    let after = '';
-    let state = this.objects.get(r.name)!;
+    let after: string | undefined;
     if (query.continue) {
       let tok: { rv: number; after: string };
       try {
@@ -462,15 +482,24 @@ export class TestApiServer {
       }
       listRV = tok.rv;
       after = tok.after;
-      state = this.stateAt(r.name, tok.rv);
+    }
+    const { state, keys: all } = this.listAt(r, listRV, query, match);
+    // the first key after `after`
+    let lo = 0;
+    if (after !== undefined) {
+      let hi = all.length;
+      while (lo < hi) {
+        const mid = (lo + hi) >> 1;
+        if (all[mid] > after) hi = mid;
+        else lo = mid + 1;
+      }
     }
     const limit = Number(query.limit) > 0 ? Number(query.limit) : Infinity;
-    const keys = [...state.keys()].filter((k) => k > after && match(state.get(k)!)).sort();
-    const page = keys.slice(0, limit);
+    const page = all.slice(lo, lo + Math.min(limit, all.length));
     const metadata: Record<string, unknown> = { resourceVersion: String(listRV) };
-    if (keys.length > page.length) {
+    if (all.length - lo > page.length) {
       metadata.continue = Buffer.from(JSON.stringify({ rv: listRV, after: page[page.length - 1] })).toString('base64url');
-      metadata.remainingItemCount = keys.length - page.length;
+      metadata.remainingItemCount = all.length - lo - page.length;
     }
     // typed lists leave the items' kind and apiVersion out, as the API server does
     const items = page.map((k) => {
