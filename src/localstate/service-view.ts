@@ -8,6 +8,7 @@ import { flat } from '../memory.js';
 import type { StoredSlice } from '../store/store.js';
 import type { EndpointInfo } from '../api/gen/api/globalv1/api_pb.js';
 import { externallyAccessible, serviceKey } from '../api/model.js';
+import { sharedPortNames } from '../api/compact.js';
 import { categorize, isReady, type Candidate, type NodeContext } from './topology.js';
 
 export const SERVICE_PROXY_NAME_LABEL = 'service.kubernetes.io/service-proxy-name';
@@ -256,7 +257,7 @@ export function computeServiceView(
 
   const built: Endpoint[] = [];
   const names: string[] = [];
-  let lastPorts: PortName[] = [];
+  let lastPorts = NONE as unknown as PortName[];
   for (const g of groups) {
     g.segments.forEach((seg, i) => {
       const first = seg.fams[0];
@@ -273,8 +274,9 @@ export function computeServiceView(
         if (f4.length) v4 = f4;
         if (f6.length) v6 = f6;
       }
-      // consecutive endpoints usually map the same ports: one array for them
-      if (!samePorts(lastPorts, seg.ports)) lastPorts = seg.ports.map((p) => ({ $typeName: 'localv1.PortName', Name: p.port.Name, Port: p.target, Protocol: p.port.Protocol }));
+      // consecutive endpoints usually map the same ports, and most Services
+      // one of a few lists: the pool's frozen list (kept by proxiers)
+      if (!samePorts(lastPorts, seg.ports)) lastPorts = sharedPortNames(seg.ports.map((p) => ({ $typeName: 'localv1.PortName', Name: p.port.Name, Port: p.target, Protocol: p.port.Protocol }))) as PortName[];
       // message literals: protobuf-es messages are plain objects, and its
       // reflective create() is a large part of a cold sync
       built.push({

@@ -5,7 +5,8 @@ import assert from 'node:assert/strict';
 import { create, equals, toBinary } from '@bufbuild/protobuf';
 import * as L from '../../src/api/gen/api/localv1/api_pb.js';
 import * as G from '../../src/api/gen/api/globalv1/api_pb.js';
-import { anyUnknownFields, compact, sharedPorts } from '../../src/api/compact.js';
+import { anyUnknownFields, compact, sharedPortNames, sharedPorts } from '../../src/api/compact.js';
+import { decodeEndpoint, encodeEndpoint, newEndpoint } from '../../src/api/model.js';
 
 const service = () =>
   create(L.ServiceSchema, {
@@ -88,4 +89,28 @@ test('sharedPorts: Services with the same ports share one frozen list; anyUnknow
   const withUnknown = service();
   withUnknown.Ports[0].$unknown = [{ no: 99, wireType: 0, data: new Uint8Array([1]) }];
   assert.equal(anyUnknownFields(withUnknown), true);
+});
+
+test('decoded endpoints with the same PortOverrides share one frozen list; other lists are their own; values and encodings unchanged', () => {
+  const ep = (ip: string, port: number) => newEndpoint({ IPs: { V4: [ip] }, PortOverrides: [{ Name: 'http', Port: port, Protocol: L.Protocol.TCP }], NodeName: 'n1' });
+  const sent = [ep('10.0.0.1', 8080), ep('10.0.0.2', 8080), ep('10.0.0.3', 9090)];
+  const [a, b, c] = sent.map((e) => decodeEndpoint(encodeEndpoint(e)));
+  assert.equal(a.PortOverrides, b.PortOverrides, 'one list for the same content');
+  assert.ok(Object.isFrozen(a.PortOverrides) && Object.isFrozen(a.PortOverrides[0]));
+  assert.throws(() => a.PortOverrides.push(create(L.PortNameSchema, { Name: 'x' })), TypeError);
+  assert.throws(() => (a.PortOverrides[0].Port = 1), TypeError);
+  assert.notEqual(c.PortOverrides, a.PortOverrides, 'another port: a list of its own');
+  assert.deepEqual(c.PortOverrides.map((p) => [p.Name, p.Port, p.Protocol]), [['http', 9090, L.Protocol.TCP]]);
+  assert.notEqual(a.IPs, b.IPs);
+  [a, b, c].forEach((d, i) => {
+    assert.ok(equals(L.EndpointSchema, d, sent[i]));
+    assert.deepEqual(encodeEndpoint(d), encodeEndpoint(sent[i]));
+  });
+  // names that could run together in a key are told apart; empty lists stay the shared empty one
+  const names = (...ns: string[]) => ns.map((Name) => create(L.PortNameSchema, { Name, Port: 1 }));
+  const x = sharedPortNames(compact(L.EndpointSchema, [newEndpoint({ PortOverrides: names('a1', 'b') })])[0].PortOverrides);
+  const y = sharedPortNames(compact(L.EndpointSchema, [newEndpoint({ PortOverrides: names('a', '1b') })])[0].PortOverrides);
+  assert.notEqual(x, y);
+  assert.deepEqual(y.map((p) => p.Name), ['a', '1b']);
+  assert.equal(decodeEndpoint(encodeEndpoint(newEndpoint({ NodeName: 'n' }))).PortOverrides.length, 0);
 });

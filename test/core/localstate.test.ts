@@ -329,3 +329,24 @@ test('endpoints without pod name get stable hash paths', () => {
   assert.equal(new Set(a).size, 2);
   for (const p of a) assert.match(p, /^ns\/svc\/[0-9a-f]{16}$/);
 });
+
+test('endpoints that map ports the same way share one frozen PortOverrides list, across Services', () => {
+  const objs = [
+    ...nodes,
+    service('ns', 'svc'),
+    service('ns', 'other', { clusterIP: '10.96.0.2' }),
+    service('ns', 'third', { clusterIP: '10.96.0.3' }),
+    slice('ns', 'svc-1', 'svc', [{ ip: '10.0.0.1', node: 'a' }, { ip: '10.0.0.2', node: 'b' }]),
+    slice('ns', 'other-1', 'other', [{ ip: '10.0.0.3', node: 'a' }]),
+    slice('ns', 'third-1', 'third', [{ ip: '10.0.0.4', node: 'a' }], [{ name: 'http', port: 9090 }]),
+  ];
+  const [a, b] = view(objs, 'a')!.endpoints.map((e) => e.endpoint);
+  const [c] = view(objs, 'a', 'ns/other')!.endpoints.map((e) => e.endpoint);
+  const [d] = view(objs, 'a', 'ns/third')!.endpoints.map((e) => e.endpoint);
+  assert.equal(a.PortOverrides, b.PortOverrides);
+  assert.equal(a.PortOverrides, c.PortOverrides, 'another Service, the same list');
+  assert.ok(Object.isFrozen(a.PortOverrides) && Object.isFrozen(a.PortOverrides[0]));
+  assert.notEqual(d.PortOverrides, a.PortOverrides);
+  assert.deepEqual(a.PortOverrides.map((p) => [p.Name, p.Port]), [['http', 8080]]);
+  assert.deepEqual(d.PortOverrides.map((p) => [p.Name, p.Port]), [['http', 9090]]);
+});

@@ -67,8 +67,9 @@ export interface ApplyRequest {
 
 /**
  * A Service's endpoints by key. Most Services have a few: they are kept as
- * key, endpoint pairs in one array (a Map costs about 340 bytes even for
- * five); past SMALL_ENDPOINTS pairs, a Map.
+ * key, endpoint pairs in one array of the exact size (a Map costs about 340
+ * bytes even for five); past SMALL_ENDPOINTS pairs, a Map. A set that gains
+ * a pair is a new array (the caller keeps the one returned).
  */
 type EndpointSet = (string | Endpoint)[] | Map<string, Endpoint>;
 const SMALL_ENDPOINTS = 16;
@@ -82,8 +83,13 @@ function endpointSet(set: EndpointSet | undefined, key: string, ep: Endpoint): E
     return set;
   }
   if (set.length < 2 * SMALL_ENDPOINTS) {
-    set.push(key, ep);
-    return set;
+    // a new array of the exact size: one grown by push keeps room for 16
+    // more pairs' worth (a Service's five endpoints: 100 bytes unused)
+    const next = new Array<string | Endpoint>(set.length + 2);
+    for (let i = 0; i < set.length; i++) next[i] = set[i];
+    next[set.length] = key;
+    next[set.length + 1] = ep;
+    return next;
   }
   const m = new Map<string, Endpoint>();
   for (let i = 0; i < set.length; i += 2) m.set(set[i] as string, set[i + 1] as Endpoint);
