@@ -20,6 +20,8 @@ export interface BackendContext {
   readonly log: Logger;
   readonly signal: AbortSignal;
   readonly report: SyncReporter;
+  /** nothing before the backend keeps the node's endpoints decoded (kpng local): a proxier keeps them encoded */
+  readonly packEndpoints?: boolean;
 }
 
 export interface BackendInstance {

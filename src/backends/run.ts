@@ -9,7 +9,7 @@ import type { Command } from 'commander';
 import type { Logger } from '../log.js';
 import type { LocalOp, LocalSink } from '../diff/ops.js';
 import { LocalSet, type LocalNode } from '../api/model.js';
-import { getBackend, registeredBackends, type BackendDefinition, type BackendInstance, type SyncReporter } from './registry.js';
+import { getBackend, registeredBackends, type BackendContext, type BackendDefinition, type BackendInstance, type SyncReporter } from './registry.js';
 import { addConfigFlags, configFromFlags, type KubeProxyConfiguration } from './shared/config.js';
 import { ProxyHealth, startProxyServers } from './shared/health.js';
 import { metrics, enableProcessMetrics } from './shared/metrics.js';
@@ -93,7 +93,7 @@ export function startBackend(name: string, opts: Record<string, any>, log: Logge
   return startBackends([{ name, opts }], log, signal);
 }
 
-export async function startBackends(specs: readonly BackendSpec[], log: Logger, signal: AbortSignal): Promise<StartedBackend> {
+export async function startBackends(specs: readonly BackendSpec[], log: Logger, signal: AbortSignal, context: Pick<BackendContext, 'packEndpoints'> = {}): Promise<StartedBackend> {
   if (!specs.length) throw new Error('no backend');
   const defs = specs.map((s) => {
     const def = getBackend(s.name);
@@ -134,7 +134,7 @@ export async function startBackends(specs: readonly BackendSpec[], log: Logger, 
   try {
     for (const [i, def] of defs.entries()) {
       const blog = log.child({ backend: def.name });
-      instances.push(await def.create({ ...specs[i].opts, nodeName }, { nodeName, config: configs[i], log: blog, signal, report: reportOf(i) }));
+      instances.push(await def.create({ ...specs[i].opts, nodeName }, { ...context, nodeName, config: configs[i], log: blog, signal, report: reportOf(i) }));
     }
   } catch (e) {
     await closeInstances();

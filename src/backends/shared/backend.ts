@@ -41,6 +41,7 @@ export function dataplaneOptions(opts: Record<string, any>, ctx: BackendContext)
     conntrackPath: opts.conntrackPath,
     healthChecks: opts.healthChecks,
     report: ctx.report,
+    packEndpoints: ctx.packEndpoints,
   };
 }
 

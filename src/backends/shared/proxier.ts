@@ -19,6 +19,7 @@ import { ConntrackCleaner, StaleFlowTracker, type StaleFlow } from './conntrack.
 import { HealthCheckServers, type HealthCheckService } from './healthcheck.js';
 import { metrics } from './metrics.js';
 import { SyncRunner, type Clock, type SyncReason, type SyncResult } from './runner.js';
+import { PackedEndpoints } from './packed-endpoints.js';
 
 export interface ProxierBaseOptions {
   readonly log: Logger;
@@ -33,6 +34,11 @@ export interface ProxierBaseOptions {
   readonly report?: (r: SyncResult) => void;
   /** for tests */
   readonly clock?: Clock;
+  /**
+   * keep each Service's endpoints encoded (PackedEndpoints), decoded when a
+   * backend reads them: for kpng local, where nothing else keeps them decoded
+   */
+  readonly packEndpoints?: boolean;
 }
 
 export interface SyncPeriods {
@@ -71,11 +77,18 @@ export interface ApplyRequest {
  * bytes even for five); past SMALL_ENDPOINTS pairs, a Map. A set that gains
  * a pair is a new array (the caller keeps the one returned).
  */
-type EndpointSet = (string | Endpoint)[] | Map<string, Endpoint>;
+type EndpointSet = (string | Endpoint)[] | Map<string, Endpoint> | PackedEndpoints;
 const SMALL_ENDPOINTS = 16;
 
-function endpointSet(set: EndpointSet | undefined, key: string, ep: Endpoint): EndpointSet {
+function endpointSet(set: EndpointSet | undefined, key: string, ep: Endpoint, packed?: { bytes?: Uint8Array }): EndpointSet {
+  // packed (kpng local): encoded while small, decoded in a Map past that
+  if (packed && (!set || set instanceof PackedEndpoints)) {
+    const from = set ?? PackedEndpoints.EMPTY;
+    if (from.size < SMALL_ENDPOINTS || from.keys.includes(key)) return from.with(key, ep, packed.bytes);
+    return new Map([...from.entries(), [key, ep]]);
+  }
   if (!set) return [key, ep];
+  if (set instanceof PackedEndpoints) return new Map([...set.entries(), [key, ep]]);
   if (set instanceof Map) return set.set(key, ep);
   for (let i = 0; i < set.length; i += 2) {
     if (set[i] !== key) continue;
@@ -96,16 +109,19 @@ function endpointSet(set: EndpointSet | undefined, key: string, ep: Endpoint): E
   return m.set(key, ep);
 }
 
-function endpointDelete(set: EndpointSet, key: string): void {
-  if (set instanceof Map) return void set.delete(key);
-  for (let i = 0; i < set.length; i += 2) if (set[i] === key) return void set.splice(i, 2);
+function endpointDelete(set: EndpointSet, key: string): EndpointSet {
+  if (set instanceof PackedEndpoints) return set.without(key);
+  if (set instanceof Map) return (set.delete(key), set);
+  for (let i = 0; i < set.length; i += 2) if (set[i] === key) return (set.splice(i, 2), set);
+  return set;
 }
 
 function* endpointValues(set: (string | Endpoint)[]): Generator<Endpoint> {
   for (let i = 1; i < set.length; i += 2) yield set[i] as Endpoint;
 }
 
-const copyOf = (set: EndpointSet): EndpointSet => (set instanceof Map ? new Map(set) : set.slice());
+// (packed sets never change: a change makes a new one)
+const copyOf = (set: EndpointSet): EndpointSet => (set instanceof PackedEndpoints ? set : set instanceof Map ? new Map(set) : set.slice());
 
 /** A Service's version the last time it was applied (undefined: not programmed). */
 interface Applied {
@@ -201,11 +217,11 @@ export abstract class ProxierBase implements DecoderHandler {
     this.endpoints.delete(key);
   }
 
-  setEndpoint(namespace: string, service: string, key: string, ep: Endpoint): void {
+  setEndpoint(namespace: string, service: string, key: string, ep: Endpoint, bytes?: Uint8Array): void {
     const svcKey = serviceKey(namespace, service);
     this.changing(svcKey);
     const set = this.endpoints.get(svcKey);
-    const next = endpointSet(set, key, ep);
+    const next = endpointSet(set, key, ep, this.base.packEndpoints ? { bytes } : undefined);
     if (next !== set) this.endpoints.set(svcKey, next);
   }
 
@@ -213,7 +229,8 @@ export abstract class ProxierBase implements DecoderHandler {
     const svcKey = serviceKey(namespace, service);
     this.changing(svcKey);
     const set = this.endpoints.get(svcKey);
-    if (set) endpointDelete(set, key);
+    const next = set && endpointDelete(set, key);
+    if (next && next !== set) this.endpoints.set(svcKey, next);
   }
 
   setNode(node: LocalNode): void {
@@ -278,7 +295,7 @@ export abstract class ProxierBase implements DecoderHandler {
   protected endpointsOf(key: string): Iterable<Endpoint> {
     const set = this.held.has(key) ? this.pending.get(key)?.eps : this.endpoints.get(key);
     if (!set) return [];
-    return set instanceof Map ? set.values() : endpointValues(set);
+    return set instanceof PackedEndpoints || set instanceof Map ? set.values() : endpointValues(set);
   }
 
   /** true while a Service is shown at its last applied version (held back: refused, or during the search for what is) */

@@ -23,6 +23,8 @@ export interface NodeAgentOptions {
    * it, or when it does not know: when the node received the change's first op.
    */
   readonly changedAt?: (serviceKey: string) => number | undefined;
+  /** BackendContext.packEndpoints */
+  readonly packEndpoints?: boolean;
   /** feeds the ops to sink until the signal aborts (or the backend is done, with --once) */
   feed(sink: LocalSink, signal: AbortSignal, backend: StartedBackend): Promise<void>;
 }
@@ -110,7 +112,7 @@ export class ProgrammingLatency {
 }
 
 export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
-  const b = await startBackends(o.backends, o.log, o.signal);
+  const b = await startBackends(o.backends, o.log, o.signal, { packEndpoints: o.packEndpoints });
   const stop = new AbortController();
   const onAbort = () => stop.abort();
   o.signal.addEventListener('abort', onAbort, { once: true });

@@ -199,6 +199,8 @@ export async function runLocal(localOpts: Record<string, any>, backends: readonl
     backends: backends.map((b, i) => (i === 0 ? { ...b, opts: { ...b.opts, nodeName: b.opts.nodeName ?? localOpts.nodeName } } : b)),
     log,
     signal,
+    // the reset filter holds the endpoints' bytes; nothing here keeps them decoded
+    packEndpoints: true,
     async feed(sink, stop, b) {
       log.info({ node: b.nodeName, backends: backends.map((x) => x.name).join(','), api: localOpts.api }, 'local: starting');
       // what the backend gets, served read-only for kpng get; the mirror
