@@ -131,7 +131,7 @@ describe('elements over netlink, against nft', { skip: canUseNetns() }, () => {
     }
   });
 
-  test('ProcessNft: big element-only transactions over netlink, the rest and refusals through nft', async () => {
+  test('ProcessNft: big element-only bulk transactions over netlink; the rest, and refusals, through nft', async () => {
     const ns = createNetns();
     const warnings: string[] = [];
     // nft, counting what it is given
@@ -144,18 +144,21 @@ describe('elements over netlink, against nft', { skip: canUseNetns() }, () => {
     try {
       await nft.run(header());
       assert.equal(runs(), 1);
-      const [a] = elements();
-      // 2,400 elements in one go: no nft
-      await nft.run(new Transaction().elements('add', v4, a));
+      const [a, b] = elements();
+      // 2,400 elements in one go, part of a bulk load: no nft
+      await nft.run(new Transaction().elements('add', v4, a), { bulk: true });
       assert.equal(runs(), 1);
       // a few: nft (a batch of its own costs more than nft's parsing of them)
-      await nft.run(new Transaction().elements('add', v4, [el('cluster-ips', '198.51.100.3')]));
+      await nft.run(new Transaction().elements('add', v4, [el('cluster-ips', '198.51.100.3')]), { bulk: true });
       assert.equal(runs(), 2);
+      // a sync's transaction, however big: nft (the drift watch knows nft's pids)
+      await nft.run(new Transaction().elements('add', v6, b));
+      assert.equal(runs(), 3);
       assert.match(ns.exec('nft', ['list', 'map', 'ip', 'kpngnl', 'service-ips']), /172\.30\.0\.7 \. tcp \. 80 comment "ns\/svc-7:http" : goto lb-cluster-tcp-2/);
       // refused over netlink: nft tells why, and the error is nft's
       const bad = new Transaction().elements('add', v4, [...a.map((e) => ({ ...e, key: e.key.replace('172.30.', '172.31.') })), el('service-ips', '198.51.100.1 . tcp . 1', 'goto no-such-chain')]);
-      await assert.rejects(nft.run(bad), /no-such-chain|No such file or directory/);
-      assert.equal(runs(), 3);
+      await assert.rejects(nft.run(bad, { bulk: true }), /no-such-chain|No such file or directory/);
+      assert.equal(runs(), 4);
       assert.doesNotMatch(ns.exec('nft', ['list', 'set', 'ip', 'kpngnl', 'cluster-ips']), /172\.31\./);
       assert.deepEqual(warnings, []);
     } finally {

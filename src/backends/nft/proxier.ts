@@ -343,7 +343,7 @@ export class NftProxier extends ProxierBase {
     const apply = async (...txs: Transaction[]) => {
       for (const tx of txs) {
         if (tx.empty) continue;
-        bytes += (await this.nft.run(tx)) ?? tx.render().length;
+        bytes += (await this.nft.run(tx, { bulk: true })) ?? tx.render().length;
         transactions++;
       }
     };

@@ -6,7 +6,7 @@
 // their own; everything with a time limit. FakeNft (fake.ts) is the third,
 // in memory, for tests.
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ToolError, firstLines, runTool } from '../tool.js';
@@ -20,8 +20,13 @@ export class NftError extends ToolError {}
 
 /** What kpng's nftables code needs of nft (nft.ts: the system's; fake.ts: an in-memory one). */
 export interface Nft {
-  /** Applies a transaction atomically; with check, only asks whether nft and the kernel would take it. Resolves with the bytes it sent, when it counts them. */
-  run(tx: Transaction | string, opts?: { check?: boolean }): Promise<number | void>;
+  /**
+   * Applies a transaction atomically; with check, only asks whether nft and
+   * the kernel would take it; bulk: a part of a big load (nothing watches
+   * for drift meanwhile), which may go to the kernel over netlink. Resolves
+   * with the bytes it sent, when it counts them.
+   */
+  run(tx: Transaction | string, opts?: RunOptions): Promise<number | void>;
   /** A table as the kernel has it; undefined when it does not exist. */
   list(family: TableFamily, table: string): Promise<TableListing | undefined>;
   /** true for the pid of an nft this Nft ran: its changes to the ruleset are kpng's own */
@@ -29,6 +34,11 @@ export interface Nft {
   /** its own drift detector, when the kernel's change events do not apply (the fake) */
   drift?(): DriftSource;
   close(): void;
+}
+
+export interface RunOptions {
+  readonly check?: boolean;
+  readonly bulk?: boolean;
 }
 
 export function runNft(args: string[], input?: string, nftPath = 'nft', o: { timeoutMs?: number; onSpawn?: (pid: number) => void } = {}): Promise<string> {
@@ -45,10 +55,10 @@ export interface ProcessNftOptions {
   /** per transaction (default 60 s) */
   readonly timeoutMs?: number;
   /**
-   * Big transactions of element adds and deletes only go to the kernel over
-   * netlink (netlink.ts), in this network namespace (a name under /run/netns,
-   * or a path), or this process's when undefined. Only when the nft used is
-   * the one of that namespace.
+   * Big bulk transactions of element adds and deletes only go to the kernel
+   * over netlink (netlink.ts), in this network namespace (a name under
+   * /run/netns, or a path), or this process's when undefined. Only when the
+   * nft used is the one of that namespace.
    */
   readonly netlink?: { readonly netns?: string };
   /** told once when netlink cannot be used and elements go to nft as text */
@@ -73,7 +83,7 @@ export class ProcessNft implements Nft {
     if (o.netlink) this.netlink = new NetlinkElements(o.netlink.netns);
   }
 
-  async run(tx: Transaction | string, opts: { check?: boolean } = {}): Promise<number> {
+  async run(tx: Transaction | string, opts: RunOptions = {}): Promise<number> {
     if (opts.check) {
       const text = typeof tx === 'string' ? tx : tx.render();
       if (text) await runNft(['-c', '-f', '-'], text, this.path, this.procOpts());
@@ -81,7 +91,7 @@ export class ProcessNft implements Nft {
     }
     await this.acquire();
     try {
-      if (typeof tx !== 'string' && this.netlink && tx.elementCount >= NETLINK_MIN_ELEMENTS && this.netlink.takes(tx)) {
+      if (opts.bulk && typeof tx !== 'string' && this.netlink && tx.elementCount >= NETLINK_MIN_ELEMENTS && this.netlink.takes(tx)) {
         try {
           return await this.netlink.run(tx);
         } catch (e) {
@@ -116,8 +126,7 @@ export class ProcessNft implements Nft {
   }
 
   ownsPid(pid: number): boolean {
-    // netlink batches are sent from a thread of this process
-    return this.pids.includes(pid) || (!!this.o.netlink && (pid === process.pid || existsSync(`/proc/self/task/${pid}`)));
+    return this.pids.includes(pid);
   }
 
   close(): void {
