@@ -5,7 +5,8 @@
 // reconcile: at start-up (adopting what a previous kpng left: nothing is
 // flushed, so established connections and affinity survive a restart), after
 // a failure, and when the periodic check finds that someone else changed it.
-// A cold start into an empty node loads in chunks (freshLoad).
+// A cold start into an empty node loads in chunks (freshLoad), their
+// elements over netlink where it can (shared/nftables/netlink.ts).
 import type { Family } from '../../api/ip.js';
 import { ipSetOf } from '../../api/model.js';
 import { metrics } from '../shared/metrics.js';

@@ -26,13 +26,13 @@ interface Libc {
 }
 
 let libc: Libc | undefined;
+let loadError: string | undefined;
 
 /** koffi's asynchronous call of a function (on libuv's thread pool) as a promise */
 function asyncCall(f: { async: (...args: unknown[]) => void }) {
   return (...args: unknown[]) =>
     new Promise<number>((resolve, reject) => f.async(...args, (err: unknown, r: number | bigint) => (err ? reject(err as Error) : resolve(Number(r)))));
 }
-let loadError: string | undefined;
 
 /** libc through koffi, loaded on first use; throws KernelError where that cannot work. */
 function lib(): Libc {
