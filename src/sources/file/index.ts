@@ -195,8 +195,9 @@ export class FileSource {
       const files = await this.list();
       if (files && !this.stopped) {
         const before = this.files;
-        // read once, the first load goes to the store file by file as they are read, in their order
-        const inOrder = !this.watching && !before.size && !this.applied.size;
+        // the first load goes to the store file by file as they are read, in their order
+        // (the store is empty: nothing to compare, and nothing waits for the last file to be parsed)
+        const inOrder = !before.size && !this.applied.size;
         this.files = await this.loadFiles(files, inOrder);
         if (!this.stopped && !inOrder) await this.apply(before);
       }
@@ -334,8 +335,8 @@ export class FileSource {
   // --- reading
 
   /**
-   * The files' new states. inOrder (a first load into an empty store, not
-   * watching): each file's objects are written to the store as soon as it
+   * The files' new states. inOrder (a first load into an empty store): each
+   * file's objects are written to the store as soon as it
    * and every file before it are read, and let go at once, while later
    * files are still being read and parsed.
    */
