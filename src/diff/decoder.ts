@@ -3,6 +3,7 @@
 import { LocalSet, type Service, type Endpoint, type LocalNode, type ServiceCIDR } from '../api/model.js';
 import type { LocalOp, LocalSink } from './ops.js';
 import { splitEndpointPath } from './fullstate.js';
+import { flat } from '../memory.js';
 
 export interface DecoderHandler {
   /** everything known so far is void; the full state follows */
@@ -78,8 +79,7 @@ function splitPath3(path: string): [string, string, string] {
  * paths are otherwise garbage: 48 bytes an endpoint less with 24-character
  * pod names, 56 with 30. (to-local's views keep their paths anyway: there a
  * key of n > 16 characters costs about n - 16 bytes more than the slice.)
- * Array.prototype.join of two parts writes a sequential string.
  */
 function flatKey(key: string): string {
-  return key.length < 13 ? key : [key[0], key.slice(1)].join('');
+  return key.length < 13 ? key : flat(key[0], key.slice(1));
 }
