@@ -109,27 +109,35 @@ function flagsMessage(c: Record<string, unknown>): Record<string, unknown> {
 // Service (1 MiB at 10k Services). The pool is bounded: when full it starts
 // over (Services keep the lists they have).
 const PORTS_POOL_MAX = 4096;
-let portLists = new Map<string, readonly PortMapping[]>();
+
+/** frozen lists, one per key; bounded: when full it starts over (holders keep the lists they have) */
+class ListPool<T extends object> {
+  private lists = new Map<string, readonly T[]>();
+
+  shared(key: string, list: readonly T[]): readonly T[] {
+    const had = this.lists.get(key);
+    if (had) return had;
+    if (this.lists.size >= PORTS_POOL_MAX) this.lists = new Map();
+    const frozen = Object.freeze(list.map((x) => Object.freeze(x)));
+    this.lists.set(key, frozen);
+    return frozen;
+  }
+}
+
+const portLists = new ListPool<PortMapping>();
 
 /** the pool's frozen copy of a compact list of ports (every field a scalar) */
 export function sharedPorts(ports: readonly PortMapping[]): readonly PortMapping[] {
   if (ports.length === 0) return ports;
   for (const p of ports) if (Object.getPrototypeOf(p) !== Object.prototype) return ports;
-  const key = JSON.stringify(ports.map((p) => Object.values(p)));
-  const had = portLists.get(key);
-  if (had) return had;
-  if (portLists.size >= PORTS_POOL_MAX) portLists = new Map();
-  const list = Object.freeze(ports.map((p) => Object.freeze(p)));
-  portLists.set(key, list);
-  return list;
+  return portLists.shared(JSON.stringify(ports.map((p) => Object.values(p))), ports);
 }
 
 // Endpoints' PortOverrides likewise: almost every endpoint of a Service maps
 // the Service's ports the same way, and most Services map one of a few
 // ("http" -> 8080). A list and its PortName were 112 bytes per endpoint
-// kept by a proxier (5.3 MiB at 50k endpoints); shared, nothing. Bounded
-// like the Services' lists.
-let portNameLists = new Map<string, readonly PortName[]>();
+// kept by a proxier (5.3 MiB at 50k endpoints); shared, nothing.
+const portNameLists = new ListPool<PortName>();
 
 /** the pool's frozen copy of an endpoint's PortOverrides (compact PortNames: no unknown fields, no prototype chain) */
 export function sharedPortNames(ports: readonly PortName[]): readonly PortName[] {
@@ -140,12 +148,7 @@ export function sharedPortNames(ports: readonly PortName[]): readonly PortName[]
     if (Object.getPrototypeOf(p) !== Object.prototype || p.$unknown !== undefined) return ports;
     key += `${p.Port}/${p.Protocol}/${p.Name.length}/${p.Name}`;
   }
-  const had = portNameLists.get(key);
-  if (had) return had;
-  if (portNameLists.size >= PORTS_POOL_MAX) portNameLists = new Map();
-  const list = Object.freeze(ports.map((p) => Object.freeze(p)));
-  portNameLists.set(key, list);
-  return list;
+  return portNameLists.shared(key, ports);
 }
 
 /** whether a message (or anything nested in it) has unknown fields: compact's copy leaves them out */
