@@ -31,7 +31,7 @@ import { fileURLToPath } from 'node:url';
 import { BenchNamespaces, arg, pct, now, vip } from './_scale.js';
 import { service, slice, node } from '../test/helpers/k8s.js';
 import { TestApiServer, certKubeconfig, type KubeObject } from '../test/helpers/apiserver.js';
-import { NetlinkSocket, NetlinkWriter, NLM_F_DUMP, NLM_F_REQUEST } from '../src/backends/shared/kernel.js';
+import { NETLINK_NETFILTER, NetlinkSocket, NetlinkWriter, NLM_F_DUMP, NLM_F_REQUEST } from '../src/backends/shared/kernel.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const NODES = 100;
@@ -179,7 +179,6 @@ async function lastUpdated(port: number): Promise<string> {
 // The kernel read over netlink (kpng's own netlink code): the nft tool is
 // slow on this table (one `nft get element` at 10k did not return in 2
 // minutes here) and nft monitor missed the changes at 10k.
-const NETLINK_NETFILTER = 12;
 const NFNLGRP_NFTABLES = 7;
 const NFT_MSG_NEWSETELEM = (10 << 8) | 12;
 const NFT_MSG_GETSETELEM = (10 << 8) | 13;

@@ -20,6 +20,18 @@ export function canonicalIP(s: string): string | undefined {
   return formatIPv6(words);
 }
 
+/** Writes the 16 bytes of an IPv6 address, as written (a mapped IPv4 address stays mapped), at buf[at]; false when s is not one. */
+export function writeIPv6(buf: Uint8Array, at: number, s: string): boolean {
+  if (s.includes('%') || !isIPv6(s)) return false;
+  const words = ipv6Words(s);
+  if (words.length !== 8) return false;
+  for (let i = 0; i < 8; i++) {
+    buf[at + 2 * i] = words[i] >> 8;
+    buf[at + 2 * i + 1] = words[i] & 255;
+  }
+  return true;
+}
+
 export function ipFamily(ip: string): Family {
   return ip.includes(':') ? 6 : 4;
 }

@@ -2,7 +2,7 @@
 // in bytes. At load every struct here is compared with the object's BTF
 // (size and each field's offset), so the C and the encoders cannot drift
 // apart unnoticed.
-import { canonicalIP, ipFamily, ipToBig } from '../../api/ip.js';
+import { canonicalIP, ipFamily, writeIPv6 } from '../../api/ip.js';
 import type { BtfStruct } from './libbpf.js';
 
 export const IPPROTO = { tcp: 6, udp: 17 } as const;
@@ -65,9 +65,7 @@ function writeAddr(buf: Buffer, at: number, ip: string): 4 | 6 {
     c.split('.').forEach((b, i) => buf.writeUInt8(Number(b), at + i));
     return 4;
   }
-  const n = ipToBig(c);
-  buf.writeBigUInt64BE(n >> 64n, at);
-  buf.writeBigUInt64BE(n & 0xffffffffffffffffn, at + 8);
+  writeIPv6(buf, at, c);
   return 6;
 }
 

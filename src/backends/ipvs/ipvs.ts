@@ -5,6 +5,7 @@
 // deleted in batches; IPVS has no transactions, so every operation is
 // acknowledged on its own and the caller commits what succeeded.
 import { isIPv4 } from 'node:net';
+import { writeIPv6 } from '../../api/ip.js';
 import { KernelError, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkMessage, NetlinkSocket, NetlinkWriter } from '../shared/kernel.js';
 
 const NETLINK_GENERIC = 16;
@@ -83,14 +84,7 @@ const ERRNO: Record<number, string> = { 2: 'ENOENT (no such service or destinati
 function addr16(ip: string): Buffer {
   const b = Buffer.alloc(16);
   if (isIPv4(ip)) ip.split('.').forEach((x, i) => b.writeUInt8(Number(x), i));
-  else {
-    // canonical IPv6 (kpng's): expand :: and write 8 words
-    const [l, r] = ip.split('::') as [string, string | undefined];
-    const left = l ? l.split(':') : [];
-    const right = r ? r.split(':') : [];
-    const words = r === undefined ? left : [...left, ...new Array(8 - left.length - right.length).fill('0'), ...right];
-    words.forEach((w, i) => b.writeUInt16BE(parseInt(w, 16), i * 2));
-  }
+  else writeIPv6(b, 0, ip);
   return b;
 }
 

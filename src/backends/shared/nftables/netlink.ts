@@ -8,7 +8,8 @@
 // addresses, protocols, ports and numgen values qualify: no intervals, no
 // timeouts. Whatever does not qualify, or fails here, goes to nft as text.
 import { endianness } from 'node:os';
-import { KernelError, NetlinkSocket, type NetlinkMessage } from '../kernel.js';
+import { KernelError, NETLINK_NETFILTER, NetlinkSocket, NetlinkWriter, type NetlinkMessage } from '../kernel.js';
+import { writeIPv6 } from '../../../api/ip.js';
 import type { ElementData, TableFamily, Transaction } from './transaction.js';
 
 /** one component of a key or data: its bytes in the kernel's register layout */
@@ -78,7 +79,6 @@ const NFT_MSG_DELSETELEM = 14;
 const NLM_F_REQUEST = 1;
 const NLM_F_ACK = 4;
 const NLM_F_CREATE = 0x400;
-const NLA_F_NESTED = 0x8000;
 const NFTA_SET_ELEM_LIST_TABLE = 1;
 const NFTA_SET_ELEM_LIST_SET = 2;
 const NFTA_SET_ELEM_LIST_ELEMENTS = 3;
@@ -95,69 +95,6 @@ const UDATA_SET_ELEM_COMMENT = 0;
 const NFPROTO: Record<TableFamily, number> = { inet: 1, ip: 2, ip6: 10 };
 /** an attribute's length is 16 bits: a message's element list stays under it */
 const MAX_LIST_BYTES = 60_000;
-
-/** Writes netlink messages into one growing buffer (no allocation per attribute). */
-class BatchWriter {
-  buf = Buffer.allocUnsafe(1 << 16);
-  at = 0;
-
-  private room(n: number): void {
-    if (this.at + n <= this.buf.length) return;
-    const next = Buffer.allocUnsafe(Math.max(this.buf.length * 2, this.at + n));
-    this.buf.copy(next, 0, 0, this.at);
-    this.buf = next;
-  }
-
-  /** a message header and nfgenmsg; returns where it starts (for end) */
-  message(type: number, flags: number, seq: number, family: number, resId: number): number {
-    this.room(20);
-    const b = this.buf;
-    const start = this.at;
-    b.writeUInt16LE(type, start + 4);
-    b.writeUInt16LE(flags, start + 6);
-    b.writeUInt32LE(seq, start + 8);
-    b.writeUInt32LE(0, start + 12);
-    b[start + 16] = family;
-    b[start + 17] = 0;
-    b.writeUInt16BE(resId, start + 18);
-    this.at += 20;
-    return start;
-  }
-
-  endMessage(start: number): void {
-    this.buf.writeUInt32LE(this.at - start, start);
-  }
-
-  /** a nested attribute's header; returns where it starts (for endNest) */
-  nest(type: number): number {
-    this.room(4);
-    const start = this.at;
-    this.buf.writeUInt16LE(type | NLA_F_NESTED, start + 2);
-    this.at += 4;
-    return start;
-  }
-
-  endNest(start: number): void {
-    this.buf.writeUInt16LE(this.at - start, start);
-  }
-
-  /** an attribute of n bytes, zeroed and padded; returns where its value starts */
-  attr(type: number, n: number): number {
-    const padded = (n + 3) & ~3;
-    this.room(4 + padded);
-    const b = this.buf;
-    b.writeUInt16LE(4 + n, this.at);
-    b.writeUInt16LE(type, this.at + 2);
-    b.fill(0, this.at + 4, this.at + 4 + padded);
-    this.at += 4 + padded;
-    return this.at - padded;
-  }
-
-  string(type: number, s: string): void {
-    const at = this.attr(type, Buffer.byteLength(s, 'latin1') + 1);
-    this.buf.write(s, at, 'latin1');
-  }
-}
 
 /** bytes of one component, alone or padded to a register in a concatenation */
 const size = (f: Field) => (f === 'ipv6' ? 16 : f === 'proto' ? 1 : f === 'port' ? 2 : 4);
@@ -193,38 +130,14 @@ function writeIPv4(b: Buffer, at: number, text: string, from: number, to: number
   }
 }
 
-function writeIPv6(b: Buffer, at: number, s: string): void {
-  let text = s;
-  // an IPv4 tail (::ffff:1.2.3.4) is the last two words
-  let tail: number[] = [];
-  if (text.includes('.')) {
-    const colon = text.lastIndexOf(':');
-    const v4 = Buffer.alloc(4);
-    writeIPv4(v4, 0, text, colon + 1, text.length);
-    tail = [v4.readUInt16BE(0), v4.readUInt16BE(2)];
-    text = text.endsWith('::', colon + 1) ? text.slice(0, colon + 1) : text.slice(0, colon);
-  }
-  const halves = text.split('::');
-  if (halves.length > 2) throw new Unencodable(`not an IPv6 address: ${s}`);
-  const parse = (h: string) => (h === '' ? [] : h.split(':').map((w) => (/^[0-9a-fA-F]{1,4}$/.test(w) ? parseInt(w, 16) : NaN)));
-  const head = parse(halves[0]);
-  const rest = halves.length === 2 ? parse(halves[1]) : [];
-  const given = head.length + rest.length + tail.length;
-  if (halves.length === 1 ? given !== 8 : given > 7) throw new Unencodable(`not an IPv6 address: ${s}`);
-  const words = [...head, ...new Array<number>(8 - given).fill(0), ...rest, ...tail];
-  for (let i = 0; i < 8; i++) {
-    if (!(words[i] >= 0)) throw new Unencodable(`not an IPv6 address: ${s}`);
-    b.writeUInt16BE(words[i], at + 2 * i);
-  }
-}
-
 /** one component, text[from, to), into its bytes */
 function writeField(b: Buffer, at: number, f: Field, text: string, from: number, to: number): void {
   switch (f) {
     case 'ipv4':
       return writeIPv4(b, at, text, from, to);
     case 'ipv6':
-      return writeIPv6(b, at, text.slice(from, to));
+      if (!writeIPv6(b, at, text.slice(from, to))) throw new Unencodable(`not an IPv6 address: ${text.slice(from, to)}`);
+      return;
     case 'proto': {
       const c = text.charCodeAt(from);
       b[at] = c >= 48 && c <= 57 ? decimal(text, from, to, 255) : (PROTOCOLS[text.slice(from, to)] ?? decimal(text, from, to, 255));
@@ -242,9 +155,9 @@ function writeField(b: Buffer, at: number, f: Field, text: string, from: number,
 }
 
 /** a value (key or data: components joined by " . ") as NFTA_DATA_VALUE in a nest of type `type` */
-function writeValue(w: BatchWriter, type: number, fields: readonly Field[], text: string): void {
-  const nest = w.nest(type);
-  let at = w.attr(NFTA_DATA_VALUE, valueLength(fields));
+function writeValue(w: NetlinkWriter, type: number, fields: readonly Field[], text: string): void {
+  const nest = w.open(type);
+  let at = w.space(NFTA_DATA_VALUE, valueLength(fields));
   let from = 0;
   for (let i = 0; i < fields.length; i++) {
     const last = i === fields.length - 1;
@@ -254,30 +167,32 @@ function writeValue(w: BatchWriter, type: number, fields: readonly Field[], text
     from = to + 3;
     if (fields.length > 1) at += (size(fields[i]) + 3) & ~3;
   }
-  w.endNest(nest);
+  w.close(nest);
 }
 
-function writeVerdict(w: BatchWriter, text: string): void {
+function writeVerdict(w: NetlinkWriter, text: string): void {
   const sp = text.indexOf(' ');
   const word = sp < 0 ? text : text.slice(0, sp);
-  const data = w.nest(NFTA_SET_ELEM_DATA);
-  const verdict = w.nest(NFTA_DATA_VERDICT);
+  const data = w.open(NFTA_SET_ELEM_DATA);
+  const verdict = w.open(NFTA_DATA_VERDICT);
   if (word === 'goto' || word === 'jump') {
     const chain = text.slice(sp + 1);
     if (!/^[A-Za-z0-9_.-]+$/.test(chain)) throw new Unencodable(`not a chain: ${chain}`);
-    w.buf.writeInt32BE(word === 'goto' ? NFT_GOTO : NFT_JUMP, w.attr(NFTA_VERDICT_CODE, 4));
+    const at = w.space(NFTA_VERDICT_CODE, 4);
+    w.buf.writeInt32BE(word === 'goto' ? NFT_GOTO : NFT_JUMP, at);
     w.string(NFTA_VERDICT_CHAIN, chain);
   } else {
     const code = VERDICTS[text];
     if (code === undefined) throw new Unencodable(`not a verdict: ${text}`);
-    w.buf.writeInt32BE(code, w.attr(NFTA_VERDICT_CODE, 4));
+    const at = w.space(NFTA_VERDICT_CODE, 4);
+    w.buf.writeInt32BE(code, at);
   }
-  w.endNest(verdict);
-  w.endNest(data);
+  w.close(verdict);
+  w.close(data);
 }
 
-function writeElement(w: BatchWriter, layout: SetLayout, e: ElementData, withData: boolean): void {
-  const item = w.nest(NFTA_LIST_ELEM);
+function writeElement(w: NetlinkWriter, layout: SetLayout, e: ElementData, withData: boolean): void {
+  const item = w.open(NFTA_LIST_ELEM);
   writeValue(w, NFTA_SET_ELEM_KEY, layout.key, e.key);
   if (withData && layout.data) {
     if (layout.data === 'verdict') writeVerdict(w, e.value);
@@ -287,12 +202,12 @@ function writeElement(w: BatchWriter, layout: SetLayout, e: ElementData, withDat
     // nft's userdata TLV: type, length (with the NUL), the string
     const n = Buffer.byteLength(e.comment, 'utf8') + 1;
     if (n > 253) throw new Unencodable('comment too long');
-    const at = w.attr(NFTA_SET_ELEM_USERDATA, 2 + n);
+    const at = w.space(NFTA_SET_ELEM_USERDATA, 2 + n);
     w.buf[at] = UDATA_SET_ELEM_COMMENT;
     w.buf[at + 1] = n;
     w.buf.write(e.comment, at + 2, 'utf8');
   }
-  w.endNest(item);
+  w.close(item);
 }
 
 /**
@@ -374,10 +289,10 @@ export class NetlinkElements {
   }
 
   private encode(tx: Transaction): { batch: Buffer; expect: Set<number> } {
-    const w = new BatchWriter();
+    const w = new NetlinkWriter();
     const expect = new Set<number>();
     const next = () => (this.seq = (this.seq + 1) & 0x7fffffff);
-    w.endMessage(w.message(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, next(), 0, NFNL_SUBSYS_NFTABLES));
+    w.begin(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, next(), [0, 0, NFNL_SUBSYS_NFTABLES]).end();
     for (const op of tx.ops) {
       if (!('elements' in op)) throw new Unencodable(`not elements: ${op.verb} ${op.object.kind}`);
       const layout = this.layouts.get(`${op.table.family} ${op.table.name} ${op.set}`);
@@ -388,18 +303,17 @@ export class NetlinkElements {
       while (i < op.elements.length) {
         const seq = next();
         expect.add(seq);
-        const msg = w.message(type, NLM_F_REQUEST | NLM_F_ACK | (add ? NLM_F_CREATE : 0), seq, NFPROTO[op.table.family], 0);
+        w.begin(type, NLM_F_REQUEST | NLM_F_ACK | (add ? NLM_F_CREATE : 0), seq, [NFPROTO[op.table.family], 0, 0]);
         w.string(NFTA_SET_ELEM_LIST_TABLE, op.table.name);
         w.string(NFTA_SET_ELEM_LIST_SET, op.set);
-        const list = w.nest(NFTA_SET_ELEM_LIST_ELEMENTS);
+        const list = w.open(NFTA_SET_ELEM_LIST_ELEMENTS);
         for (; i < op.elements.length && w.at - list < MAX_LIST_BYTES; i++) writeElement(w, layout, op.elements[i], add);
-        w.endNest(list);
-        w.endMessage(msg);
+        w.close(list);
+        w.end();
       }
     }
-    w.endMessage(w.message(NFNL_MSG_BATCH_END, NLM_F_REQUEST, next(), 0, NFNL_SUBSYS_NFTABLES));
-    return { batch: w.buf.subarray(0, w.at), expect };
+    w.begin(NFNL_MSG_BATCH_END, NLM_F_REQUEST, next(), [0, 0, NFNL_SUBSYS_NFTABLES]).end();
+    return { batch: w.take(), expect };
   }
 }
 
-const NETLINK_NETFILTER = 12;
