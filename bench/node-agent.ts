@@ -4,7 +4,7 @@
 // namespace of its own (split: the brain's /metrics on 10259 beside the agent's):
 //   npm run bench -- node-agent [--sizes 1000,10000,30000] [--changes 20]
 //                               [--ways file,kube,split,to-file] [--tsx] [--debounce 100]
-//                               [--timeout 600]
+//                               [--timeout 600] [--node-flags "--trace-gc ..."] [--verbose]
 // Ways: file = `kpng file --input DIR to-local to-nft`; kube = `kpng kube
 // --kubeconfig K to-local to-nft` against the test API server (TLS, list +
 // watch, in the measuring process); split = the brain `kpng file --input
@@ -22,7 +22,9 @@
 // p50/p99.
 // kpng runs compiled (tsc into .bench-dist/, as dist/ is built: its
 // ../package.json is kpng's), at its default log level; --tsx runs
-// bin/kpng.js from the sources instead.
+// bin/kpng.js from the sources instead. --node-flags: node's flags for the
+// kpng processes; --verbose prints each change's time (from programmed) and
+// the lines of kpng's output V8's --trace-gc writes, as they came.
 import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync, statSync } from 'node:fs';
 import { loadavg, tmpdir, totalmem, freemem, cpus } from 'node:os';
@@ -125,9 +127,13 @@ class Kpng {
   constructor(
     readonly name: string,
     argv: string[],
+    onGcLine?: (line: string) => void,
   ) {
     this.p = spawn(argv[0], argv.slice(1), { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
-    const keep = (d: Buffer) => (this.tail = (this.tail + d).slice(-4000));
+    const keep = (d: Buffer) => {
+      this.tail = (this.tail + d).slice(-4000);
+      if (onGcLine) for (const l of String(d).split('\n')) if (/^\[\d+:0x[0-9a-f]+\]/.test(l)) onGcLine(l);
+    };
     this.p.stdout!.on('data', keep);
     this.p.stderr!.on('data', keep);
     this.exited = new Promise((r) => this.p.on('exit', () => r()));
@@ -298,6 +304,7 @@ interface RunParams {
   kpng: string[];
   debounce: number;
   timeoutMs: number;
+  verbose: boolean;
 }
 
 interface ProcResult {
@@ -320,6 +327,8 @@ interface RunResult {
   agent: ProcResult;
   brain?: ProcResult;
   changeMs: number[];
+  /** with --verbose: the changes and V8's trace lines, ms from the start */
+  events?: string[];
 }
 
 async function runOne(p: RunParams): Promise<RunResult> {
@@ -343,13 +352,15 @@ async function runOne(p: RunParams): Promise<RunResult> {
     }
     const agentTail = ['to-nft', '--node-name', NODE];
     const t0 = now();
+    const events: string[] = [];
+    const gcLine = p.verbose ? (l: string) => events.push(`${(now() - t0).toFixed(0)} ${l}`) : undefined;
     if (p.way === 'file') {
-      procs.push(new Kpng('kpng file ... to-local to-nft', [...p.kpng, 'file', '--input', p.dir, '--debounce', String(p.debounce), 'to-local', '--state-socket', sock('node.sock'), ...agentTail]));
+      procs.push(new Kpng('kpng file ... to-local to-nft', [...p.kpng, 'file', '--input', p.dir, '--debounce', String(p.debounce), 'to-local', '--state-socket', sock('node.sock'), ...agentTail], gcLine));
     } else if (p.way === 'kube') {
-      procs.push(new Kpng('kpng kube ... to-local to-nft', [...p.kpng, 'kube', '--kubeconfig', kubeconfig, 'to-local', '--state-socket', sock('node.sock'), ...agentTail]));
+      procs.push(new Kpng('kpng kube ... to-local to-nft', [...p.kpng, 'kube', '--kubeconfig', kubeconfig, 'to-local', '--state-socket', sock('node.sock'), ...agentTail], gcLine));
     } else {
       // the brain's /metrics on a port of its own: the agent has 10249
-      procs.push(new Kpng('kpng local ... to-nft', [...p.kpng, 'local', '--api', sock('brain.sock'), '--state-socket', sock('node.sock'), ...agentTail]));
+      procs.push(new Kpng('kpng local ... to-nft', [...p.kpng, 'local', '--api', sock('brain.sock'), '--state-socket', sock('node.sock'), ...agentTail], gcLine));
       procs.push(
         new Kpng('kpng file ... to-api', [...p.kpng, 'file', '--input', p.dir, '--debounce', String(p.debounce), 'to-api', '--listen', sock('brain.sock'), '--state-socket', sock('brain-state.sock'), '--metrics-bind-address', '127.0.0.1:10259']),
       );
@@ -386,6 +397,7 @@ async function runOne(p: RunParams): Promise<RunResult> {
       else rewriteSlice(p.dir, s, i + 1);
       await until(() => (alive(), watch!.has(ip)), 30_000, () => `change ${i} (${ip} for svc-${s}) did not reach the kernel\n${tail()}`, 1);
       changeMs.push(now() - t);
+      if (p.verbose) events.push(`${(t - t0).toFixed(0)} change ${i}: ${(now() - t).toFixed(1)} ms`);
       await sleep(CHANGE_GAP_MS);
     }
     const end = procs.map((k) => procStat(k.pid));
@@ -402,6 +414,7 @@ async function runOne(p: RunParams): Promise<RunResult> {
       agent: result(0, agentHeap),
       brain: brain ? result(1, brainHeap) : undefined,
       changeMs,
+      events: p.verbose ? events : undefined,
     };
   } finally {
     watch?.close();
@@ -483,7 +496,10 @@ export default async function main(args: string[]) {
   const debounce = Number(arg(args, 'debounce', '100'));
   const timeoutMs = Number(arg(args, 'timeout', '600')) * 1000;
   for (const w of ways) if (![...WAYS, 'to-file'].includes(w)) throw new Error(`unknown way ${w} (file, kube, split, to-file)`);
-  const kpng = args.includes('--tsx') ? [process.execPath, join(ROOT, 'bin/kpng.js')] : compile();
+  const nodeFlags = arg(args, 'node-flags', '').split(' ').filter(Boolean);
+  const [node, script] = args.includes('--tsx') ? [process.execPath, join(ROOT, 'bin/kpng.js')] : compile();
+  const kpng = [node, ...nodeFlags, script];
+  const verbose = args.includes('--verbose');
   const load0 = loadavg();
   console.log(
     `node-agent: kpng is ${kpng.map((x) => x.replace(ROOT, '')).join(' ')}; ${cpus().length} CPUs, ${(totalmem() / 2 ** 30).toFixed(1)} GiB; load average ${load0.map((x) => x.toFixed(2)).join(' ')}; ` +
@@ -525,10 +541,11 @@ export default async function main(args: string[]) {
         try {
           const r = await spaces.child<RunResult>(
             ns,
-            { way: way as Way, services, changes, targets, dir, run: join(work, `run-${way}-${services}`), kpng, debounce, timeoutMs } satisfies RunParams,
+            { way: way as Way, services, changes, targets, dir, run: join(work, `run-${way}-${services}`), kpng, debounce, timeoutMs, verbose } satisfies RunParams,
             `${way} at ${services}`,
           );
           results.push(r);
+          for (const e of r.events ?? []) console.error(`    ${e}`);
           console.error(`  ${services} ${way}: programmed in ${f0(r.programmedMs)} ms, agent RSS ${f0(r.agent.rssSteady)} / ${f0(r.agent.rssAfter)} / ${f0(r.agent.rssPeak)} MiB (run ${((Date.now() - t) / 1000).toFixed(0)} s)`);
         } catch (e) {
           const why = (e as Error).message.slice(0, 3000);

@@ -60,6 +60,8 @@ interface FamilyState {
   readonly elements: ElementTable;
   slots: Slots;
   readonly services: Map<string, ServiceState>;
+  /** the Services with ClientIP affinity, of `services`: a sync's chains and sets come from these, not from every Service */
+  readonly affinity: Map<string, NonNullable<ServiceState['affinity']>>;
   /** lb chain -> number of Services needing it */
   readonly lbRefs: Map<string, number>;
   /** chain -> rules, as committed (undefined: content unknown) */
@@ -115,6 +117,7 @@ export class NftProxier extends ProxierBase {
           elements: new ElementTable(),
           slots: new Map(),
           services: new Map(),
+          affinity: new Map(),
           lbRefs: new Map(),
           committedChains: new Map(),
           committedSets: new Set(),
@@ -219,6 +222,8 @@ export class NftProxier extends ProxierBase {
         }
         if (ports.length || elements.length) st.services.set(owner, { slots: [...nextSlots.keys()], lb: sharedList(lb), affinity });
         else st.services.delete(owner);
+        if (affinity && (ports.length || elements.length)) st.affinity.set(owner, affinity);
+        else st.affinity.delete(owner);
         const stale = this.staleFlows.update(family, owner, ports);
         if (flows) this.pendingFlows.push(...stale);
       }
@@ -234,14 +239,14 @@ export class NftProxier extends ProxierBase {
       const [kind, proto, n] = k.split('|');
       for (const [name, rules] of lbChains(st.names, kind as LbRequirement['kind'], proto as LbRequirement['proto'], Number(n))) out.set(name, rules);
     }
-    for (const s of st.services.values()) if (s.affinity) for (const [name, rules] of s.affinity.chains) out.set(name, rules);
+    for (const a of st.affinity.values()) for (const [name, rules] of a.chains) out.set(name, rules);
     return out;
   }
 
   /** the per-endpoint affinity sets this family needs now */
   private desiredAffinitySets(st: FamilyState): Set<string> {
     const out = new Set<string>();
-    for (const s of st.services.values()) if (s.affinity) for (const name of s.affinity.sets) out.add(name);
+    for (const a of st.affinity.values()) for (const name of a.sets) out.add(name);
     return out;
   }
 
