@@ -24,7 +24,7 @@
 // ../package.json is kpng's), at its default log level; --tsx runs
 // bin/kpng.js from the sources instead. --node-flags: node's flags for the
 // kpng processes; --verbose prints each change's time (from programmed) and
-// the lines of kpng's output V8's --trace-gc writes, as they came.
+// the lines of kpng's output V8's --trace-gc (or --trace-deopt, --trace-opt) writes, as they came.
 import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync, statSync } from 'node:fs';
 import { loadavg, tmpdir, totalmem, freemem, cpus } from 'node:os';
@@ -132,7 +132,7 @@ class Kpng {
     this.p = spawn(argv[0], argv.slice(1), { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
     const keep = (d: Buffer) => {
       this.tail = (this.tail + d).slice(-4000);
-      if (onGcLine) for (const l of String(d).split('\n')) if (/^\[\d+:0x[0-9a-f]+\]/.test(l)) onGcLine(l);
+      if (onGcLine) for (const l of String(d).split('\n')) if (/^\[\d+:0x[0-9a-f]+\]|^\[(bailout|deoptimiz|marking|compiling|optimiz)/.test(l)) onGcLine(l);
     };
     this.p.stdout!.on('data', keep);
     this.p.stderr!.on('data', keep);

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { LocalSet } from '../../src/api/model.js';
 import type { LocalOp } from '../../src/diff/ops.js';
 import type { SyncResult } from '../../src/backends/shared/runner.js';
-import { ProgrammingLatency } from '../../src/sinks/local/agent.js';
+import { ProgrammingLatency, serviceOfOp } from '../../src/sinks/local/agent.js';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -34,6 +34,24 @@ function setup(reporting = [0], changedAt?: (k: string) => number | undefined) {
   const l = new ProgrammingLatency(reporting, changedAt, (s) => seen.push(s), () => now);
   return { l, seen, at: (t: number) => (now = t) };
 }
+
+test('serviceOfOp names the Service of each op, also where one key is the start of another', () => {
+  const setEndpoint = (path: string): LocalOp => ({ kind: 'set', set: LocalSet.EndpointsSet, path, value: undefined as never, bytes: new Uint8Array() });
+  const ops: [LocalOp, string | undefined][] = [
+    [setService('ns/a'), 'ns/a'],
+    [setEndpoint('ns/a/ep-1'), 'ns/a'],
+    [delEndpoint('ns/a/ep-2'), 'ns/a'],
+    // ns/a is where ns/ab's paths start: not its Service
+    [setEndpoint('ns/ab/ep-1'), 'ns/ab'],
+    [delEndpoint('ns/a/ep-3'), 'ns/a'],
+    [delEndpoint('ns2/a/ep-1'), 'ns2/a'],
+    [delEndpoint('n/s2/a'), 'n/s2'],
+    [setNode, undefined],
+    [SYNC, undefined],
+    [delEndpoint('ns/a/x/y'), 'ns/a'],
+  ];
+  for (const [op, want] of ops) assert.equal(serviceOfOp(op), want, 'path' in op ? op.path : op.kind);
+});
 
 test('a diff is observed once, by the first good sync that started after its Sync', () => {
   const { l, seen, at } = setup();

@@ -273,6 +273,7 @@ export class NftProxier extends ProxierBase {
     if (fresh && keys.length > this.chunk) {
       const r = await this.freshLoad(keys);
       this.stats.lastVia = 'chunks';
+      this.warmUp(keys[0]);
       return this.done(r, true, t0);
     }
     this.recompute(keys, !req.check);
@@ -301,6 +302,19 @@ export class NftProxier extends ProxierBase {
     this.stats.lastVia = 'transaction';
     if (req.full && !this.o.dryRun) await this.deleteUnusedChains();
     return this.done({ bytes: text.length, elementChanges: tx.tx.elementCount }, req.full, t0);
+  }
+
+  /**
+   * One Service computed again the way a change is, with nothing to apply:
+   * the code a cold start made fast for loading in bulk is made again for a
+   * single change here, not when the first change waits for it (the first
+   * change at 100k Services took 15-28 ms, the next ones 4 ms).
+   */
+  private warmUp(key: string): void {
+    this.recompute([key], false);
+    const tx = this.render({ header: false, baseChains: false, elements: true });
+    // nothing changed, as it should be: otherwise the next sync applies it
+    if (tx.tx.empty) tx.commit();
   }
 
   private done(r: { bytes: number; elementChanges: number }, full: boolean, t0: number): { changes: number } {

@@ -29,11 +29,22 @@ export interface NodeAgentOptions {
   feed(sink: LocalSink, signal: AbortSignal, backend: StartedBackend): Promise<void>;
 }
 
+const SLASH = 47;
+/** the Service key serviceOfOp found last (a Service key holds one '/', an endpoint path two) */
+let lastService = '';
+
 /** The Service an op of the diff stream is about, or undefined (the node, ServiceCIDRs). */
 export function serviceOfOp(op: LocalOp): string | undefined {
   if (op.kind !== 'set' && op.kind !== 'delete') return undefined;
-  if (op.set === LocalSet.ServicesSet) return op.path;
-  if (op.set === LocalSet.EndpointsSet) return splitEndpointPath(op.path)[0];
+  if (op.set === LocalSet.ServicesSet) return (lastService = op.path);
+  if (op.set === LocalSet.EndpointsSet) {
+    // a Service's endpoints come one after another: its key is sliced once,
+    // not once per endpoint (600k endpoint ops in a 100k Services start)
+    const p = op.path;
+    const last = lastService;
+    if (last && p.charCodeAt(last.length) === SLASH && p.startsWith(last)) return last;
+    return (lastService = splitEndpointPath(p)[0]);
+  }
   return undefined;
 }
 
