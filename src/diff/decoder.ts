@@ -10,8 +10,12 @@ export interface DecoderHandler {
   reset?(): void | Promise<void>;
   setService(svc: Service): void | Promise<void>;
   deleteService(namespace: string, name: string): void | Promise<void>;
-  /** key: the endpoint's name within its service (pod name or hash); bytes: its encoding */
-  setEndpoint(namespace: string, service: string, key: string, ep: Endpoint, bytes: Uint8Array): void | Promise<void>;
+  /**
+   * key: the endpoint's name within its service (pod name or hash);
+   * encoded: the op, whose bytes are its encoding, to be read only by a
+   * handler that keeps them (a view of this process encodes on demand)
+   */
+  setEndpoint(namespace: string, service: string, key: string, ep: Endpoint, encoded: { readonly bytes: Uint8Array }): void | Promise<void>;
   deleteEndpoint(namespace: string, service: string, key: string): void | Promise<void>;
   setNode?(node: LocalNode): void | Promise<void>;
   deleteNode?(name: string): void | Promise<void>;
@@ -39,7 +43,7 @@ export class DecoderSink implements LocalSink {
             return h.setService(op.value as Service);
           case LocalSet.EndpointsSet: {
             const [ns, svc, key] = splitPath3(op.path);
-            return h.setEndpoint(ns, svc, key, op.value as Endpoint, op.bytes);
+            return h.setEndpoint(ns, svc, key, op.value as Endpoint, op);
           }
           case LocalSet.NodesSet:
             return h.setNode?.(op.value as LocalNode);
