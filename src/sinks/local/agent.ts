@@ -71,6 +71,8 @@ export class ProgrammingLatency {
   private readonly pending = new Map<string, Change[]>();
   /** Services the current diff already has a change for */
   private readonly inDiff = new Map<string, Change>();
+  /** the Service of the op delivered last (in inDiff) */
+  private lastKey?: string;
 
   constructor(
     private readonly reporting: readonly number[],
@@ -90,10 +92,14 @@ export class ProgrammingLatency {
       // the diff is complete: a sync that starts from now on applies all of it
       const now = this.now();
       for (const c of this.inDiff.values()) c.delivered = now;
+      this.lastKey = undefined;
       return this.inDiff.clear();
     }
     const key = serviceOfOp(op);
-    if (key === undefined || !this.reporting.length || this.inDiff.has(key)) return;
+    // a Service's ops come one after another: one lookup for all of them
+    if (key === undefined || key === this.lastKey || !this.reporting.length) return;
+    this.lastKey = key;
+    if (this.inDiff.has(key)) return;
     let list = this.pending.get(key);
     if (!list) this.pending.set(key, (list = []));
     let c = list[list.length - 1];

@@ -52,10 +52,14 @@ registerSink({
               // every change noted so far was looked at by this diff: what it
               // carries is timed from its store time, the rest is not this node's
               since = new Map();
+              let last: string | undefined;
               for (const op of ops) {
                 const k = serviceOfOp(op);
-                const t = k === undefined ? undefined : changed.get(k);
-                if (t !== undefined) since.set(k!, t);
+                // (a Service's ops come one after another)
+                if (k === undefined || k === last) continue;
+                last = k;
+                const t = changed.get(k);
+                if (t !== undefined) since.set(k, t);
               }
               changed.clear();
               for (const op of ops) {
