@@ -86,7 +86,7 @@ test('changes are followed through file events; a broken file keeps its last goo
   }
 });
 
-test('re-writing a file with the same objects changes nothing', async () => {
+test('re-writing a file with the same objects changes nothing; a Service changed in one field is written', async () => {
   const t = tmp();
   const store = new Store();
   const file = join(t.dir, 'x.yaml');
@@ -96,10 +96,16 @@ test('re-writing a file with the same objects changes nothing', async () => {
   try {
     await src.start();
     const rev = store.rev;
-    const reloads = src.reloads;
+    let reloads = src.reloads;
     writeFileSync(file, text);
     await until(() => src.reloads > reloads, 'a reload');
     assert.equal(store.rev, rev);
+    // (a Service's hash is of its encoding: every field counts)
+    reloads = src.reloads;
+    writeFileSync(file, stringify(service('ns', 'a', { clusterIP: '10.96.0.1', sessionAffinity: 'ClientIP' })));
+    await until(() => src.reloads > reloads, 'a reload');
+    assert.ok(store.rev > rev);
+    assert.equal(store.getService('ns/a')!.service.SessionAffinity.case, 'ClientIP', 'the new version is in the store');
   } finally {
     await src.stop();
     t.done();
