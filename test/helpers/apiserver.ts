@@ -73,6 +73,8 @@ export type Fault =
   | { drop: true }
   /** answer 200 and end at once without an event (a watch closed early) */
   | { close: true }
+  /** answer 200 with this body as it is (not JSON, a list without items) */
+  | { body: string }
   /**
    * answer 200 and then one line that never ends (a broken or hostile
    * server), as fast as the client reads; stops sending after maxBytes
@@ -374,6 +376,10 @@ export class TestApiServer {
         rec.status = 200;
         res.writeHead(200, { 'Content-Type': 'application/json' });
         return void res.end();
+      } else if ('body' in fault) {
+        rec.status = 200;
+        res.writeHead(200, { 'Content-Type': 'application/json' });
+        return void res.end(fault.body);
       } else if ('endless' in fault) {
         return this.endless(res, rec, fault.maxBytes ?? 256 * 2 ** 20);
       } else if ('errorEvent' in fault) {

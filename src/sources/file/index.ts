@@ -19,7 +19,7 @@ import { applyObject, deleteByKey, type ModelObject } from '../apply.js';
 // the definition registers when this module is imported, as before
 import './definition.js';
 import { ParseFailed, parseObjects, type ParsedItem } from './parse.js';
-import { ParserThread } from './parser-thread.js';
+import { ParserThread } from '../parser-thread.js';
 
 const EXTENSIONS = new Set(['.yaml', '.yml', '.json']);
 /** larger files are parsed in the worker thread (the yaml library reads about 2 MB/s) */

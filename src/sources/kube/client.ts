@@ -81,11 +81,17 @@ export class KubeClient {
     return this.request(url, await this.conn.credentials.get(), opts);
   }
 
-  /** GET a JSON document of at most maxBytes; non-2xx throws StatusError. */
-  async getJSON(path: string, query: Record<string, string | undefined>, opts: RequestOptions & { idleMs?: number; maxBytes: number }): Promise<any> {
+  /** GET a document of at most maxBytes, as text; non-2xx throws StatusError. */
+  async getText(path: string, query: Record<string, string | undefined>, opts: RequestOptions & { idleMs?: number; maxBytes: number }): Promise<string> {
     const res = await this.get(path, query, opts);
     const body = await readBody(res, opts.idleMs ?? opts.timeoutMs ?? 60_000, opts.maxBytes);
     if (!res.statusCode || res.statusCode < 200 || res.statusCode > 299) throw statusError(res, body);
+    return body;
+  }
+
+  /** GET a JSON document of at most maxBytes; non-2xx throws StatusError. */
+  async getJSON(path: string, query: Record<string, string | undefined>, opts: RequestOptions & { idleMs?: number; maxBytes: number }): Promise<any> {
+    const body = await this.getText(path, query, opts);
     try {
       return JSON.parse(body);
     } catch {

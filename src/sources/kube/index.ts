@@ -11,6 +11,7 @@ import './definition.js';
 import { KubeClient } from './client.js';
 import { resolveConnection, type Connection } from './config.js';
 import { DEFAULT_REFLECTOR_OPTIONS, Reflector, StoreWriter, type ReflectorOptions, type Resource } from './reflector.js';
+import { ParserThread } from '../parser-thread.js';
 
 export { resolveConnection, type Connection } from './config.js';
 
@@ -66,6 +67,8 @@ export class KubeSource {
   readonly client: KubeClient;
   readonly writer: StoreWriter;
   readonly reflectors: Reflector[];
+  /** large list pages of slices are parsed here (it ends when idle: after the first list) */
+  private readonly parser = new ParserThread();
   private readonly started = performance.now();
 
   constructor(
@@ -76,7 +79,7 @@ export class KubeSource {
     this.client = new KubeClient(opts.connection, userAgent());
     const ropts = { ...DEFAULT_REFLECTOR_OPTIONS, ...opts.reflector };
     this.writer = new StoreWriter((fn) => this.apply(fn), log);
-    this.reflectors = kubeResources(opts).map((r) => new Reflector(this.client, r, this.writer, log, ropts));
+    this.reflectors = kubeResources(opts).map((r) => new Reflector(this.client, r, this.writer, log, ropts, this.parser));
   }
 
   private apply(fn: Parameters<Store['update']>[0]): void {
@@ -93,6 +96,7 @@ export class KubeSource {
 
   async stop(): Promise<void> {
     await Promise.all(this.reflectors.map((r) => r.stop()));
+    await this.parser.close();
     this.writer.flush();
     this.client.close();
   }

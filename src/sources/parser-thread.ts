@@ -1,15 +1,20 @@
-// A worker thread for parsing large input files (parse-worker.ts), so a
-// 50 MB YAML file never stalls the event loop. Started on first use, ended
+// A worker thread that parses for the sources (parse-worker.ts): a 50 MB
+// YAML file never stalls the event loop, and a kube list page's slices are
+// parsed and converted beside the main thread. Started on first use, ended
 // once idle: the memory a big parse took goes with it.
 import { Worker } from 'node:worker_threads';
-import { ParseFailed, type ParsedItem } from './parse.js';
+import { ParseFailed, type ParsedItem } from './file/parse.js';
+import { PageFailed, type ItemResource, type ListItem, type PageMeta } from './kube/list-item.js';
 import type { ParseReply, ParseRequest } from './parse-worker.js';
 
 interface Job {
   worker: Worker;
   /** chunks the main thread has taken in, shared with the worker */
   taken: Int32Array;
-  onChunk: (items: ParsedItem[]) => void;
+  onChunk: (items: never[]) => void;
+  onMeta?: (meta: PageMeta) => void;
+  /** what the content's error is (the file's or the page's) */
+  failed: (msg: string) => Error;
   resolve: () => void;
   reject: (e: Error) => void;
 }
@@ -35,14 +40,29 @@ export class ParserThread {
    * too much for it).
    */
   parse(data: Uint8Array, json: boolean, onChunk: (items: ParsedItem[]) => void, hash = true): Promise<void> {
+    return this.run((id, taken) => [{ id, json, hash, data, taken }, [data.buffer as ArrayBuffer]], { onChunk: onChunk as (items: never[]) => void, failed: (m) => new ParseFailed(m) });
+  }
+
+  /**
+   * Parses a kube list page's text: its resourceVersion and continue token
+   * first, then its items (listItem) as they come. Fails with PageFailed for
+   * a page that cannot be taken; with other errors when the worker cannot
+   * start or dies.
+   */
+  parsePage(text: string, resource: ItemResource, onMeta: (meta: PageMeta) => void, onChunk: (items: ListItem[]) => void): Promise<void> {
+    return this.run((id, taken) => [{ id, page: { text, resource }, taken }, []], { onChunk: onChunk as (items: never[]) => void, onMeta, failed: (m) => new PageFailed(m) });
+  }
+
+  private run(request: (id: number, taken: Int32Array) => [ParseRequest, ArrayBuffer[]], job: Pick<Job, 'onChunk' | 'onMeta' | 'failed'>): Promise<void> {
     clearTimeout(this.idleTimer);
     const w = this.start();
     w.ref();
     const id = ++this.nextId;
     return new Promise<void>((resolve, reject) => {
       const taken = new Int32Array(new SharedArrayBuffer(4));
-      this.jobs.set(id, { worker: w, taken, onChunk, resolve, reject });
-      w.postMessage({ id, json, hash, data, taken } satisfies ParseRequest, [data.buffer as ArrayBuffer]);
+      this.jobs.set(id, { ...job, worker: w, taken, resolve, reject });
+      const [req, transfer] = request(id, taken);
+      w.postMessage(req, transfer);
     }).finally(() => {
       if (this.worker !== w || [...this.jobs.values()].some((j) => j.worker === w)) return;
       w.unref();
@@ -75,15 +95,16 @@ export class ParserThread {
     w.on('message', (m: ParseReply) => {
       const job = this.jobs.get(m.id);
       if (!job) return;
+      if ('meta' in m) return job.onMeta?.(m.meta);
       if ('items' in m) {
-        job.onChunk(m.items);
+        job.onChunk(m.items as never[]);
         // one more chunk taken: the worker may send the next
         Atomics.add(job.taken, 0, 1);
         Atomics.notify(job.taken, 0);
         return;
       }
       this.jobs.delete(m.id);
-      if ('error' in m) job.reject(new ParseFailed(m.error));
+      if ('error' in m) job.reject(job.failed(m.error));
       else job.resolve();
     });
     // out of memory, or a bug: the parses under way fail, the next one starts a new worker

@@ -1,0 +1,87 @@
+// One object of a list or a watch event, taken as far as it can be without
+// the reflector's state: its key, resourceVersion and converted form, or why
+// it cannot be used. The same code runs on the main thread (watch events,
+// small pages) and in the parser thread (large pages of EndpointSlices,
+// parse-worker.ts), so what it returns must survive structured cloning.
+import { convertObject, InvalidObject, objectRef } from '../objects.js';
+import { encodedObject, type ModelObject } from '../apply.js';
+import { flat } from '../../memory.js';
+import type { KubeKind } from './reflector.js';
+
+/** what a list item is taken as: enough of a Resource to take it */
+export interface ItemResource {
+  readonly kind: KubeKind;
+  readonly plural: string;
+  readonly namespaced: boolean;
+}
+
+export type ListItem =
+  /** converted (a slice as its bytes: cheap to clone and to keep while a list runs) */
+  | { key: string; rv: string; object: ModelObject }
+  /** a valid object kpng does not use */
+  | { key: string; rv: string; ref: string; ignored: string }
+  /** an object that does not convert */
+  | { key: string; rv: string; ref: string; invalid: { field?: string; reason: string; message: string } }
+  /** no metadata.name: it cannot even be named */
+  | { key?: undefined; ref: string };
+
+/** the key the reflector knows an object by (namespace/name, or name) */
+export function keyOf(obj: any, namespaced: boolean): string | undefined {
+  const md = obj?.metadata;
+  const name = md?.name;
+  if (typeof name !== 'string' || !name) return undefined;
+  // kept for the object's life (known): flat, not a rope (src/memory.ts)
+  return namespaced ? flat(md.namespace || 'default', '/', name) : name;
+}
+
+export function listItem(obj: any, r: ItemResource): ListItem {
+  const key = keyOf(obj, r.namespaced);
+  if (key === undefined) return { ref: objectRef(obj) };
+  const rv = String(obj.metadata.resourceVersion ?? '');
+  // list items carry no kind
+  if (obj.kind === undefined) obj.kind = r.kind;
+  try {
+    const c = convertObject(obj);
+    if (c.kind === 'Ignored') return { key, rv, ref: objectRef(obj), ignored: c.reason };
+    if (c.kind !== r.kind) throw new InvalidObject('kind', `${c.kind} in a ${r.plural} stream`);
+    return { key, rv, object: encodedObject(c) };
+  } catch (e) {
+    const inv = e instanceof InvalidObject ? e : undefined;
+    return { key, rv, ref: objectRef(obj), invalid: { field: inv?.field, reason: inv?.reason ?? String(e), message: inv ? inv.message : (e as Error).message } };
+  }
+}
+
+/** a page's text cannot be taken: not JSON, no items */
+export class PageFailed extends Error {}
+
+/** a list page's resourceVersion and continue token */
+export interface PageMeta {
+  rv: string;
+  cont?: string;
+}
+
+/**
+ * A list page's text: its resourceVersion and continue token first (the
+ * next page can be asked for meanwhile), then its items taken (listItem),
+ * handed out in chunks.
+ */
+export function parseListPage(text: string, r: ItemResource, onMeta: (meta: PageMeta) => void, onChunk: (items: ListItem[]) => void, chunkSize = 250): void {
+  let page: any;
+  try {
+    page = JSON.parse(text);
+  } catch {
+    throw new PageFailed('the answer is not JSON');
+  }
+  if (!Array.isArray(page?.items)) throw new PageFailed('the list has no items');
+  onMeta({ rv: String(page.metadata?.resourceVersion ?? ''), cont: page.metadata?.continue || undefined });
+  const items: unknown[] = page.items;
+  for (let i = 0; i < items.length; i += chunkSize) {
+    const chunk: ListItem[] = [];
+    for (let j = i; j < Math.min(items.length, i + chunkSize); j++) {
+      chunk.push(listItem(items[j], r));
+      // taken: its parsed form may go (a page is 500 objects)
+      items[j] = undefined;
+    }
+    onChunk(chunk);
+  }
+}

@@ -1,0 +1,104 @@
+// The kube source's large list pages of EndpointSlices, parsed and converted
+// in the parser thread (src/sources/parse-worker.ts): against the test API
+// server, every page through the thread (pageInThreadBytes 0) gives the same
+// store and the same log lines as every page parsed on the main thread,
+// across pages, relists, invalid and ignored slices.
+import { describe, it, afterEach } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { TestApiServer, certKubeconfig } from '../helpers/apiserver.js';
+import { nodeObject, serviceObject, sliceObject, storeFromServer, nodeState } from '../helpers/kube-cluster.js';
+import { startSource, until, ERROR, type Running } from '../helpers/kube-test.js';
+
+const cleanup: (() => Promise<void> | void)[] = [];
+afterEach(async () => {
+  for (const f of cleanup.splice(0).reverse()) await f();
+});
+
+const pod = (name: string, node: string, ip: string) => ({ name, node, ip, ready: true });
+
+async function cluster(): Promise<TestApiServer> {
+  const server = await new TestApiServer().start();
+  cleanup.push(() => server.close());
+  server.put(nodeObject('node-0', 0));
+  server.put(nodeObject('node-1', 1));
+  for (let i = 0; i < 12; i++) {
+    server.put(serviceObject('default', `svc-${i}`, `10.96.0.${10 + i}`));
+    server.put(sliceObject('default', `svc-${i}-x`, `svc-${i}`, [pod(`p-${i}`, `node-${i % 2}`, `10.244.0.${10 + i}`), pod(`q-${i}`, 'node-0', `10.244.1.${10 + i}`)]));
+  }
+  // invalid (a port out of range) and ignored (no service-name label)
+  const bad = sliceObject('default', 'svc-0-bad', 'svc-0', [pod('b-0', 'node-0', '10.244.2.1')]);
+  bad.ports[0].port = 70000;
+  server.put(bad);
+  const unowned = sliceObject('default', 'stray', 'svc-1', [pod('s-0', 'node-0', '10.244.3.1')]);
+  delete unowned.metadata.labels['kubernetes.io/service-name'];
+  server.put(unowned);
+  return server;
+}
+
+/** a source whose slice pages all go through the thread (or none), its pages of 3 objects */
+function start(server: TestApiServer, inThread: boolean): Running {
+  const dir = mkdtempSync(join(tmpdir(), 'kpng-kube-thread-'));
+  cleanup.push(() => rmSync(dir, { recursive: true, force: true }));
+  const run = startSource(server, certKubeconfig(join(dir, 'kubeconfig'), server.url), {}, { pageSize: 3, pageInThreadBytes: inThread ? 0 : Number.MAX_SAFE_INTEGER });
+  cleanup.push(() => run.stop());
+  return run;
+}
+
+const slices = (r: Running) => r.source.reflectors.find((x) => x.resource.kind === 'EndpointSlice')!;
+const errors = (r: Running) => r.records.filter((x) => x.level === ERROR).map((x) => ({ object: x.object, field: x.field, msg: x.msg }));
+
+describe('kube source: list pages of slices in the parser thread', () => {
+  it('give the store and the log lines that parsing them here gives, across pages and a relist', async () => {
+    const runs: Record<string, { r: Running; server: TestApiServer }> = {};
+    for (const mode of ['here', 'thread']) {
+      const server = await cluster();
+      const r = start(server, mode === 'thread');
+      await until(() => r.store.allSynced, `${mode}: synced`);
+      await r.caughtUp();
+      runs[mode] = { r, server };
+    }
+    const { here, thread } = runs;
+    assert.equal(slices(here.r).stats.pagesInThread, 0);
+    assert.ok(slices(thread.r).stats.pagesInThread >= 5, `pages parsed in the thread: ${slices(thread.r).stats.pagesInThread}`);
+    for (const node of ['node-0', 'node-1']) {
+      assert.deepEqual(nodeState(thread.r.store, node), nodeState(storeFromServer(thread.server), node), node);
+      assert.deepEqual(nodeState(thread.r.store, node), nodeState(here.r.store, node), node);
+    }
+    assert.deepEqual(errors(thread.r), errors(here.r));
+    assert.equal(errors(thread.r).length, 1);
+    assert.equal(errors(thread.r)[0].object, 'EndpointSlice default/svc-0-bad');
+    assert.equal(thread.r.store.getSlice('default/stray'), undefined);
+    assert.ok(thread.r.store.getSlice('default/svc-1-x'));
+
+    // a slice turning invalid, then a relist (the watch expired): its last good version stays, reported once
+    for (const { r, server } of [here, thread]) {
+      server.modify('EndpointSlice', 'default/svc-2-x', (o) => (o.ports[0].port = 70001));
+      await until(() => errors(r).length === 2, 'the invalid change reported');
+      const lists = slices(r).stats.lists;
+      server.expireWatches();
+      await until(() => slices(r).stats.lists > lists, 'relisted');
+      await r.caughtUp();
+    }
+    assert.deepEqual(errors(thread.r), errors(here.r));
+    assert.match(errors(thread.r)[1].msg, /svc-2-x.*keeping its last good version/);
+    assert.ok(slices(thread.r).stats.pagesInThread >= 10);
+    for (const node of ['node-0', 'node-1']) assert.deepEqual(nodeState(thread.r.store, node), nodeState(here.r.store, node), node);
+  });
+
+  it('a page the thread cannot take fails the list as one parsed here would (retried), naming the path; the thread stays in use', async () => {
+    const server = await cluster();
+    // the slices' first answer is not JSON, the second has no items; the third is right
+    server.failNext({ resource: 'endpointslices', watch: false }, { body: '{"items": [' });
+    server.failNext({ resource: 'endpointslices', watch: false }, { body: '{"kind": "EndpointSliceList", "metadata": {"resourceVersion": "1"}}' });
+    const r = start(server, true);
+    await until(() => r.store.allSynced, 'synced after the retry');
+    await r.caughtUp();
+    assert.ok(r.records.some((x) => /endpointslices list failed: .*\/endpointslices: the answer is not JSON/.test(x.msg)), 'the failure is logged with the path');
+    assert.ok(r.records.some((x) => /endpointslices list failed: .*\/endpointslices: the list has no items/.test(x.msg)));
+    assert.ok(slices(r).stats.pagesInThread >= 5);
+    assert.deepEqual(nodeState(r.store, 'node-0'), nodeState(storeFromServer(server), 'node-0'));
+  });
+});
