@@ -156,6 +156,14 @@ function endpoint(r: Reader, end: number): Endpoint {
   return { $typeName: 'localv1.Endpoint', Hostname, IPs, Local, PortOverrides, Scopes, Terminating, NodeName };
 }
 
+// Every endpoint's conditions are one of eight, and its hints mostly none:
+// shared frozen messages (a view decodes every endpoint of its Service, and
+// nothing changes a stored message) instead of one to four objects each.
+const CONDITIONS: readonly EndpointConditions[] = Array.from({ length: 8 }, (_, i) =>
+  Object.freeze({ $typeName: 'globalv1.EndpointConditions', Ready: (i & 4) !== 0, Serving: (i & 2) !== 0, Terminating: (i & 1) !== 0 }),
+);
+const NO_HINTS: TopologyHints = Object.freeze({ $typeName: 'globalv1.TopologyHints', Zones: Object.freeze([]) as unknown as string[], Nodes: Object.freeze([]) as unknown as string[] });
+
 function conditions(r: Reader, end: number): EndpointConditions {
   let Ready = false;
   let Serving = false;
@@ -169,7 +177,7 @@ function conditions(r: Reader, end: number): EndpointConditions {
     else if (f === 3) Terminating = v;
     else throw UNEXPECTED;
   }
-  return { $typeName: 'globalv1.EndpointConditions', Ready, Serving, Terminating };
+  return CONDITIONS[(Ready ? 4 : 0) | (Serving ? 2 : 0) | (Terminating ? 1 : 0)];
 }
 
 function topology(r: Reader, end: number): TopologyInfo {
@@ -186,6 +194,7 @@ function topology(r: Reader, end: number): TopologyInfo {
 }
 
 function hints(r: Reader, end: number): TopologyHints {
+  if (r.pos === end) return NO_HINTS;
   const Zones: string[] = [];
   const Nodes: string[] = [];
   while (r.pos < end) {

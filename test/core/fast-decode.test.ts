@@ -35,3 +35,16 @@ test('what it does not expect goes to fromBinary: an unknown field is kept, a tr
   assert.throws(() => fromBinary(EndpointInfoSchema, cut));
   assert.throws(() => decodeEndpointInfoFast(cut));
 });
+
+test('conditions and empty hints are shared frozen messages: equal values, one object', () => {
+  const enc = (ready: boolean, zones: string[]) =>
+    toBinary(EndpointInfoSchema, create(EndpointInfoSchema, { PodName: 'p', Conditions: { Ready: ready, Serving: true }, Hints: { Zones: zones } }));
+  const [a, b, c] = [enc(true, []), enc(true, []), enc(false, ['z1'])].map(decodeEndpointInfoFast);
+  assert.equal(a.Conditions, b.Conditions);
+  assert.equal(a.Hints, b.Hints);
+  assert.ok(Object.isFrozen(a.Conditions) && Object.isFrozen(a.Hints) && Object.isFrozen(a.Hints!.Zones));
+  assert.notEqual(a.Conditions, c.Conditions);
+  assert.deepEqual(c.Conditions, create(EndpointInfoSchema, { Conditions: { Serving: true } }).Conditions);
+  assert.deepEqual(c.Hints!.Zones, ['z1']);
+  assert.ok(!Object.isFrozen(c.Hints));
+});
