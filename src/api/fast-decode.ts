@@ -89,17 +89,32 @@ function expect(wire: number, want: number) {
   if (wire !== want) throw UNEXPECTED;
 }
 
+// Every endpoint's conditions and scopes are one of eight, its hints mostly
+// none, one of its address families mostly empty: shared frozen messages and
+// lists (a view decodes every endpoint of its Service, a packed proxier each
+// endpoint it computes again, and nothing changes a stored message) instead
+// of one to four objects each.
+const CONDITIONS: readonly EndpointConditions[] = Array.from({ length: 8 }, (_, i) =>
+  Object.freeze({ $typeName: 'globalv1.EndpointConditions', Ready: (i & 4) !== 0, Serving: (i & 2) !== 0, Terminating: (i & 1) !== 0 }),
+);
+const SCOPES: readonly EndpointScopes[] = Array.from({ length: 8 }, (_, i) =>
+  Object.freeze({ $typeName: 'localv1.EndpointScopes', Internal: (i & 4) !== 0, External: (i & 2) !== 0, Cluster: (i & 1) !== 0 }),
+);
+const NO_IPS = Object.freeze([]) as unknown as string[];
+const NO_HINTS: TopologyHints = Object.freeze({ $typeName: 'globalv1.TopologyHints', Zones: Object.freeze([]) as unknown as string[], Nodes: Object.freeze([]) as unknown as string[] });
+
 function ipSet(r: Reader, end: number): IPSet {
-  const V4: string[] = [];
-  const V6: string[] = [];
+  let V4: string[] | undefined;
+  let V6: string[] | undefined;
   while (r.pos < end) {
     const [f, w] = tag(r);
     expect(w, LEN);
-    if (f === 1) V4.push(r.string());
-    else if (f === 2) V6.push(r.string());
+    if (f === 1) (V4 ??= []).push(r.string());
+    else if (f === 2) (V6 ??= []).push(r.string());
     else throw UNEXPECTED;
   }
-  return { $typeName: 'localv1.IPSet', V4, V6 };
+  // (a single-stack endpoint's other family: the shared empty list)
+  return { $typeName: 'localv1.IPSet', V4: V4 ?? NO_IPS, V6: V6 ?? NO_IPS };
 }
 
 function portName(r: Reader, end: number): PortName {
@@ -129,7 +144,7 @@ function scopes(r: Reader, end: number): EndpointScopes {
     else if (f === 3) Cluster = v;
     else throw UNEXPECTED;
   }
-  return { $typeName: 'localv1.EndpointScopes', Internal, External, Cluster };
+  return SCOPES[(Internal ? 4 : 0) | (External ? 2 : 0) | (Cluster ? 1 : 0)];
 }
 
 function endpoint(r: Reader, end: number): Endpoint {
@@ -155,14 +170,6 @@ function endpoint(r: Reader, end: number): Endpoint {
   }
   return { $typeName: 'localv1.Endpoint', Hostname, IPs, Local, PortOverrides, Scopes, Terminating, NodeName };
 }
-
-// Every endpoint's conditions are one of eight, and its hints mostly none:
-// shared frozen messages (a view decodes every endpoint of its Service, and
-// nothing changes a stored message) instead of one to four objects each.
-const CONDITIONS: readonly EndpointConditions[] = Array.from({ length: 8 }, (_, i) =>
-  Object.freeze({ $typeName: 'globalv1.EndpointConditions', Ready: (i & 4) !== 0, Serving: (i & 2) !== 0, Terminating: (i & 1) !== 0 }),
-);
-const NO_HINTS: TopologyHints = Object.freeze({ $typeName: 'globalv1.TopologyHints', Zones: Object.freeze([]) as unknown as string[], Nodes: Object.freeze([]) as unknown as string[] });
 
 function conditions(r: Reader, end: number): EndpointConditions {
   let Ready = false;

@@ -3,7 +3,8 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { toBinary, fromBinary, create } from '@bufbuild/protobuf';
 import { EndpointInfoSchema } from '../../src/api/gen/api/globalv1/api_pb.js';
-import { decodeEndpointInfoFast } from '../../src/api/fast-decode.js';
+import { decodeEndpointFast, decodeEndpointInfoFast } from '../../src/api/fast-decode.js';
+import { EndpointSchema } from '../../src/api/gen/api/localv1/api_pb.js';
 import { randomMessages } from '../helpers/random-messages.js';
 
 /** the message without its unset message fields: fromBinary leaves them out, the fast decoder sets them undefined (one object shape) */
@@ -47,4 +48,14 @@ test('conditions and empty hints are shared frozen messages: equal values, one o
   assert.deepEqual(c.Conditions, create(EndpointInfoSchema, { Conditions: { Serving: true } }).Conditions);
   assert.deepEqual(c.Hints!.Zones, ['z1']);
   assert.ok(!Object.isFrozen(c.Hints));
+});
+
+test("an endpoint's scopes and its empty address family are shared frozen values too", () => {
+  const enc = (v4: string[]) => toBinary(EndpointSchema, create(EndpointSchema, { IPs: { V4: v4 }, Scopes: { Internal: true, Cluster: true } }));
+  const [a, b] = [enc(['10.0.0.1']), enc(['10.0.0.2'])].map((x) => decodeEndpointFast(x, 0, x.length));
+  assert.equal(a.Scopes, b.Scopes);
+  assert.equal(a.IPs!.V6, b.IPs!.V6);
+  assert.ok(Object.isFrozen(a.Scopes) && Object.isFrozen(a.IPs!.V6));
+  assert.deepEqual(a.IPs!.V4, ['10.0.0.1']);
+  assert.deepEqual(a, fromBinary(EndpointSchema, enc(['10.0.0.1'])));
 });
