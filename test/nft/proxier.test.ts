@@ -19,6 +19,7 @@ import { assignSlots } from '../../src/backends/nft/service-elements.js';
 import { defaultConfig, type KubeProxyConfiguration } from '../../src/backends/shared/config.js';
 import type { Store } from '../../src/store/store.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
+import { recordingLogger } from '../helpers/logs.js';
 
 const quiet = pino({ level: 'silent' });
 
@@ -253,6 +254,38 @@ describe('against nft in a namespace', { skip: canUseNetns() }, () => {
       assert.match(listed, /set nodeport-addresses \{[^}]*elements = \{ 192\.168\.0\.2 \}/);
       assert.match(listed, /chain nat-prerouting \{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tjump services/);
       // what a restart finds is exactly what it wants: nothing to change
+      h.restart();
+      await h.sync();
+      assert.equal(h.proxier.stats.lastElementChanges, 0);
+    } finally {
+      other.remove();
+    }
+  });
+
+  test('after a cold start in chunks (which computes one Service again to warm up), the first changes apply, every Service', async () => {
+    const objs = [node('n1', 'z1', ['192.168.0.2'])];
+    for (let i = 0; i < 20; i++) {
+      objs.push(service('ns', `s${i}`, { clusterIP: `172.30.1.${i}` }));
+      objs.push(slice('ns', `s${i}-1`, `s${i}`, [{ ip: `10.3.0.${i}`, pod: `p${i}` }]));
+    }
+    const store = syncedStore(objs);
+    const other = createNetns();
+    const rec = recordingLogger();
+    try {
+      const h = harness(store, { ns: other, chunk: 6, log: rec.log });
+      await h.sync();
+      assert.equal(h.proxier.stats.lastVia, 'chunks');
+      // each Service's endpoint moves: whichever one the warm-up computed again, its change is not taken for done
+      load(store, objs.filter((o) => o.kind === 'EndpointSlice').map((_, i) => slice('ns', `s${i}-1`, `s${i}`, [{ ip: `10.4.0.${i}`, pod: `p${i}` }])));
+      await h.sync();
+      assert.equal(h.proxier.stats.lastVia, 'transaction');
+      // as one incremental transaction: not repaired by reading the table back
+      assert.deepEqual(rec.records.filter((r) => r.level >= 40).map((r) => r.msg), []);
+      const listed = other.exec('nft', ['list', 'table', 'ip', 'kpng']);
+      for (let i = 0; i < 20; i++) {
+        assert.match(listed, new RegExp(`: 10\\.4\\.0\\.${i} \\. 8080`), `s${i}'s new endpoint`);
+        assert.doesNotMatch(listed, new RegExp(`: 10\\.3\\.0\\.${i} \\. 8080`), `s${i}'s old endpoint`);
+      }
       h.restart();
       await h.sync();
       assert.equal(h.proxier.stats.lastElementChanges, 0);
