@@ -36,6 +36,8 @@ export class ElementTable {
   private pending: Map<string, Set<string>> | 'all' = new Map();
   /** keys wanted by two owners with different values (reported once) */
   readonly conflicts = new Set<string>();
+  /** some key was declared twice (by two owners, or one owner twice) since this table was made */
+  private declaredTwice = false;
 
   /** Replaces everything an owner declared (its elements are kept, not copied). */
   setOwner(owner: string, elements: Element[]): void {
@@ -59,8 +61,10 @@ export class ElementTable {
     return this.byOwner.keys();
   }
 
-  /** The elements of an owner that count (a key two owners declare counts once). */
-  winnersOf(owner: string): Element[] {
+  /** The elements of an owner that count (a key two owners declare counts once); not to be changed. */
+  winnersOf(owner: string): readonly Element[] {
+    // no key was ever declared twice: every element counts (a cold start's 600k at 100k Services)
+    if (!this.declaredTwice) return this.byOwner.get(owner) ?? [];
     const out: Element[] = [];
     for (const e of this.byOwner.get(owner) ?? []) if (this.desired.get(e.set)?.get(e.key) === e) out.push(e);
     return out;
@@ -86,6 +90,7 @@ export class ElementTable {
       keys.set(e.key, e);
       return;
     }
+    this.declaredTwice = true;
     if (cur.owner === e.owner) return; // declared twice by one owner: the first counts
     if (cur.value !== e.value) this.conflicts.add(`${e.set} ${e.key}`);
     const id = `${e.set}\0${e.key}`;
