@@ -101,4 +101,17 @@ describe('kube source: list pages of slices in the parser thread', () => {
     assert.ok(slices(r).stats.pagesInThread >= 5);
     assert.deepEqual(nodeState(r.store, 'node-0'), nodeState(storeFromServer(server), 'node-0'));
   });
+
+  it('a parser thread that fails fails that list (retried); the reflector parses here from then on', async () => {
+    const server = await cluster();
+    const r = start(server, true);
+    // a thread that cannot parse (it could not start, it ran out of memory)
+    for (const x of r.source.reflectors) (x as unknown as { parser: unknown }).parser = { parsePage: () => Promise.reject(new Error('worker out of memory')) };
+    await until(() => r.store.allSynced, 'synced after the retry');
+    await r.caughtUp();
+    assert.ok(r.records.some((x) => /endpointslices: the parser thread failed \(worker out of memory\); parsing here from now on/.test(x.msg)));
+    assert.ok(r.records.some((x) => /endpointslices list failed: worker out of memory/.test(x.msg)), 'the list failed and was retried');
+    assert.equal(slices(r).stats.pagesInThread, 0);
+    assert.deepEqual(nodeState(r.store, 'node-0'), nodeState(storeFromServer(server), 'node-0'));
+  });
 });
