@@ -221,7 +221,7 @@ export abstract class ProxierBase implements DecoderHandler {
     const svcKey = serviceKey(namespace, service);
     this.changing(svcKey);
     const set = this.endpoints.get(svcKey);
-    // encoded's bytes only when packing: to-local's views encode them on demand (0.3 s of a 100k start)
+    // the bytes only when packing: to-local's views encode them when read
     const next = endpointSet(set, key, ep, this.base.packEndpoints ? (encoded ?? {}) : undefined);
     if (next !== set) this.endpoints.set(svcKey, next);
   }
