@@ -115,6 +115,14 @@ export class FileSource {
   private stopped = false;
   private debounceTimer?: NodeJS.Timeout;
   private firstEventAt?: number;
+  /** known files that events named since the last reload began: a reload reads just those */
+  private dirty = new Set<string>();
+  /** an event the dirty files do not cover (a new file, a directory, a watcher lost): the next reload lists everything */
+  private dirtyAll = false;
+  /** a full reload was asked for (start, retry, grace over, FileSource.reload()) */
+  private fullAsked = false;
+  /** JSON files read at their first event since the debounce last fired: once per file per quiet time */
+  private quickTried = new Set<string>();
   private heldTimer?: NodeJS.Timeout;
   private retryTimer?: NodeJS.Timeout;
   private retryMs = RETRY_MIN_MS;
@@ -125,6 +133,8 @@ export class FileSource {
   private serial = 0;
   /** reloads completed */
   reloads = 0;
+  /** files read (a reload reads the files whose stat moved, or those events named) */
+  reads = 0;
 
   constructor(
     private readonly store: Store,
@@ -163,42 +173,83 @@ export class FileSource {
    * asked). Resolves when a reload that started after the call is done.
    */
   reload(): Promise<void> {
+    this.fullAsked = true;
+    return this.reloadDirty();
+  }
+
+  /** a reload of what events named (everything, when they named something else) */
+  private reloadDirty(tentative = false): Promise<void> {
     if (this.stopped) return Promise.resolve();
     if (!this.running) {
-      this.running = this.runReload().finally(() => (this.running = undefined));
+      this.running = this.runReload(tentative).finally(() => (this.running = undefined));
       return this.running;
     }
     this.queued ??= this.running.then(() => {
       this.queued = undefined;
-      return this.reload();
+      return this.reloadDirty();
     });
     return this.queued;
   }
 
-  /** a file event: reload once events have been quiet for the debounce, or at the latest 10 debounces after the first */
-  private changed() {
+  /**
+   * A file event (path: the file it names, if any): reload once events have
+   * been quiet for the debounce, or at the latest 10 debounces after the
+   * first. A known JSON file is read at once as well (tentatively: JSON cut
+   * short never parses, so a file that parses whole is the finished one).
+   */
+  private changed(path?: string) {
     if (this.stopped) return;
+    if (path !== undefined && this.files.has(path)) this.dirty.add(path);
+    else this.dirtyAll = true;
     const now = Date.now();
     this.firstEventAt ??= now;
     const latest = this.firstEventAt + Math.max(10 * this.debounceMs, 1000);
     clearTimeout(this.debounceTimer);
     this.debounceTimer = setTimeout(() => {
       this.firstEventAt = undefined;
-      void this.reload();
+      this.quickTried.clear();
+      if (this.dirtyAll || this.dirty.size) void this.reloadDirty();
     }, Math.max(0, Math.min(this.debounceMs, latest - now)));
+    if (path !== undefined && !this.running && !this.dirtyAll && extname(path) === '.json' && this.dirty.has(path) && !this.quickTried.has(path)) {
+      this.quickTried.add(path);
+      void this.reloadDirty(true);
+    }
   }
 
-  private async runReload(): Promise<void> {
+  /** a watcher's event: dot files are never read (editors' temporary files) */
+  private watched(dir: string, name: string | Buffer | null) {
+    const file = typeof name === 'string' ? name : '';
+    const path = file ? join(dir, file) : undefined;
+    if (file.startsWith('.') && path !== this.input) return;
+    this.changed(path);
+  }
+
+  /**
+   * tentative: only the dirty files, and those that do not read cleanly
+   * (do not parse, look unfinished, change while read) stay as they were,
+   * still dirty, for the debounced reload to judge
+   */
+  private async runReload(tentative = false): Promise<void> {
+    const full = this.fullAsked || this.dirtyAll || !this.files.size;
+    const named = this.dirty;
+    this.dirty = new Set();
+    if (full) (this.fullAsked = false), (this.dirtyAll = false);
+    const asked = full ? undefined : this.namedFiles(named);
+    // the files events named were all read since (by a reload that listed everything)
+    if (asked && !asked.size) return;
     this.shortOf = [];
     this.sliceStart = performance.now();
     try {
-      const files = await this.list();
+      const files = asked ?? (await this.list());
       if (files && !this.stopped) {
         const before = this.files;
         // the first load goes to the store file by file as they are read, in their order
         // (the store is empty: nothing to compare, and nothing waits for the last file to be parsed)
         const inOrder = !before.size && !this.applied.size;
-        this.files = await this.loadFiles(files, inOrder);
+        const read = await this.loadFiles(files, inOrder, tentative && !full);
+        this.files = asked ? this.withRead(read, asked) : read;
+        // a named file gone, or no longer a regular file (a directory now?): everything is listed again
+        if (asked && read.size < asked.size) this.changed();
         if (!this.stopped && !inOrder) await this.apply(before);
       }
     } catch (e) {
@@ -294,6 +345,23 @@ export class FileSource {
     return out;
   }
 
+  /** the named files, as listed, where they still are known (a reload that listed everything since may have dropped one) */
+  private namedFiles(named: Set<string>): Map<string, FileState | undefined> {
+    const out = new Map<string, FileState | undefined>();
+    for (const f of named) if (this.files.has(f)) out.set(f, this.files.get(f));
+    return out;
+  }
+
+  /** the files' states with those read replaced, in their order (which file wins a key depends on it); a file gone is dropped */
+  private withRead(read: Map<string, FileState>, asked: Map<string, FileState | undefined>): Map<string, FileState> {
+    const out = new Map<string, FileState>();
+    for (const [f, st] of this.files) {
+      if (!asked.has(f)) out.set(f, st);
+      else if (read.has(f)) out.set(f, read.get(f)!);
+    }
+    return out;
+  }
+
   private async watchOnly(dirs: string[]) {
     for (const [d, { w }] of this.watchers) if (!dirs.includes(d)) (w.close(), this.watchers.delete(d));
     for (const d of dirs) await this.watchDir(d);
@@ -318,7 +386,7 @@ export class FileSource {
     have?.w.close();
     this.watchers.delete(d);
     try {
-      const w = watch(d, () => this.changed());
+      const w = watch(d, (_event, name) => this.watched(d, name));
       w.on('error', () => {
         w.close();
         if (this.watchers.get(d)?.w === w) this.watchers.delete(d);
@@ -340,7 +408,7 @@ export class FileSource {
    * and every file before it are read, and let go at once, while later
    * files are still being read and parsed.
    */
-  private async loadFiles(files: Map<string, FileState | undefined>, inOrder = false): Promise<Map<string, FileState>> {
+  private async loadFiles(files: Map<string, FileState | undefined>, inOrder = false, tentative = false): Promise<Map<string, FileState>> {
     const list = [...files];
     const results: (FileState | undefined)[] = new Array(list.length);
     const done = new Uint8Array(list.length);
@@ -374,7 +442,7 @@ export class FileSource {
       for (let i = take(q); i !== undefined && !this.stopped; i = take(q)) {
         const [file, prev] = list[i];
         try {
-          results[i] = await this.loadFile(file, prev);
+          results[i] = await this.loadFile(file, prev, tentative);
         } catch (e) {
           if (this.stopped) return;
           // not the file's fault (the parser thread could not start, died): as it was, and retry
@@ -396,8 +464,8 @@ export class FileSource {
     return out;
   }
 
-  /** A file's new state; undefined once it is no longer a file. */
-  private async loadFile(file: string, prev: FileState | undefined): Promise<FileState | undefined> {
+  /** A file's new state; undefined once it is no longer a file. Tentative: one that does not read cleanly stays as it was, dirty. */
+  private async loadFile(file: string, prev: FileState | undefined, tentative = false): Promise<FileState | undefined> {
     let st: BigIntStats;
     try {
       st = await stat(file, { bigint: true });
@@ -408,6 +476,7 @@ export class FileSource {
     if (prev && !prev.held && prev.seen === fingerprint(st)) return prev;
 
     const readAt = Date.now();
+    this.reads++;
     let data: Buffer;
     try {
       const r = await readRegular(file);
@@ -435,6 +504,11 @@ export class FileSource {
       // the worker failing otherwise: the reload keeps the file as it was and is retried
       if (this.stopped || !(e instanceof ParseFailed || errCode(e) === 'ERR_WORKER_OUT_OF_MEMORY')) throw e;
       error = message(e);
+    }
+    if (tentative && prev && (error !== undefined || prev.held || (prev.objects.size && prev.inode === inodeOf(st) && ((prev.newline && !newline) || lostObjects(prev.objects, items!))))) {
+      // the debounced reload judges it, as any file event's
+      this.changed(file);
+      return prev;
     }
 
     // `kubectl get -o yaml > file` truncates, then writes: until it is done
@@ -544,17 +618,17 @@ export class FileSource {
     } else {
       for (const k of this.applied.keys()) if (!desired.has(k)) writes.push([k, undefined]);
     }
-    let reread = false;
+    const reread = new Set<string>();
     for (const [k, { entry, file }] of desired) {
       if (this.applied.get(k) === entry.hash) continue;
       if (entry.object) writes.push([k, entry]);
       else {
         // its object was let go once applied, and another file's version replaced it since
         this.files.get(file)!.seen = undefined;
-        reread = true;
+        reread.add(file);
       }
     }
-    if (reread) this.changed();
+    for (const file of reread) this.changed(file);
     await this.updateInTurns(writes, (tx, [k, entry]) => {
       if (entry) {
         applyObject(tx, entry.object!);
