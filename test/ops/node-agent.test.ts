@@ -32,8 +32,29 @@ function setup(reporting = [0], changedAt?: (k: string) => number | undefined) {
   let now = 0;
   const seen: number[] = [];
   const l = new ProgrammingLatency(reporting, changedAt, (s) => seen.push(s), () => now);
+  // the state at start: not timed
+  l.delivering(setService('ns/start'));
+  l.delivering(SYNC);
   return { l, seen, at: (t: number) => (now = t) };
 }
+
+test('the first diff, the state at start, is not timed; the next one is', () => {
+  let now = 0;
+  const seen: number[] = [];
+  const l = new ProgrammingLatency([0], undefined, (s) => seen.push(s), () => now);
+  l.delivering(setService('ns/a'));
+  l.delivering(setService('ns/b'));
+  l.delivering(SYNC);
+  now = 50;
+  l.synced(result(10, 50), 0);
+  assert.deepEqual(seen, []);
+  assert.equal(l.size, 0, 'nothing waits to be timed');
+  now = 100;
+  l.delivering(setService('ns/a'));
+  l.delivering(SYNC);
+  l.synced(result(110, 150), 0);
+  assert.deepEqual(seen, [0.05]);
+});
 
 test('serviceOfOp names the Service of each op, also where one key is the start of another', () => {
   const setEndpoint = (path: string): LocalOp => ({ kind: 'set', set: LocalSet.EndpointsSet, path, value: undefined as never, bytes: new Uint8Array() });

@@ -22,9 +22,11 @@ registerSink({
       import('./agent.js'),
       import('../api/state-socket.js'),
     ]);
-    // network programming latency starts when the store first sees a Service change
+    // network programming latency starts when the store first sees a Service
+    // change; the state at start (until the store is synced) is not a change
     const changed = new Map<string, number>();
     const unsubscribe = ctx.store.subscribe((c) => {
+      if (!ctx.store.allSynced || c.becameSynced) return;
       const t = Date.now();
       for (const k of c.services) if (!changed.has(k)) changed.set(k, t);
     });
@@ -53,7 +55,7 @@ registerSink({
               // carries is timed from its store time, the rest is not this node's
               since = new Map();
               let last: string | undefined;
-              for (const op of ops) {
+              if (changed.size) for (const op of ops) {
                 const k = serviceOfOp(op);
                 // (a Service's ops come one after another)
                 if (k === undefined || k === last) continue;
