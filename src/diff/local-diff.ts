@@ -116,7 +116,9 @@ export class LocalDiff extends StoreFollower {
   private setSent(slot: number, view: ServiceView | undefined) {
     if (slot >= this.sent.length) {
       if (!view) return;
-      const grown = new Int32Array(Math.max(slot + 1, this.views.slotLimit + 16));
+      // by an eighth at least: a first diff meets a new slot at every Service
+      // (by 16 it copied the array 6,000 times at 100k Services)
+      const grown = new Int32Array(Math.max(slot + 1, this.views.slotLimit + 16, this.sent.length + (this.sent.length >> 3)));
       grown.set(this.sent);
       this.sent = grown;
     }
