@@ -23,7 +23,7 @@
 // kpng runs compiled (tsc into .bench-dist/, as dist/ is built: its
 // ../package.json is kpng's), at its default log level; --tsx runs
 // bin/kpng.js from the sources instead. --node-flags: node's flags for the
-// kpng processes; --verbose prints each change's time (from programmed) and
+// kpng processes; --verbose prints kpng's log lines (at debug level), each change's time (from programmed) and
 // the lines of kpng's output V8's --trace-gc (or --trace-deopt, --trace-opt) writes, as they came.
 import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync, statSync } from 'node:fs';
@@ -132,7 +132,7 @@ class Kpng {
     this.p = spawn(argv[0], argv.slice(1), { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
     const keep = (d: Buffer) => {
       this.tail = (this.tail + d).slice(-4000);
-      if (onGcLine) for (const l of String(d).split('\n')) if (/^\[\d+:0x[0-9a-f]+\]|^\[(bailout|deoptimiz|marking|compiling|optimiz)/.test(l)) onGcLine(l);
+      if (onGcLine) for (const l of String(d).split('\n')) if (/^\[\d+:0x[0-9a-f]+\]|^\[(bailout|deoptimiz|marking|compiling|optimiz)|^\d\d:\d\d:\d\d\.\d{3} [A-Z]+ /.test(l)) onGcLine(l);
     };
     this.p.stdout!.on('data', keep);
     this.p.stderr!.on('data', keep);
@@ -498,8 +498,9 @@ export default async function main(args: string[]) {
   for (const w of ways) if (![...WAYS, 'to-file'].includes(w)) throw new Error(`unknown way ${w} (file, kube, split, to-file)`);
   const nodeFlags = arg(args, 'node-flags', '').split(' ').filter(Boolean);
   const [node, script] = args.includes('--tsx') ? [process.execPath, join(ROOT, 'bin/kpng.js')] : compile();
-  const kpng = [node, ...nodeFlags, script];
   const verbose = args.includes('--verbose');
+  // --verbose: kpng's debug lines too (the kube source's list, each nft sync's time)
+  const kpng = [node, ...nodeFlags, script, ...(verbose ? ['--log-level', 'debug'] : [])];
   const load0 = loadavg();
   console.log(
     `node-agent: kpng is ${kpng.map((x) => x.replace(ROOT, '')).join(' ')}; ${cpus().length} CPUs, ${(totalmem() / 2 ** 30).toFixed(1)} GiB; load average ${load0.map((x) => x.toFixed(2)).join(' ')}; ` +
