@@ -80,7 +80,8 @@ export class LocalDiff extends StoreFollower {
   }
 
   protected note(c: StoreChange) {
-    for (const k of c.services) this.dirty.add(k);
+    // (looking at everything next: the keys would be 100k Set entries for nothing at a start)
+    if (!this.allDirty) for (const k of c.services) this.dirty.add(k);
     if (c.nodes.has(this.nodeName)) this.nodeDirty = true;
     if (c.serviceCIDRs) this.cidrsDirty = true;
   }
