@@ -10,7 +10,7 @@
 // every endpoint that is the same for it, so memory grows with what differs
 // per node, and each distinct value has one bytes object (encoded once for
 // every node that is sent it).
-import type { Store } from '../store/store.js';
+import type { Store, StoredSlice } from '../store/store.js';
 import { LocalSet, bytesEqual, decodeEndpoint, decodeService, type Endpoint, type Service } from '../api/model.js';
 import { putSetOp, setOpSize } from '../api/opitem.js';
 import { computeServiceView, type EndpointView, type ServiceView } from './service-view.js';
@@ -212,8 +212,11 @@ export class ServiceViews {
       return undefined;
     }
     let e = this.entries.get(key);
+    // (looked up once for both: two map lookups a Service less in a first diff)
+    let slices: StoredSlice[] | undefined;
     if (!e || e.version !== version) {
-      e = this.newEntry(key, version);
+      slices = this.store.slicesOfService(key);
+      e = this.newEntry(version, slices);
       this.entries.set(key, e);
     }
     const zone = e.usesZones ? `z:${node.zone}` : '*';
@@ -222,7 +225,7 @@ export class ServiceViews {
     if (e.firstClass === cls) return e.firstView;
     if (e.byClass?.has(cls)) return e.byClass.get(cls);
     const stored = this.store.getService(key);
-    const computed = stored ? computeServiceView(stored.service, this.store.slicesOfService(key), node, this.proxyName) : undefined;
+    const computed = stored ? computeServiceView(stored.service, slices ?? this.store.slicesOfService(key), node, this.proxyName) : undefined;
     const view = computed && this.intern(e, computed);
     this.computed++;
     if (e.firstClass === undefined) {
@@ -273,10 +276,10 @@ export class ServiceViews {
     return new LazyServiceView(v.key, NO_BYTES, -1, endpoints, root);
   }
 
-  private newEntry(key: string, version: number): Entry {
+  private newEntry(version: number, slices: readonly StoredSlice[]): Entry {
     const nodes = new Set<string>();
     let usesZones = false;
-    for (const slice of this.store.slicesOfService(key)) {
+    for (const slice of slices) {
       for (const info of slice.endpoints) {
         if (info.Topology?.Node) nodes.add(info.Topology.Node);
         const hints = info.Hints;
