@@ -16,6 +16,7 @@ class Unexpected extends Error {}
 const UNEXPECTED = new Unexpected();
 
 const utf8 = new TextDecoder();
+const latin1Slice = (Buffer.prototype as unknown as { latin1Slice(this: Uint8Array, start: number, end: number): string }).latin1Slice;
 
 class Reader {
   pos: number;
@@ -70,17 +71,15 @@ class Reader {
     // ASCII (names, addresses) without a TextDecoder call
     let ascii = end - this.pos <= 64;
     for (let i = this.pos; ascii && i < end; i++) if (s[i] >= 0x80) ascii = false;
-    const out = ascii ? String.fromCharCode.apply(null, s.subarray(this.pos, end) as unknown as number[]) : utf8.decode(s.subarray(this.pos, end));
+    // (Buffer's latin1Slice reads any Uint8Array: no view object per string)
+    const out = ascii ? latin1Slice.call(s, this.pos, end) : utf8.decode(s.subarray(this.pos, end));
     this.pos = end;
     return out;
   }
 }
 
-/** field number and wire type of the next field */
-function tag(r: Reader): [number, number] {
-  const t = r.varint32() >>> 0;
-  return [t >>> 3, t & 7];
-}
+// (a tag is read as one number where it is used: a [field, wire] pair
+// returned was an array allocated per field)
 
 const VARINT = 0;
 const LEN = 2;
@@ -103,14 +102,22 @@ const SCOPES: readonly EndpointScopes[] = Array.from({ length: 8 }, (_, i) =>
 const NO_IPS = Object.freeze([]) as unknown as string[];
 const NO_HINTS: TopologyHints = Object.freeze({ $typeName: 'globalv1.TopologyHints', Zones: Object.freeze([]) as unknown as string[], Nodes: Object.freeze([]) as unknown as string[] });
 
+function add<T>(list: T[] | undefined, x: T): T[] {
+  if (!list) return [x];
+  list.push(x);
+  return list;
+}
+
 function ipSet(r: Reader, end: number): IPSet {
   let V4: string[] | undefined;
   let V6: string[] | undefined;
   while (r.pos < end) {
-    const [f, w] = tag(r);
+    const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
     expect(w, LEN);
-    if (f === 1) (V4 ??= []).push(r.string());
-    else if (f === 2) (V6 ??= []).push(r.string());
+    // (a list made by its first item has room for it alone; one made empty
+    // and pushed to keeps room for 16 more: 128 bytes an endpoint)
+    if (f === 1) V4 = add(V4, r.string());
+    else if (f === 2) V6 = add(V6, r.string());
     else throw UNEXPECTED;
   }
   // (a single-stack endpoint's other family: the shared empty list)
@@ -122,7 +129,7 @@ function portName(r: Reader, end: number): PortName {
   let Port = 0;
   let Protocol = 0;
   while (r.pos < end) {
-    const [f, w] = tag(r);
+    const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
     if (f === 1) (expect(w, LEN), (Name = r.string()));
     else if (f === 2) (expect(w, VARINT), (Port = r.varint32()));
     else if (f === 3) (expect(w, VARINT), (Protocol = r.varint32()));
@@ -136,7 +143,7 @@ function scopes(r: Reader, end: number): EndpointScopes {
   let External = false;
   let Cluster = false;
   while (r.pos < end) {
-    const [f, w] = tag(r);
+    const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
     expect(w, VARINT);
     const v = r.varint32() !== 0;
     if (f === 1) Internal = v;
@@ -151,24 +158,24 @@ function endpoint(r: Reader, end: number): Endpoint {
   let Hostname = '';
   let IPs: IPSet | undefined;
   let Local = false;
-  const PortOverrides: PortName[] = [];
+  let PortOverrides: PortName[] | undefined;
   let Scopes: EndpointScopes | undefined;
   let Terminating = false;
   let NodeName = '';
   while (r.pos < end) {
-    const [f, w] = tag(r);
+    const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
     switch (f) {
       case 1: expect(w, LEN); Hostname = r.string(); break;
       case 2: expect(w, LEN); if (IPs) throw UNEXPECTED; IPs = ipSet(r, r.sub()); break;
       case 3: expect(w, VARINT); Local = r.varint32() !== 0; break;
-      case 4: expect(w, LEN); PortOverrides.push(portName(r, r.sub())); break;
+      case 4: expect(w, LEN); PortOverrides = add(PortOverrides, portName(r, r.sub())); break;
       case 5: expect(w, LEN); if (Scopes) throw UNEXPECTED; Scopes = scopes(r, r.sub()); break;
       case 6: expect(w, VARINT); Terminating = r.varint32() !== 0; break;
       case 7: expect(w, LEN); NodeName = pooled(r.string()); break;
       default: throw UNEXPECTED;
     }
   }
-  return { $typeName: 'localv1.Endpoint', Hostname, IPs, Local, PortOverrides, Scopes, Terminating, NodeName };
+  return { $typeName: 'localv1.Endpoint', Hostname, IPs, Local, PortOverrides: PortOverrides ?? [], Scopes, Terminating, NodeName };
 }
 
 function conditions(r: Reader, end: number): EndpointConditions {
@@ -176,7 +183,7 @@ function conditions(r: Reader, end: number): EndpointConditions {
   let Serving = false;
   let Terminating = false;
   while (r.pos < end) {
-    const [f, w] = tag(r);
+    const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
     expect(w, VARINT);
     const v = r.varint32() !== 0;
     if (f === 1) Ready = v;
@@ -191,7 +198,7 @@ function topology(r: Reader, end: number): TopologyInfo {
   let Node = '';
   let Zone = '';
   while (r.pos < end) {
-    const [f, w] = tag(r);
+    const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
     expect(w, LEN);
     if (f === 1) Node = pooled(r.string());
     else if (f === 2) Zone = pooled(r.string());
@@ -202,16 +209,16 @@ function topology(r: Reader, end: number): TopologyInfo {
 
 function hints(r: Reader, end: number): TopologyHints {
   if (r.pos === end) return NO_HINTS;
-  const Zones: string[] = [];
-  const Nodes: string[] = [];
+  let Zones: string[] | undefined;
+  let Nodes: string[] | undefined;
   while (r.pos < end) {
-    const [f, w] = tag(r);
+    const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
     expect(w, LEN);
-    if (f === 1) Zones.push(pooled(r.string()));
-    else if (f === 2) Nodes.push(pooled(r.string()));
+    if (f === 1) Zones = add(Zones, pooled(r.string()));
+    else if (f === 2) Nodes = add(Nodes, pooled(r.string()));
     else throw UNEXPECTED;
   }
-  return { $typeName: 'globalv1.TopologyHints', Zones, Nodes };
+  return { $typeName: 'globalv1.TopologyHints', Zones: Zones ?? [], Nodes: Nodes ?? [] };
 }
 
 function endpointInfo(r: Reader): EndpointInfo {
@@ -225,7 +232,7 @@ function endpointInfo(r: Reader): EndpointInfo {
   let Topology: TopologyInfo | undefined;
   let Hints: TopologyHints | undefined;
   while (r.pos < r.end) {
-    const [f, w] = tag(r);
+    const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
     switch (f) {
       case 1: expect(w, VARINT); Hash = r.varint64(); break;
       case 2: expect(w, LEN); Namespace = r.string(); break;
@@ -254,10 +261,15 @@ export function decodeEndpointFast(buf: Uint8Array, start: number, end: number):
 
 /** fromBinary(EndpointInfoSchema, bytes), faster */
 export function decodeEndpointInfoFast(bytes: Uint8Array): EndpointInfo {
+  return decodeEndpointInfoAt(bytes, 0, bytes.length);
+}
+
+/** decodeEndpointInfoFast of bytes[start, end): no view object to make */
+export function decodeEndpointInfoAt(bytes: Uint8Array, start: number, end: number): EndpointInfo {
   try {
-    return endpointInfo(new Reader(bytes, 0, bytes.length));
+    return endpointInfo(new Reader(bytes, start, end));
   } catch (e) {
     if (e !== UNEXPECTED) throw e;
-    return fromBinary(EndpointInfoSchema, bytes);
+    return fromBinary(EndpointInfoSchema, bytes.subarray(start, end));
   }
 }

@@ -213,20 +213,21 @@ export function computeServiceView(
         const external = etpLocal ? c.inLocal : c.inCluster;
         const cluster = c.inCluster;
         if (!internal && !external && !cluster) continue;
-        let fe = fams.get(c.ip);
-        if (!fe) {
-          fe = {
+        const pr: PortResult = { port, target: c.port, internal, external, cluster };
+        const fe = fams.get(c.ip);
+        if (fe) fe.ports.push(pr);
+        else {
+          // (a list made with its first item: one made empty and pushed to keeps room for 16 more)
+          fams.set(c.ip, {
             ip: c.ip,
             podName: c.info.PodName,
             hostname: c.info.Endpoint?.Hostname ?? '',
             nodeName: c.info.Topology?.Node ?? '',
             local: c.local,
             terminating: !isReady(c),
-            ports: [],
-          };
-          fams.set(c.ip, fe);
+            ports: [pr],
+          });
         }
-        fe.ports.push({ port, target: c.port, internal, external, cluster });
       }
     });
   }

@@ -81,11 +81,16 @@ function raw(bytes: Uint8Array): Uint8Array {
 
 /** Calls fn with each endpoint's bytes as packed, and whether the names were left out of them. */
 export function forEachPacked(packed: Uint8Array, fn: (bytes: Uint8Array, stripped: boolean) => void): void {
+  forEachPackedAt(packed, (buf, start, end, stripped) => fn(buf.subarray(start, end), stripped));
+}
+
+/** forEachPacked, each endpoint's bytes as packed[start, end): no view object each (a view decodes every endpoint of its Service) */
+export function forEachPackedAt(packed: Uint8Array, fn: (packed: Uint8Array, start: number, end: number, stripped: boolean) => void): void {
   let off = 1 + bodyStart(packed.subarray(1));
   while (off < packed.length) {
     const word = u32(packed, off);
     const len = word & ~STRIPPED;
-    fn(packed.subarray(off + 4, off + 4 + len), word !== len);
+    fn(packed, off + 4, off + 4 + len, word !== len);
     off += 4 + len;
   }
 }

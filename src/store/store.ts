@@ -9,10 +9,10 @@ import { ServiceSchema, ServiceCIDRSchema, type PortMapping, type Service, type 
 import { bytesEqual, serviceKey } from '../api/model.js';
 import { anyUnknownFields, compact, pooled, sharedPorts } from '../api/compact.js';
 import { flat } from '../memory.js';
-import { decodeEndpointInfoFast } from '../api/fast-decode.js';
+import { decodeEndpointInfoAt, decodeEndpointInfoFast } from '../api/fast-decode.js';
 import { encodeSlice, encodeSliceTransient, hasUnknownFields } from './encode-slice.js';
 import { Slabs, type Slab, type SlabRef } from './slabs.js';
-import { forEachPacked, isRaw, namesPrefix, packSlice, unpackSlice } from './slice-pack.js';
+import { forEachPackedAt, isRaw, namesPrefix, packSlice, unpackSlice } from './slice-pack.js';
 import { encodeServiceFast } from '../api/fast-encode.js';
 
 export { encodeSlice };
@@ -76,8 +76,8 @@ class SliceRecord implements StoredSlice, SlabRef {
     if (isRaw(packed)) return decodeSliceEndpoints(packed.subarray(1));
     const out: EndpointInfo[] = [];
     const name = this.name;
-    forEachPacked(packed, (bytes, stripped) => {
-      const e = decodeEndpoint(bytes);
+    forEachPackedAt(packed, (buf, start, end, stripped) => {
+      const e = decodeEndpoint(buf, start, end);
       // (a canonical encoding has each field once: one of these later in it would be a second)
       if (stripped) {
         if (e.Namespace === '') e.Namespace = this.namespace;
@@ -457,14 +457,14 @@ export function decodeSliceEndpoints(bytes: Uint8Array): readonly EndpointInfo[]
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   while (off < bytes.length) {
     const len = view.getUint32(off);
-    out.push(decodeEndpoint(bytes.subarray(off + 4, off + 4 + len)));
+    out.push(decodeEndpoint(bytes, off + 4, off + 4 + len));
     off += 4 + len;
   }
   return out;
 }
 
-function decodeEndpoint(bytes: Uint8Array): EndpointInfo {
-  const e = decodeEndpointInfoFast(bytes);
+function decodeEndpoint(buf: Uint8Array, start: number, end: number): EndpointInfo {
+  const e = decodeEndpointInfoAt(buf, start, end);
   // fromBinary keeps unknown fields as views of what it decoded: of a copy, not of a whole slab
-  return hasUnknownFields(e) ? decodeEndpointInfoFast(bytes.slice()) : e;
+  return hasUnknownFields(e) ? decodeEndpointInfoFast(buf.slice(start, end)) : e;
 }
