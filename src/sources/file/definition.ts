@@ -11,7 +11,7 @@ registerSource({
   options(cmd) {
     cmd
       .requiredOption('-i, --input <path>', 'file or directory of Service, EndpointSlice, Node and ServiceCIDR objects (regular files named *.yaml, *.yml, *.json)')
-      .option('--debounce <ms>', 'reload once file events have been quiet this long (at the latest 10 times this, and 1 s, after the first event)', '100')
+      .option('--debounce <ms>', 'reload once file events have been quiet this long (at the latest 10 times this, and 1 s, after the first event); a JSON file that parses whole is taken at its first event', '100')
       .option('--write-grace <ms>', 'a file rewritten in place that looks unfinished (emptied, lost objects, cut mid-line, does not parse) keeps its objects this long before it counts', '3000')
       .option('--no-watch', 'read the input once; do not follow changes');
   },
