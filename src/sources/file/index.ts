@@ -483,7 +483,7 @@ export class FileSource {
       if (r === 'not regular') return this.notRegular(file);
       if (r === 'changing') {
         // written while it was read: again once the writer is quiet
-        this.changed();
+        this.changed(file);
         return prev ?? { objects: new Map(), newline: false };
       }
       ({ data, st } = r);
@@ -505,16 +505,16 @@ export class FileSource {
       if (this.stopped || !(e instanceof ParseFailed || errCode(e) === 'ERR_WORKER_OUT_OF_MEMORY')) throw e;
       error = message(e);
     }
-    if (tentative && prev && (error !== undefined || prev.held || (prev.objects.size && prev.inode === inodeOf(st) && ((prev.newline && !newline) || lostObjects(prev.objects, items!))))) {
+    // `kubectl get -o yaml > file` truncates, then writes: until it is done
+    // the file looks emptied, cut short, or broken. Rewritten in place and
+    // looking so, it keeps its objects until it has stayed so for the grace.
+    const unfinished = !!prev && prev.objects.size > 0 && prev.inode === inodeOf(st) && (error !== undefined || (prev.newline && !newline) || lostObjects(prev.objects, items!));
+    if (tentative && prev && (error !== undefined || prev.held || unfinished)) {
       // the debounced reload judges it, as any file event's
       this.changed(file);
       return prev;
     }
-
-    // `kubectl get -o yaml > file` truncates, then writes: until it is done
-    // the file looks emptied, cut short, or broken. Rewritten in place and
-    // looking so, it keeps its objects until it has stayed so for the grace.
-    if (prev && prev.objects.size && prev.inode === inodeOf(st) && prev.refused !== seen && (error !== undefined || (prev.newline && !newline) || lostObjects(prev.objects, items!))) {
+    if (prev && unfinished && prev.refused !== seen) {
       const since = prev.held?.seen === seen ? prev.held.since : Date.now();
       if (Date.now() - since < this.graceMs) {
         if (!prev.held) this.log.debug({ file, graceMs: this.graceMs }, 'file source: file rewritten in place looks unfinished; keeping its objects until it is done or the grace is over');
