@@ -26,13 +26,14 @@
 // kpng processes; --verbose prints kpng's log lines (at debug level), each change's time (from programmed) and
 // the lines of kpng's output V8's --trace-gc (or --trace-deopt, --trace-opt) writes, as they came.
 import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync, statSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, statSync } from 'node:fs';
 import { loadavg, tmpdir, totalmem, freemem, cpus } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { BenchNamespaces, arg, pct, now, vip } from './_scale.js';
 import { service, slice, node } from '../test/helpers/k8s.js';
 import { TestApiServer, certKubeconfig, type KubeObject } from '../test/helpers/apiserver.js';
+import { saveByRename } from '../test/file/util.js';
 import { NETLINK_NETFILTER, NetlinkSocket, NetlinkWriter, NLM_F_DUMP, NLM_F_REQUEST } from '../src/backends/shared/kernel.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -89,11 +90,9 @@ export function writeCluster(dir: string, services: number, targets: number): vo
   for (const s of changing) writeFileSync(join(dir, `slice-${s}.json`), JSON.stringify(sliceObj(s)));
 }
 
-/** rewrites one slice file as editors and config tools do: a temporary name (skipped: it starts with a dot), then rename */
+/** rewrites one slice file as editors and config tools do (saveByRename) */
 export function rewriteSlice(dir: string, s: number, gen: number): void {
-  const tmp = join(dir, `.slice-${s}.json.tmp`);
-  writeFileSync(tmp, JSON.stringify(sliceObj(s, gen)));
-  renameSync(tmp, join(dir, `slice-${s}.json`));
+  saveByRename(join(dir, `slice-${s}.json`), JSON.stringify(sliceObj(s, gen)));
 }
 
 // --- processes

@@ -2,7 +2,7 @@
 // change, and bad input that never loses the last good state.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { writeFileSync, rmSync, renameSync } from 'node:fs';
+import { writeFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { stringify } from 'yaml';
 import { Store } from '../../src/store/store.js';
@@ -10,7 +10,7 @@ import { FileSource } from '../../src/sources/file/index.js';
 import { flattenObjects, InvalidObject } from '../../src/sources/objects.js';
 import { service, slice, node } from '../helpers/k8s.js';
 import { recordingLogger } from '../helpers/logs.js';
-import { sleep, tmp, until } from '../file/util.js';
+import { saveByRename, sleep, tmp, until } from '../file/util.js';
 
 test('a directory of YAML (multi-document, Lists) and JSON files', async () => {
   const t = tmp();
@@ -62,8 +62,7 @@ test('changes are followed through file events; a broken file keeps its last goo
     assert.deepEqual([...store.serviceKeys()], ['ns/a']);
 
     // an editor's atomic save: write elsewhere, rename over
-    writeFileSync(join(t.dir, '.tmp'), [service('ns', 'a', { clusterIP: '10.96.0.1' }), service('ns', 'b', { clusterIP: '10.96.0.2' })].map((o) => stringify(o)).join('---\n'));
-    renameSync(join(t.dir, '.tmp'), file);
+    saveByRename(file, [service('ns', 'a', { clusterIP: '10.96.0.1' }), service('ns', 'b', { clusterIP: '10.96.0.2' })].map((o) => stringify(o)).join('---\n'));
     await until(() => store.getService('ns/b') !== undefined, 'ns/b to appear');
 
     const rev = store.rev;
@@ -214,8 +213,6 @@ test('a reload writes what the changed files changed: one file among many, a fil
   const file = (i: number) => join(t.dir, `f${String(i).padStart(2, '0')}.yaml`);
   const svcs = (i: number, ip = 1) => Array.from({ length: 10 }, (_, k) => stringify(service('ns', `s${i}-${k}`, { clusterIP: `10.96.${i}.${k + ip}` }))).join('---\n');
   const ip = (key: string) => store.getService(key)?.service.IPs?.ClusterIPs?.V4[0];
-  // as editors and kubectl users replace files: written aside, renamed in
-  const put = (path: string, text: string) => (writeFileSync(join(t.dir, '.tmp'), text), renameSync(join(t.dir, '.tmp'), path));
   const settle = async (what: string, cond: () => boolean) => {
     await until(cond, what);
     // nothing more comes after it
@@ -228,7 +225,7 @@ test('a reload writes what the changed files changed: one file among many, a fil
 
     // one file of twenty rewritten, one of its objects different: that one object is written
     changed.length = 0;
-    put(file(7), svcs(7).replaceAll('10.96.7.4', '10.96.7.200'));
+    saveByRename(file(7), svcs(7).replaceAll('10.96.7.4', '10.96.7.200'));
     await settle('the changed object', () => ip('ns/s7-3') === '10.96.7.200');
     assert.deepEqual(changed, ['ns/s7-3']);
 
@@ -242,15 +239,15 @@ test('a reload writes what the changed files changed: one file among many, a fil
     // an object moved from one file to another, unchanged, in one rename: no write
     changed.length = 0;
     const moved = stringify(service('ns', 's5-0', { clusterIP: '10.96.5.1' }));
-    put(file(8), `${svcs(8)}---\n${moved}`);
-    put(file(5), svcs(5).split('---\n').slice(1).join('---\n'));
+    saveByRename(file(8), `${svcs(8)}---\n${moved}`);
+    saveByRename(file(5), svcs(5).split('---\n').slice(1).join('---\n'));
     await sleep(500);
     assert.equal(ip('ns/s5-0'), '10.96.5.1');
     assert.deepEqual(changed, []);
 
     // a later file takes a key over, then lets it go: the earlier version comes back
     changed.length = 0;
-    put(file(30), stringify(service('ns', 's1-1', { clusterIP: '10.96.99.1' })));
+    saveByRename(file(30), stringify(service('ns', 's1-1', { clusterIP: '10.96.99.1' })));
     await settle('the later file wins', () => ip('ns/s1-1') === '10.96.99.1');
     rmSync(file(30));
     await settle('the earlier version back', () => ip('ns/s1-1') === '10.96.1.2');

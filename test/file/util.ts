@@ -2,11 +2,14 @@
 // child processes that are always stopped.
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { stringify } from 'yaml';
 import { service, slice } from '../helpers/k8s.js';
+import { recordingLogger } from '../helpers/logs.js';
+import { Store } from '../../src/store/store.js';
+import { FileSource, type FileSourceOptions } from '../../src/sources/file/index.js';
 
 export function tmp(): { dir: string; done: () => void } {
   const dir = mkdtempSync(join(tmpdir(), 'kpng-file-'));
@@ -22,6 +25,39 @@ export async function until(cond: () => boolean, what: string, ms = 5000, detail
 }
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+/** as editors and config tools save a file: written aside under a dot name (never read), then renamed over it */
+export function saveByRename(file: string, text: string): void {
+  const aside = join(dirname(file), `.${basename(file)}.tmp`);
+  writeFileSync(aside, text);
+  renameSync(aside, file);
+}
+
+export interface FollowedDir {
+  dir: string;
+  store: Store;
+  src: FileSource;
+  rec: ReturnType<typeof recordingLogger>;
+}
+
+/**
+ * A started FileSource following a new temporary directory that prepare
+ * filled; stopped and the directory removed after body, also when it fails.
+ */
+export async function followDir(opts: Omit<FileSourceOptions, 'input'>, prepare: (dir: string) => void, body: (f: FollowedDir) => Promise<void>): Promise<void> {
+  const t = tmp();
+  const store = new Store();
+  const rec = recordingLogger();
+  const src = new FileSource(store, rec.log, { ...opts, input: t.dir });
+  try {
+    prepare(t.dir);
+    await src.start();
+    await body({ dir: t.dir, store, src, rec });
+  } finally {
+    await src.stop();
+    t.done();
+  }
+}
 
 /** n Services (and an EndpointSlice each) in namespace ns, as `kubectl get -o yaml` prints a List */
 export function kubectlList(ns: string, n: number, from = 0): { text: string; keys: string[] } {
