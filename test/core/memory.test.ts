@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { readFileSync } from 'node:fs';
 import { getHeapSpaceStatistics } from 'node:v8';
-import { PerformanceObserver, constants } from 'node:perf_hooks';
+import { PerformanceObserver, constants, type PerformanceEntry } from 'node:perf_hooks';
 import { trimMemory } from '../../src/memory.js';
 
 const peakRss = () => Number(/^VmHWM:\s+(\d+) kB/m.exec(readFileSync('/proc/self/status', 'utf8'))![1]) * 1024;
@@ -84,7 +84,7 @@ test("trimMemory lets V8's memory reducer do its one collection while the proces
   const majors: { at: number; flags: number }[] = [];
   const obs = new PerformanceObserver((list) => {
     for (const e of list.getEntries()) {
-      const { kind, flags } = e.detail as { kind: number; flags: number };
+      const { kind, flags } = (e as PerformanceEntry & { detail: { kind: number; flags: number } }).detail;
       if (kind === constants.NODE_PERFORMANCE_GC_MAJOR) majors.push({ at: e.startTime, flags });
     }
   });
