@@ -129,12 +129,16 @@ class Kpng {
     onGcLine?: (line: string) => void,
   ) {
     this.p = spawn(argv[0], argv.slice(1), { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
-    const keep = (d: Buffer) => {
+    // a chunk may end inside a line: its start waits for the rest (per stream)
+    const keep = (partial: { line: string }) => (d: Buffer) => {
       this.tail = (this.tail + d).slice(-4000);
-      if (onGcLine) for (const l of String(d).split('\n')) if (/^\[\d+:0x[0-9a-f]+\]|^\[(bailout|deoptimiz|marking|compiling|optimiz)|^\d\d:\d\d:\d\d\.\d{3} [A-Z]+ /.test(l)) onGcLine(l);
+      if (!onGcLine) return;
+      const lines = (partial.line + d).split('\n');
+      partial.line = lines.pop()!;
+      for (const l of lines) if (/^\[\d+:0x[0-9a-f]+\]|^\[(bailout|deoptimiz|marking|compiling|optimiz)|^\d\d:\d\d:\d\d\.\d{3} [A-Z]+ /.test(l)) onGcLine(l);
     };
-    this.p.stdout!.on('data', keep);
-    this.p.stderr!.on('data', keep);
+    this.p.stdout!.on('data', keep({ line: '' }));
+    this.p.stderr!.on('data', keep({ line: '' }));
     this.exited = new Promise((r) => this.p.on('exit', () => r()));
   }
 

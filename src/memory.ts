@@ -132,24 +132,12 @@ const STEP_BUDGET_MS = 1000;
 const REDUCER_DELAY_MS = 1000;
 const REDUCER_DEFAULT_MS = 8000;
 
-/** V8 judges the allocation rate by what its last 10 collections recorded */
-const QUIET_RECORDS = 10;
-const QUIET_RECORD_MS = 50;
-
 /**
- * Scavenges, so V8 records the quiet since the trim. V8 measures the
- * allocation rate only at collections, over the last ten, so after a trim
- * its memory reducer keeps seeing the burst and holds its one collection of
- * the whole heap until changes have made enough scavenges of their own: at
- * 100k Services it came with the fifth change, 20 s after the trim, and made
- * it take 43-83 ms. Once the quiet is recorded, it runs at its next check
- * (within 8 s) while nothing else does. A scavenge of a quiet young
- * generation takes 2-4 ms at 100k Services.
+ * How long V8 is told to favour memory after a trim: its memory reducer
+ * starts 8 s after the last full collection (the trim's), 0.5 s of marking
+ * at 100k Services
  */
-function recordQuiet(left: number, set: (t: NodeJS.Timeout) => void): void {
-  collector()({ type: 'minor' });
-  if (left > 1) set(setTimeout(() => recordQuiet(left - 1, set), QUIET_RECORD_MS).unref());
-}
+const FAVOUR_MEMORY_MS = 10_000;
 
 /**
  * Full collections after delayMs (at least the next turn of the event loop:
@@ -178,6 +166,11 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => vo
   let committed = process.memoryUsage().heapTotal;
   let spentMs = 0;
   let first = true;
+  let favouring = false;
+  const unfavour = () => {
+    if (favouring) setFlagsFromString('--no-optimize-for-size');
+    favouring = false;
+  };
   const step = () => {
     const gc = collector();
     if (first) {
@@ -221,7 +214,18 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => vo
     young = setTimeout(() => {
       const settled = () => {
         setFlagsFromString(`--gc-memory-reducer-start-delay-ms=${REDUCER_DEFAULT_MS}`);
-        young = setTimeout(() => recordQuiet(QUIET_RECORDS, (t) => (young = t)), youngAfterMs).unref();
+        // V8 rates allocation only at its own collections, over the last
+        // ten, and an idle agent makes none: after a trim its memory reducer
+        // kept seeing the burst and held its one collection of the whole
+        // heap until the changes' own scavenges (at 100k Services it came
+        // with the fifth change and made it take 43-83 ms). Told to favour
+        // memory (as for a process in the background), it collects at its
+        // next check, whatever rate it recorded, while the agent is quiet.
+        // Scavenges to record the quiet were tried: how many it takes
+        // depends on the heap (docs/benchmarks.md, seventh pass).
+        setFlagsFromString('--optimize-for-size');
+        favouring = true;
+        young = setTimeout(unfavour, FAVOUR_MEMORY_MS).unref();
       };
       if (lowMemoryNotification(() => (mallocTrim()?.(), settled()))) return;
       collector()({ type: 'minor' });
@@ -232,6 +236,7 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => vo
   return () => {
     clearTimeout(timer);
     clearTimeout(young);
+    unfavour();
     if (!first) setFlagsFromString(`--gc-memory-reducer-start-delay-ms=${REDUCER_DEFAULT_MS}`);
   };
 }
