@@ -138,6 +138,7 @@ const REDUCER_DEFAULT_MS = 8000;
  * at 100k Services
  */
 const FAVOUR_MEMORY_MS = 10_000;
+const FAVOURED_BY_OPERATOR = process.execArgv.some((a) => a === '--optimize-for-size' || a === '--optimize_for_size');
 
 /**
  * Full collections after delayMs (at least the next turn of the event loop:
@@ -162,7 +163,8 @@ const FAVOUR_MEMORY_MS = 10_000;
  */
 export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => void {
   let timer: NodeJS.Timeout | undefined;
-  let young: NodeJS.Timeout | undefined;
+  /** after the steps: the low-memory notification, then the end of favouring memory */
+  let after: NodeJS.Timeout | undefined;
   let committed = process.memoryUsage().heapTotal;
   let spentMs = 0;
   let first = true;
@@ -211,7 +213,7 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => vo
     // a scavenge, which shrinks it only once allocation has been slow for a
     // while. Later bursts' own collections are not followed by the reducer
     // so soon (its collections cost CPU).
-    young = setTimeout(() => {
+    after = setTimeout(() => {
       const settled = () => {
         setFlagsFromString(`--gc-memory-reducer-start-delay-ms=${REDUCER_DEFAULT_MS}`);
         // V8 rates allocation only at its own collections, over the last
@@ -223,9 +225,11 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => vo
         // next check, whatever rate it recorded, while the agent is quiet.
         // Scavenges to record the quiet were tried: how many it takes
         // depends on the heap (docs/benchmarks.md, seventh pass).
+        // (not when node was started with it: it stays as the operator set it)
+        if (FAVOURED_BY_OPERATOR) return;
         setFlagsFromString('--optimize-for-size');
         favouring = true;
-        young = setTimeout(unfavour, FAVOUR_MEMORY_MS).unref();
+        after = setTimeout(unfavour, FAVOUR_MEMORY_MS).unref();
       };
       if (lowMemoryNotification(() => (mallocTrim()?.(), settled()))) return;
       collector()({ type: 'minor' });
@@ -235,7 +239,7 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => vo
   timer = setTimeout(step, delayMs).unref();
   return () => {
     clearTimeout(timer);
-    clearTimeout(young);
+    clearTimeout(after);
     unfavour();
     if (!first) setFlagsFromString(`--gc-memory-reducer-start-delay-ms=${REDUCER_DEFAULT_MS}`);
   };
