@@ -23,7 +23,8 @@
 // kpng runs compiled (tsc into .bench-dist/, as dist/ is built: its
 // ../package.json is kpng's), at its default log level; --tsx runs
 // bin/kpng.js from the sources instead. --node-flags: node's flags for the
-// kpng processes; --verbose prints kpng's log lines (at debug level), each change's time (from programmed) and
+// kpng processes; --verbose prints kpng's log lines (at debug level), when
+// the kube source's lists ended (and the agent's CPU seconds then), the first nft sync's time, each change's time (from programmed) and
 // the lines of kpng's output V8's --trace-gc (or --trace-deopt, --trace-opt) writes, as they came.
 import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, statSync } from 'node:fs';
@@ -107,6 +108,12 @@ interface ProcStat {
 }
 
 const TICK = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout.trim()) || 100;
+
+interface Stages {
+  listsMs?: number;
+  listsCpu?: number;
+  firstSyncMs?: number;
+}
 
 function procStat(pid: number): ProcStat {
   const status = readFileSync(`/proc/${pid}/status`, 'utf8');
@@ -332,6 +339,7 @@ interface RunResult {
   changeMs: number[];
   /** with --verbose: the changes and V8's trace lines, ms from the start */
   events?: string[];
+  stages?: Stages;
 }
 
 async function runOne(p: RunParams): Promise<RunResult> {
@@ -356,7 +364,17 @@ async function runOne(p: RunParams): Promise<RunResult> {
     const agentTail = ['to-nft', '--node-name', NODE];
     const t0 = now();
     const events: string[] = [];
-    const gcLine = p.verbose ? (l: string) => events.push(`${(now() - t0).toFixed(0)} ${l}`) : undefined;
+    /** with --verbose: when the kube source's lists ended (and the agent's CPU seconds then), the first nft sync's ms */
+    const stages: Stages = {};
+    const gcLine = p.verbose
+      ? (l: string) => {
+          const at = now() - t0;
+          events.push(`${at.toFixed(0)} ${l}`);
+          if (l.includes('kube source: initial state complete')) Object.assign(stages, { listsMs: at, listsCpu: procStat(procs[0].pid).cpu });
+          const sync = / full=true ms=(\d+)/.exec(l);
+          if (sync && stages.firstSyncMs === undefined) stages.firstSyncMs = Number(sync[1]);
+        }
+      : undefined;
     if (p.way === 'file') {
       procs.push(new Kpng('kpng file ... to-local to-nft', [...p.kpng, 'file', '--input', p.dir, '--debounce', String(p.debounce), 'to-local', '--state-socket', sock('node.sock'), ...agentTail], gcLine));
     } else if (p.way === 'kube') {
@@ -418,6 +436,7 @@ async function runOne(p: RunParams): Promise<RunResult> {
       brain: brain ? result(1, brainHeap) : undefined,
       changeMs,
       events: p.verbose ? events : undefined,
+      stages: p.verbose ? stages : undefined,
     };
   } finally {
     watch?.close();
@@ -550,7 +569,9 @@ export default async function main(args: string[]) {
           );
           results.push(r);
           for (const e of r.events ?? []) console.error(`    ${e}`);
-          console.error(`  ${services} ${way}: programmed in ${f0(r.programmedMs)} ms, agent RSS ${f0(r.agent.rssSteady)} / ${f0(r.agent.rssAfter)} / ${f0(r.agent.rssPeak)} MiB (run ${((Date.now() - t) / 1000).toFixed(0)} s)`);
+          const st = r.stages;
+          const stages = st ? `${st.listsMs !== undefined ? `, lists ended at ${f0(st.listsMs)} ms (agent CPU ${f1(st.listsCpu!)} s)` : ''}${st.firstSyncMs !== undefined ? `, first nft sync ${f0(st.firstSyncMs)} ms` : ''}` : '';
+          console.error(`  ${services} ${way}: programmed in ${f0(r.programmedMs)} ms${stages}, agent RSS ${f0(r.agent.rssSteady)} / ${f0(r.agent.rssAfter)} / ${f0(r.agent.rssPeak)} MiB (run ${((Date.now() - t) / 1000).toFixed(0)} s)`);
         } catch (e) {
           const why = (e as Error).message.slice(0, 3000);
           failed.push({ way, services, why });

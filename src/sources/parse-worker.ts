@@ -1,6 +1,6 @@
 // The worker thread that parses for the sources (see parser-thread.ts): a
 // large input file of the file source (its bytes transferred, not copied),
-// or a large list page of the kube source (its text). Converted objects go
+// or a large list page of the kube source (its bytes too). Converted objects go
 // out in small chunks, at most WINDOW of them not yet taken in by the main
 // thread: it takes in all waiting messages at once, so more would stall its
 // event loop.
@@ -22,9 +22,9 @@ export interface FileRequest extends Common {
   data: Uint8Array;
 }
 
-/** a kube list page */
+/** a kube list page (its bytes transferred: a page's text made on the main thread is a large object, costly there) */
 export interface PageRequest extends Common {
-  page: { text: string; resource: ItemResource };
+  page: { bytes: Uint8Array; resource: ItemResource };
 }
 
 export type ParseRequest = FileRequest | PageRequest;
@@ -49,7 +49,9 @@ port.on('message', (req: ParseRequest) => {
   };
   try {
     if ('page' in req) {
-      parseListPage(req.page.text, req.page.resource, (meta) => port.postMessage({ id: req.id, meta } satisfies ParseReply), send, CHUNK);
+      const text = decoder.decode(req.page.bytes);
+      req.page.bytes = new Uint8Array(0);
+      parseListPage(text, req.page.resource, (meta) => port.postMessage({ id: req.id, meta } satisfies ParseReply), send, CHUNK);
       port.postMessage({ id: req.id, done: true } satisfies ParseReply);
       return;
     }

@@ -44,13 +44,13 @@ export class ParserThread {
   }
 
   /**
-   * Parses a kube list page's text: its resourceVersion and continue token
-   * first, then its items (listItem) as they come. Fails with PageFailed for
-   * a page that cannot be taken; with other errors when the worker cannot
-   * start or dies.
+   * Parses a kube list page (its bytes, transferred as parse's are): its
+   * resourceVersion and continue token first, then its items (listItem) as
+   * they come. Fails with PageFailed for a page that cannot be taken; with
+   * other errors when the worker cannot start or dies.
    */
-  parsePage(text: string, resource: ItemResource, onMeta: (meta: PageMeta) => void, onChunk: (items: ListItem[]) => void): Promise<void> {
-    return this.run((id, taken) => [{ id, page: { text, resource }, taken }, []], { onChunk: onChunk as (items: never[]) => void, onMeta, failed: (m) => new PageFailed(m) });
+  parsePage(bytes: Uint8Array, resource: ItemResource, onMeta: (meta: PageMeta) => void, onChunk: (items: ListItem[]) => void): Promise<void> {
+    return this.run((id, taken) => [{ id, page: { bytes, resource }, taken }, [bytes.buffer as ArrayBuffer]], { onChunk: onChunk as (items: never[]) => void, onMeta, failed: (m) => new PageFailed(m) });
   }
 
   private run(request: (id: number, taken: Int32Array) => [ParseRequest, ArrayBuffer[]], job: Pick<Job, 'onChunk' | 'onMeta' | 'failed'>): Promise<void> {

@@ -131,7 +131,7 @@ describe('elements over netlink, against nft', { skip: canUseNetns() }, () => {
     }
   });
 
-  test('ProcessNft: big element-only bulk transactions over netlink; the rest, and refusals, through nft', async () => {
+  test("ProcessNft: element-only transactions over netlink (a bulk load's big ones, a sync's any); the rest, and refusals, through nft", async () => {
     const ns = createNetns();
     const warnings: string[] = [];
     // nft, counting what it is given
@@ -151,8 +151,17 @@ describe('elements over netlink, against nft', { skip: canUseNetns() }, () => {
       // a few: nft (a batch of its own costs more than nft's parsing of them)
       await nft.run(new Transaction().elements('add', v4, [el('cluster-ips', '198.51.100.3')]), { bulk: true });
       assert.equal(runs(), 2);
-      // a sync's transaction, however big: nft (the drift watch knows nft's pids)
+      // a sync's element changes, few or many: netlink (their change events are this process's own)
       await nft.run(new Transaction().elements('add', v6, b));
+      await nft.run(new Transaction().elements('delete', v4, [el('cluster-ips', '198.51.100.3')]).elements('add', v4, [el('cluster-ips', '198.51.100.4')]));
+      assert.equal(runs(), 2);
+      assert.ok(nft.ownsPid(process.pid));
+      assert.equal(nft.ownsPid(1), false);
+      assert.match(ns.exec('nft', ['list', 'set', 'ip', 'kpngnl', 'cluster-ips']), /198\.51\.100\.4/);
+      assert.doesNotMatch(ns.exec('nft', ['list', 'set', 'ip', 'kpngnl', 'cluster-ips']), /198\.51\.100\.3/);
+      assert.match(ns.exec('nft', ['list', 'map', 'ip6', 'kpngnl', 'local-endpoints-tcp']), /fd00::12b \. tcp \. 443 \. 299 : 2001:db8:0:1:2:3:4:12b \. 8443/);
+      // anything but elements: nft
+      await nft.run(new Transaction().elements('add', v4, [el('cluster-ips', '198.51.100.5')]).add({ kind: 'chain', table: v4, name: 'extra' }));
       assert.equal(runs(), 3);
       assert.match(ns.exec('nft', ['list', 'map', 'ip', 'kpngnl', 'service-ips']), /172\.30\.0\.7 \. tcp \. 80 comment "ns\/svc-7:http" : goto lb-cluster-tcp-2/);
       // refused over netlink: nft tells why, and the error is nft's

@@ -1,5 +1,6 @@
 // The drift check's kernel side, in a throwaway namespace: nftables' change
-// events tell kpng's own transactions (by pid) from anyone else's, a pause
+// events tell kpng's own transactions (by pid: nft's, or this process's
+// threads' for what it sends over netlink) from anyone else's, a pause
 // for a big load still notices a foreign transaction (by the generation
 // count), and iptables-legacy's table sizes move with any change.
 import { test, describe, before, after } from 'node:test';
@@ -9,6 +10,8 @@ import { pino } from 'pino';
 import { NftWatch } from '../../src/backends/shared/nft-watch.js';
 import { NftNetlink, xtablesInfo } from '../../src/backends/shared/kernel.js';
 import { SessionNft } from '../../src/backends/shared/nftables/nft.js';
+import { Transaction, type TableRef } from '../../src/backends/shared/nftables/transaction.js';
+import { FAMILIES, setDeclarations } from '../../src/backends/nft/ruleset.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
 
 describe('nftables change events', { skip: canUseNetns() }, () => {
@@ -51,6 +54,32 @@ describe('nftables change events', { skip: canUseNetns() }, () => {
       await nft.run('add rule ip kpng c drop\n');
       watch.resume(1);
       assert.equal(watch.check(), undefined);
+    } finally {
+      watch.close();
+      nft.close();
+    }
+  });
+
+  test("element changes kpng sends over netlink, from this thread or the thread pool, are its own", async () => {
+    const table: TableRef = { family: 'ip', name: 'kpngw' };
+    const nft = new SessionNft({ path: ns.wrapper('nft'), netlink: { netns: ns.name } });
+    const watch = new NftWatch({ ours: (e) => e.table === 'kpngw', ownsPid: (pid) => nft.ownsPid(pid), netns: ns.name, log: pino({ level: 'silent' }) });
+    const ips = (from: number, n: number) => Array.from({ length: n }, (_, i) => ({ set: 'cluster-ips', key: `10.${(from + i) >> 16}.${((from + i) >> 8) & 255}.${(from + i) & 255}`, value: '', comment: '' }));
+    try {
+      watch.start();
+      const header = new Transaction().add({ kind: 'table', ...table }).add({ kind: 'set', table, name: 'cluster-ips', body: setDeclarations(FAMILIES[4])['cluster-ips'].body });
+      await nft.run(header);
+      const g0 = new NftNetlink(ns.name);
+      const before = g0.generation();
+      // a change's few elements (sent from here), then a sync's many (a batch past 16 KiB: from the pool)
+      await nft.run(new Transaction().elements('add', table, ips(1, 3)));
+      await nft.run(new Transaction().elements('add', table, ips(100, 3000)).elements('delete', table, ips(1, 1)));
+      assert.equal(g0.generation(), before + 2, 'two transactions, neither through nft');
+      g0.close();
+      assert.match(ns.exec('nft', ['list', 'set', 'ip', 'kpngw', 'cluster-ips']), /10\.0\.8\.52/);
+      assert.equal(watch.check(), undefined);
+      ns.exec('nft', ['add element ip kpngw cluster-ips { 192.0.2.1 }']);
+      assert.match(watch.check() ?? '', /changed by process \d+ \(nft\)/);
     } finally {
       watch.close();
       nft.close();

@@ -81,12 +81,17 @@ export class KubeClient {
     return this.request(url, await this.conn.credentials.get(), opts);
   }
 
+  /** GET a document of at most maxBytes, as bytes (a buffer of its own); non-2xx throws StatusError. */
+  async getBytes(path: string, query: Record<string, string | undefined>, opts: RequestOptions & { idleMs?: number; maxBytes: number }): Promise<Buffer> {
+    const res = await this.get(path, query, opts);
+    const body = await readBodyBytes(res, opts.idleMs ?? opts.timeoutMs ?? 60_000, opts.maxBytes);
+    if (!res.statusCode || res.statusCode < 200 || res.statusCode > 299) throw statusError(res, body.toString('utf8'));
+    return body;
+  }
+
   /** GET a document of at most maxBytes, as text; non-2xx throws StatusError. */
   async getText(path: string, query: Record<string, string | undefined>, opts: RequestOptions & { idleMs?: number; maxBytes: number }): Promise<string> {
-    const res = await this.get(path, query, opts);
-    const body = await readBody(res, opts.idleMs ?? opts.timeoutMs ?? 60_000, opts.maxBytes);
-    if (!res.statusCode || res.statusCode < 200 || res.statusCode > 299) throw statusError(res, body);
-    return body;
+    return (await this.getBytes(path, query, opts)).toString('utf8');
   }
 
   /** GET a JSON document of at most maxBytes; non-2xx throws StatusError. */
@@ -133,6 +138,14 @@ export class KubeClient {
 
 /** The whole body as text; fails if no byte arrives for idleMs or it grows past maxBytes. */
 export async function readBody(res: IncomingMessage, idleMs: number, maxBytes: number): Promise<string> {
+  return (await readBodyBytes(res, idleMs, maxBytes)).toString('utf8');
+}
+
+/**
+ * The whole body as bytes, in a buffer of its own (not one of Node's pooled
+ * ones: it may be transferred to a thread); fails as readBody does.
+ */
+export async function readBodyBytes(res: IncomingMessage, idleMs: number, maxBytes: number): Promise<Buffer> {
   const timer = setTimeout(() => res.destroy(new IdleTimeout(`no data for ${idleMs} ms`)), idleMs);
   const chunks: Buffer[] = [];
   let size = 0;
@@ -147,7 +160,9 @@ export async function readBody(res: IncomingMessage, idleMs: number, maxBytes: n
     // leaving the loop early (too large) destroys the response and its connection
     clearTimeout(timer);
   }
-  return Buffer.concat(chunks, size).toString('utf8');
+  const body = Buffer.concat(chunks, size);
+  // (a large one has its own; a fresh zeroed one costs a page fault per page)
+  return body.byteOffset === 0 && body.byteLength === body.buffer.byteLength ? body : Buffer.from(new Uint8Array(body).buffer);
 }
 
 /**

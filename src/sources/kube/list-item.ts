@@ -60,6 +60,31 @@ export interface PageMeta {
   cont?: string;
 }
 
+/** how far into a page its metadata is looked for (a ListMeta is a few hundred bytes) */
+const HEAD_BYTES = 16 * 1024;
+
+/**
+ * A list page's resourceVersion and continue token read from its first
+ * bytes, before the page is parsed: API servers write a list's metadata
+ * before its items, so the next page can be asked for while this one is
+ * parsed and taken. Undefined when the page does not start that way (its
+ * whole parse tells).
+ */
+export function pageHead(bytes: Uint8Array): PageMeta | undefined {
+  const buf = Buffer.from(bytes.buffer, bytes.byteOffset, Math.min(bytes.byteLength, HEAD_BYTES));
+  const at = buf.indexOf('"items"');
+  if (at < 0) return undefined;
+  let head: any;
+  try {
+    head = JSON.parse(`${buf.toString('utf8', 0, at)}"items":[]}`);
+  } catch {
+    return undefined;
+  }
+  const md = head?.metadata;
+  if (typeof md !== 'object' || md === null) return undefined;
+  return { rv: String(md.resourceVersion ?? ''), cont: md.continue || undefined };
+}
+
 /**
  * A list page's text: its resourceVersion and continue token first (the
  * next page can be asked for meanwhile), then its items taken (listItem),

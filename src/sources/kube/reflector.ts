@@ -9,7 +9,7 @@ import { objectRef } from '../objects.js';
 import { applyObject } from '../apply.js';
 import type { ParserThread } from '../parser-thread.js';
 import { formatBytes, IdleTimeout, readBody, statusError, StatusError, TooLarge, watchLines, type KubeClient } from './client.js';
-import { keyOf, listItem, PageFailed, parseListPage, type ListItem, type PageMeta } from './list-item.js';
+import { keyOf, listItem, pageHead, PageFailed, parseListPage, type ListItem, type PageMeta } from './list-item.js';
 
 export type KubeKind = 'Service' | 'EndpointSlice' | 'Node' | 'ServiceCIDR';
 
@@ -305,30 +305,43 @@ export class Reflector {
     let rv = '';
     let restarted = false;
     const fetchPage = (c: string | undefined) =>
-      this.client.getText(r.path, this.query({ limit: String(this.opts.pageSize), continue: c }), {
+      this.client.getBytes(r.path, this.query({ limit: String(this.opts.pageSize), continue: c }), {
         signal: this.signal,
         timeoutMs: this.opts.requestTimeoutMs,
         idleMs: this.opts.idleTimeoutMs,
         maxBytes: this.opts.maxListBytes,
       });
-    /** the next page, asked for as soon as this one's continue token is known: the server prepares it while this one is taken */
-    let next: Promise<string> | undefined;
+    /**
+     * the next page, asked for as soon as this one's continue token is
+     * known (from its first bytes, else once it is parsed): the server
+     * prepares it while this one is parsed and taken
+     */
+    let next: Promise<Buffer> | undefined;
+    /** the continue token next was asked with */
+    let nextCont: string | undefined;
+    const askNext = (c: string) => {
+      nextCont = c;
+      next = fetchPage(c);
+      // (awaited in a later turn; failing before that is not unhandled)
+      next.catch(() => {});
+    };
     for (;;) {
       let page: PageMeta = { rv: '' };
       try {
-        const text = await (next ?? fetchPage(cont));
+        const bytes = await (next ?? fetchPage(cont));
         next = undefined;
+        const head = pageHead(bytes);
+        if (head?.cont) askNext(head.cont);
         // a first list's pages are written (and known) at once: a list that
         // fails or starts over after them compares with them and deletes
         // what it no longer finds
         await this.takePage(
-          text,
+          bytes,
           (meta) => {
             page = meta;
-            if (!meta.cont) return;
-            next = fetchPage(meta.cont);
-            // (awaited in the next turn; failing before that is not unhandled)
-            next.catch(() => {});
+            // the page's own metadata differs from its first bytes' (a key twice): what was asked for is not wanted
+            if (next && nextCont !== meta.cont) next = undefined;
+            if (!next && meta.cont) askNext(meta.cont);
           },
           (items) => {
             for (const it of items) {
@@ -486,12 +499,13 @@ export class Reflector {
    * cost more to clone than to parse), else here. A parser thread that
    * fails is not used again (the list is retried).
    */
-  private async takePage(text: string, onMeta: (meta: PageMeta) => void, onItems: (items: ListItem[]) => void): Promise<void> {
+  private async takePage(bytes: Buffer, onMeta: (meta: PageMeta) => void, onItems: (items: ListItem[]) => void): Promise<void> {
     const r = this.resource;
     try {
-      if (this.parser && r.kind === 'EndpointSlice' && text.length >= this.opts.pageInThreadBytes) {
+      if (this.parser && r.kind === 'EndpointSlice' && bytes.length >= this.opts.pageInThreadBytes) {
         try {
-          await this.parser.parsePage(text, r, onMeta, onItems);
+          // (its bytes go to the thread: not used here again)
+          await this.parser.parsePage(bytes, r, onMeta, onItems);
           this.stats.pagesInThread++;
           return;
         } catch (e) {
@@ -501,7 +515,7 @@ export class Reflector {
           throw e;
         }
       }
-      parseListPage(text, r, onMeta, onItems, Number.MAX_SAFE_INTEGER);
+      parseListPage(bytes.toString('utf8'), r, onMeta, onItems, Number.MAX_SAFE_INTEGER);
     } catch (e) {
       throw e instanceof PageFailed ? new Error(`${r.path}: ${e.message}`) : e;
     }

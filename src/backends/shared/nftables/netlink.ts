@@ -59,6 +59,9 @@ export function layoutOf(body: string): SetLayout | undefined {
 
 class Unencodable extends Error {}
 
+/** a batch this small is sent from the main thread: a thread pool's round trip costs more than the kernel's work on it */
+const SEND_HERE_BYTES = 16 * 1024;
+
 /** the kernel refused a batch (nothing of it was applied) */
 export class NetlinkRefused extends KernelError {}
 
@@ -267,7 +270,9 @@ export class NetlinkElements {
       const nl = this.nl;
       // answers of an earlier batch that failed half way are not this one's
       nl.drain(() => {});
-      await nl.sendLarge(batch);
+      // a change's batch is sent from here (the kernel's work on it is short); a big one from libuv's thread pool
+      if (batch.length <= SEND_HERE_BYTES) nl.send(batch);
+      else await nl.sendLarge(batch);
       // the kernel handled the batch within the send: its answers are queued
       let refused: string | undefined;
       nl.drain((m: NetlinkMessage) => {
