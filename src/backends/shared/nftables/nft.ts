@@ -55,8 +55,8 @@ export interface ProcessNftOptions {
   /** per transaction (default 60 s) */
   readonly timeoutMs?: number;
   /**
-   * Big bulk transactions of element adds and deletes only go to the kernel
-   * over netlink (netlink.ts), in this network namespace (a name under
+   * Transactions of element adds and deletes only (a sync's, a bulk load's
+   * big ones) go to the kernel over netlink (netlink.ts), in this network namespace (a name under
    * /run/netns, or a path), or this process's when undefined. Only when the
    * nft used is the one of that namespace.
    */
