@@ -298,7 +298,9 @@ export class Reflector {
     const r = this.resource;
     const t0 = performance.now();
     const first = !this.synced;
-    let seen = new Map<string, string>();
+    // a first list writes each object as it comes (known at once): what it
+    // saw is what it knows, one map (two of 100k keys each cost their growth)
+    let seen = first && this.known.size === 0 ? this.known : new Map<string, string>();
     let writes: ((tx: StoreTx) => void)[] = [];
     let changed = 0;
     let cont: string | undefined;
@@ -542,7 +544,7 @@ export class Reflector {
     const prev = this.known.get(key);
     into.set(key, rv);
     if (rv && prev === rv) return undefined;
-    if (written) this.known.set(key, rv);
+    if (written && into !== this.known) this.known.set(key, rv);
     if ('invalid' in it) {
       if (this.reported.get(key) !== rv) {
         this.reported.set(key, rv);
