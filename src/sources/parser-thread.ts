@@ -50,7 +50,9 @@ export class ParserThread {
    * other errors when the worker cannot start or dies.
    */
   parsePage(bytes: Uint8Array, resource: ItemResource, onMeta: (meta: PageMeta) => void, onChunk: (items: ListItem[]) => void): Promise<void> {
-    return this.run((id, taken) => [{ id, page: { bytes, resource }, taken }, [bytes.buffer as ArrayBuffer]], { onChunk: onChunk as (items: never[]) => void, onMeta, failed: (m) => new PageFailed(m) });
+    // (a view of a buffer it shares, such as one of Node's pools, goes as a copy)
+    const own = bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? bytes : new Uint8Array(bytes);
+    return this.run((id, taken) => [{ id, page: { bytes: own, resource }, taken }, [own.buffer as ArrayBuffer]], { onChunk: onChunk as (items: never[]) => void, onMeta, failed: (m) => new PageFailed(m) });
   }
 
   private run(request: (id: number, taken: Int32Array) => [ParseRequest, ArrayBuffer[]], job: Pick<Job, 'onChunk' | 'onMeta' | 'failed'>): Promise<void> {
