@@ -52,8 +52,12 @@ const NO_OPS: readonly LocalOp[] = Object.freeze([]);
 const transitions = new WeakMap<ServiceView, Map<ServiceView | undefined, readonly LocalOp[]>>();
 
 export class LocalDiff extends StoreFollower {
-  /** what was last sent of each service: view ids (0: nothing) by the views' slot of its key */
-  private sent = new Int32Array(0);
+  /**
+   * what was last sent of each service: view ids (0: nothing) by the views'
+   * slot of its key; 2 bytes each while every id fits (a brain keeps one of
+   * these per node it serves), 4 once one does not
+   */
+  private sent: Uint16Array | Int32Array = new Uint16Array(0);
   private sentNode?: { node: LocalNode; bytes: Uint8Array };
   private readonly sentCIDRs = new Map<string, { cidr: ServiceCIDR; bytes: Uint8Array }>();
   private dirty = new Set<string>();
@@ -102,7 +106,7 @@ export class LocalDiff extends StoreFollower {
 
   private forgetSent() {
     const sent = this.sent;
-    this.sent = new Int32Array(0);
+    this.sent = new Uint16Array(0);
     sent.forEach((id, slot) => {
       if (id === 0) return;
       this.views.unref(id);
@@ -115,16 +119,20 @@ export class LocalDiff extends StoreFollower {
   }
 
   private setSent(slot: number, view: ServiceView | undefined) {
-    if (slot >= this.sent.length) {
-      if (!view) return;
+    const beyond = slot >= this.sent.length;
+    if (beyond && !view) return;
+    const id = view ? this.views.ref(view) : 0;
+    const wider = id > 0xffff && !(this.sent instanceof Int32Array);
+    if (beyond || wider) {
       // by an eighth at least: a first diff meets a new slot at every Service
       // (by 16 it copied the array 6,000 times at 100k Services)
-      const grown = new Int32Array(Math.max(slot + 1, this.views.slotLimit + 16, this.sent.length + (this.sent.length >> 3)));
+      const length = beyond ? Math.max(slot + 1, this.views.slotLimit + 16, this.sent.length + (this.sent.length >> 3)) : this.sent.length;
+      const grown = wider || this.sent instanceof Int32Array ? new Int32Array(length) : new Uint16Array(length);
       grown.set(this.sent);
       this.sent = grown;
     }
     const old = this.sent[slot];
-    this.sent[slot] = view ? this.views.ref(view) : 0;
+    this.sent[slot] = id;
     if (view && !old) this.views.hold(slot);
     if (old) {
       this.views.unref(old);

@@ -138,9 +138,9 @@ export class ServiceViews {
     return this.slotKeys.length;
   }
 
-  // View ids: a LocalDiff keeps the id of each view it sent in an Int32Array
-  // (off the JS heap, 4 bytes per service and node); a view stays known by
-  // its id while some LocalDiff holds it.
+  // View ids: a LocalDiff keeps the id of each view it sent in a typed array
+  // (off the JS heap, 2 bytes per service and node while ids stay under
+  // 65,536, else 4); a view stays known by its id while some LocalDiff holds it.
   private readonly table: ((ServiceView & HeldView) | undefined)[] = [undefined];
   private readonly tableRefs: number[] = [0];
   private readonly freeIds: number[] = [];

@@ -223,3 +223,26 @@ test('one change fanned out: nodes that make the same transition share one froze
   }
   assert.ok(sharedLists >= 8, `op lists shared between nodes: ${sharedLists}`);
 });
+
+test('view ids past 65,535: what a node was sent stays known (its array of ids widens from 2 bytes to 4)', () => {
+  // one view per Service without endpoints: 70k Services, 70k view ids
+  const n = 70_000;
+  const objs = [node('a', 'z1'), ...Array.from({ length: n }, (_, i) => service('ns', `s${i}`, { clusterIP: `10.${96 + (i >> 16)}.${(i >> 8) & 255}.${i & 255}` }))];
+  const store = syncedStore(objs);
+  const views = new ServiceViews(store);
+  const first = new LocalDiff(store, views, 'a');
+  const a = first.next();
+  assert.equal(a.filter((op) => op.kind === 'set').length, n);
+  // a second node sends the same views: the same ids, past 65,535 for the last ones
+  const second = new LocalDiff(store, views, 'b');
+  assert.equal(second.next().filter((op) => op.kind === 'set').length, n);
+  // nothing changed: nothing to send (an id cut to 16 bits would name another view)
+  assert.deepEqual(first.next(), []);
+  assert.deepEqual(second.next(), []);
+  // the last Service's port changes: its view is sent again, nothing else
+  load(store, [service('ns', `s${n - 1}`, { clusterIP: `10.97.17.111`, ports: [{ name: 'http', port: 8080 }] })]);
+  for (const d of [first, second]) assert.deepEqual(d.next().map(opText), ['set ServicesSet ns/s69999', 'sync']);
+  first.close();
+  second.close();
+  views.close();
+});
