@@ -1,6 +1,6 @@
 // The drift check's kernel side, in a throwaway namespace: nftables' change
-// events tell kpng's own transactions (by pid: nft's, or this process's
-// threads' for what it sends over netlink) from anyone else's, a pause
+// events tell kpng's own transactions (by pid: nft's; by netlink port: what
+// it sends over netlink itself) from anyone else's, a pause
 // for a big load still notices a foreign transaction (by the generation
 // count), and iptables-legacy's table sizes move with any change.
 import { test, describe, before, after } from 'node:test';
@@ -60,10 +60,10 @@ describe('nftables change events', { skip: canUseNetns() }, () => {
     }
   });
 
-  test("element changes kpng sends over netlink, from this thread or the thread pool, are its own", async () => {
+  test("element changes kpng sends over netlink, from this thread or the thread pool, are its own (by its socket's port)", async () => {
     const table: TableRef = { family: 'ip', name: 'kpngw' };
     const nft = new SessionNft({ path: ns.wrapper('nft'), netlink: { netns: ns.name } });
-    const watch = new NftWatch({ ours: (e) => e.table === 'kpngw', ownsPid: (pid) => nft.ownsPid(pid), netns: ns.name, log: pino({ level: 'silent' }) });
+    const watch = new NftWatch({ ours: (e) => e.table === 'kpngw', ownsPid: (pid) => nft.ownsPid(pid), ownsPort: (port) => nft.ownsPort(port), netns: ns.name, log: pino({ level: 'silent' }) });
     const ips = (from: number, n: number) => Array.from({ length: n }, (_, i) => ({ set: 'cluster-ips', key: `10.${(from + i) >> 16}.${((from + i) >> 8) & 255}.${(from + i) & 255}`, value: '', comment: '' }));
     try {
       watch.start();

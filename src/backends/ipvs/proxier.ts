@@ -138,7 +138,7 @@ export class IpvsProxier extends ProxierBase {
     this.nft = o.nft ?? (!o.dryRun && (o.session ?? !o.once) ? new SessionNft({ path: o.nftPath, onFallback: (m) => this.warnOnce('nft session', m) }) : new ProcessNft({ path: o.nftPath }));
     if (!o.dryRun && !o.once && o.watch !== false) {
       const fams = new Set<number>(this.families.map((f) => (f === 4 ? 2 : 10)));
-      this.watch = this.nft.drift?.() ?? new NftWatch({ ours: (e) => e.table === TABLE && fams.has(e.family), ownsPid: (pid) => this.nft.ownsPid(pid), netns: o.netns, log: o.log });
+      this.watch = this.nft.drift?.() ?? new NftWatch({ ours: (e) => e.table === TABLE && fams.has(e.family), ownsPid: (pid) => this.nft.ownsPid(pid), ownsPort: (port) => this.nft.ownsPort?.(port) ?? false, netns: o.netns, log: o.log });
     }
   }
 

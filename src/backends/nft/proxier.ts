@@ -130,7 +130,7 @@ export class NftProxier extends ProxierBase {
     if (lhFamilies.length && !o.dryRun) this.localhost = new LocalhostNodePorts({ log: o.log, nft: new ProcessNft({ path: o.nftPath }), families: lhFamilies, udpIdleMs: o.config.udpIdleTimeoutMs });
     if (!o.dryRun && (o.watch ?? !o.once)) {
       const families = new Set([...this.fam.values()].map((st) => (st.names.table === 'ip' ? NFPROTO_IPV4 : NFPROTO_IPV6)));
-      this.watch = this.nft.drift?.() ?? new NftWatch({ ours: (e) => e.table === TABLE && families.has(e.family), ownsPid: (pid) => this.nft.ownsPid(pid), netns: o.netns, log: o.log });
+      this.watch = this.nft.drift?.() ?? new NftWatch({ ours: (e) => e.table === TABLE && families.has(e.family), ownsPid: (pid) => this.nft.ownsPid(pid), ownsPort: (port) => this.nft.ownsPort?.(port) ?? false, netns: o.netns, log: o.log });
     }
   }
 

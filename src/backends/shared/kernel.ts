@@ -438,8 +438,11 @@ export interface NftEvent {
 /** The end of a committed transaction: its generation and the process that committed it. */
 export interface NftGeneration {
   readonly id: number;
+  /** the committing thread's pid, as the kernel's own pid namespace numbers it */
   readonly pid: number;
   readonly process: string;
+  /** the netlink port of the socket that committed it */
+  readonly portid: number;
 }
 
 /** A netlink socket to nftables: the generation id, and (subscribed) the change events of every transaction. */
@@ -504,7 +507,7 @@ export class NftNetlink {
     if (m.isError || m.type >> 8 !== NFNL_SUBSYS_NFTABLES) return;
     const type = m.type & 0xff;
     const a = m.attrs();
-    if (type === NFT_MSG_NEWGEN) this.queued.push({ g: { id: m.u32BE(a.get(1)) ?? 0, pid: m.u32BE(a.get(2)) ?? 0, process: m.string(a.get(3)) ?? '' } });
+    if (type === NFT_MSG_NEWGEN) this.queued.push({ g: { id: m.u32BE(a.get(1)) ?? 0, pid: m.u32BE(a.get(2)) ?? 0, process: m.string(a.get(3)) ?? '', portid: m.pid } });
     // table: attribute 1 of every kind; chain: 3 of a chain event (3-5), 2 of a rule event (6-8)
     else this.queued.push({ e: { family: m.head0, table: m.string(a.get(1)) ?? '', chain: type >= 3 && type <= 8 ? (m.string(a.get(type <= 5 ? 3 : 2)) ?? '') : '' } });
   }

@@ -16,6 +16,8 @@ export interface NftWatchOptions {
   readonly ours: (e: NftEvent) => boolean;
   /** true for the pid of a process that changes nftables for kpng */
   readonly ownsPid: (pid: number) => boolean;
+  /** true for the netlink port of a socket kpng changes nftables through (netlink.ts): a port, unlike a pid, is the same in every pid namespace */
+  readonly ownsPort?: (portid: number) => boolean;
   /** the network namespace, when not this process's (tests) */
   readonly netns?: string;
   readonly log: Logger;
@@ -112,7 +114,7 @@ export class NftWatch implements DriftSource {
       const r = this.nl.read(
         (e) => void (this.touched ||= this.o.ours(e)),
         (g: NftGeneration) => {
-          if (this.touched && !this.o.ownsPid(g.pid)) this.drift ??= `changed by process ${g.pid} (${g.process || 'unknown'}), generation ${g.id}`;
+          if (this.touched && !this.o.ownsPid(g.pid) && !this.o.ownsPort?.(g.portid)) this.drift ??= `changed by process ${g.pid} (${g.process || 'unknown'}), generation ${g.id}`;
           this.touched = false;
         },
       );

@@ -6,7 +6,7 @@
 // their own; everything with a time limit. FakeNft (fake.ts) is the third,
 // in memory, for tests.
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ToolError, firstLines, runTool } from '../tool.js';
@@ -31,6 +31,8 @@ export interface Nft {
   list(family: TableFamily, table: string): Promise<TableListing | undefined>;
   /** true for the pid of an nft this Nft ran: its changes to the ruleset are kpng's own */
   ownsPid(pid: number): boolean;
+  /** true for the netlink port of the socket this Nft sends elements through */
+  ownsPort?(portid: number): boolean;
   /** its own drift detector, when the kernel's change events do not apply (the fake) */
   drift?(): DriftSource;
   close(): void;
@@ -127,8 +129,11 @@ export class ProcessNft implements Nft {
   }
 
   ownsPid(pid: number): boolean {
-    // a batch sent over netlink is committed by the thread that sent it: one of this process's
-    return this.pids.includes(pid) || (this.netlink !== undefined && (pid === process.pid || existsSync(`/proc/self/task/${pid}`)));
+    return this.pids.includes(pid);
+  }
+
+  ownsPort(portid: number): boolean {
+    return this.netlink?.port === portid;
   }
 
   close(): void {
