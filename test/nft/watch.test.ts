@@ -60,6 +60,22 @@ describe('nftables change events', { skip: canUseNetns() }, () => {
     }
   });
 
+  test("kpng's own nft is known by its netlink port too (in a container's pid namespace the pid the kernel names is not the one kpng sees)", async () => {
+    const nft = new SessionNft({ path: ns.wrapper('nft') });
+    const watch = new NftWatch({ ours: (e) => e.table === 'kpngp' && e.family === 2, ownsPid: () => false, ownsPort: (port) => nft.ownsPort(port), netns: ns.name, log: pino({ level: 'silent' }) });
+    try {
+      watch.start();
+      await nft.run('add table ip kpngp\nadd chain ip kpngp c\nadd rule ip kpngp c drop\n');
+      await nft.run('add rule ip kpngp c drop\n');
+      assert.equal(watch.check(), undefined);
+      ns.exec('nft', ['flush chain ip kpngp c']);
+      assert.match(watch.check() ?? '', /changed by process \d+ \(nft\)/);
+    } finally {
+      watch.close();
+      nft.close();
+    }
+  });
+
   test("element changes kpng sends over netlink, from this thread or the thread pool, are its own (by its socket's port)", async () => {
     const table: TableRef = { family: 'ip', name: 'kpngw' };
     const nft = new SessionNft({ path: ns.wrapper('nft'), netlink: { netns: ns.name } });

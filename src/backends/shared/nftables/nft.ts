@@ -31,7 +31,7 @@ export interface Nft {
   list(family: TableFamily, table: string): Promise<TableListing | undefined>;
   /** true for the pid of an nft this Nft ran: its changes to the ruleset are kpng's own */
   ownsPid(pid: number): boolean;
-  /** true for the netlink port of the socket this Nft sends elements through */
+  /** true for the netlink port of a socket this Nft changes nftables through (its own, an nft's it ran) */
   ownsPort?(portid: number): boolean;
   /** its own drift detector, when the kernel's change events do not apply (the fake) */
   drift?(): DriftSource;
@@ -133,7 +133,9 @@ export class ProcessNft implements Nft {
   }
 
   ownsPort(portid: number): boolean {
-    return this.netlink?.port === portid;
+    // nft's socket is bound by the kernel to nft's pid as nft's own pid
+    // namespace numbers it (the one this process sees), unless taken
+    return this.netlink?.port === portid || this.pids.includes(portid);
   }
 
   close(): void {
