@@ -161,7 +161,7 @@ export async function readBodyBytes(res: IncomingMessage, idleMs: number, maxByt
     clearTimeout(timer);
   }
   const body = Buffer.concat(chunks, size);
-  // (a large one has its own; a fresh zeroed one costs a page fault per page)
+  // a large body has a buffer of its own; a small one is a view of Node's pool, copied
   return body.byteOffset === 0 && body.byteLength === body.buffer.byteLength ? body : Buffer.from(new Uint8Array(body).buffer);
 }
 
