@@ -6,6 +6,7 @@
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { pino } from 'pino';
 import { NftWatch } from '../../src/backends/shared/nft-watch.js';
 import { NftNetlink, xtablesInfo } from '../../src/backends/shared/kernel.js';
@@ -74,6 +75,20 @@ describe('nftables change events', { skip: canUseNetns() }, () => {
       watch.close();
       nft.close();
     }
+  });
+
+  test('in a pid namespace of its own (a pod without hostPID), kpng knows its nft by port: by pid alone, its own change read as drift', () => {
+    const run = (by: string) => {
+      const r = spawnSync('unshare', ['--pid', '--fork', '--mount-proc', process.execPath, '--import', 'tsx', fileURLToPath(new URL('../helpers/pidns-watch.ts', import.meta.url)), ns.name, ns.wrapper('nft'), by], { encoding: 'utf8', timeout: 60_000 });
+      assert.equal(r.status, 0, r.stderr);
+      ns.exec('nft', ['delete table ip kpngns']);
+      return JSON.parse(r.stdout) as { drift: string | null; self: number };
+    };
+    const byPid = run('pid');
+    // (the kernel names the host's pid of nft, not the one kpng saw at spawn)
+    assert.match(byPid.drift ?? '', /changed by process \d+ \(nft\)/);
+    assert.ok(byPid.self < 10, `the child is an early process of its own pid namespace (${byPid.self})`);
+    assert.equal(run('port').drift, null);
   });
 
   test("element changes kpng sends over netlink, from this thread or the thread pool, are its own (by its socket's port)", async () => {

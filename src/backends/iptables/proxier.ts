@@ -326,6 +326,9 @@ export class IptablesProxier extends ProxierBase {
         this.watch = new NftWatch({
           ours: (e) => families.has(e.family) && TABLES.includes(e.table) && (e.chain === '' || e.chain.startsWith('KUBE-') || BUILT_IN.has(e.chain)),
           ownsPid: (pid) => this.pids.includes(pid),
+          // in a pid namespace of its own the kernel names the host's pid; the
+          // port of iptables-restore's socket is its pid as kpng sees it
+          ownsPort: (port) => this.pids.includes(port),
           netns: this.o.netns,
           log: this.o.log,
         });
