@@ -24,8 +24,10 @@
 // ../package.json is kpng's), at its default log level; --tsx runs
 // bin/kpng.js from the sources instead. --node-flags: node's flags for the
 // kpng processes; --verbose prints kpng's log lines (at debug level), when
-// the kube source's lists ended (and the agent's CPU seconds then), the first nft sync's time, each change's time (from programmed) and
-// the lines of kpng's output V8's --trace-gc (or --trace-deopt, --trace-opt) writes, as they came.
+// the kube source's lists ended (the agent's CPU and page faults then), the
+// first nft sync's time, the page faults to programmed, each change's time
+// (from programmed) and the lines of kpng's output V8's --trace-gc (or
+// --trace-deopt, --trace-opt) writes, as they came.
 import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, statSync } from 'node:fs';
 import { loadavg, tmpdir, totalmem, freemem, cpus } from 'node:os';
@@ -368,13 +370,16 @@ async function runOne(p: RunParams): Promise<RunResult> {
     const agentTail = ['to-nft', '--node-name', NODE];
     const t0 = now();
     const events: string[] = [];
-    /** with --verbose: when the kube source's lists ended (and the agent's CPU seconds then), the first nft sync's ms */
+    /** with --verbose: when the kube source's lists ended (the agent's CPU and page faults then), the first nft sync's ms, page faults to programmed */
     const stages: Stages = {};
     const gcLine = p.verbose
       ? (l: string) => {
           const at = now() - t0;
           events.push(`${at.toFixed(0)} ${l}`);
-          if (l.includes('kube source: initial state complete')) Object.assign(stages, { listsMs: at, listsCpu: procStat(procs[0].pid).cpu, listsFaults: procStat(procs[0].pid).faults });
+          if (l.includes('kube source: initial state complete')) {
+            const s = procStat(procs[0].pid);
+            Object.assign(stages, { listsMs: at, listsCpu: s.cpu, listsFaults: s.faults });
+          }
           const sync = / full=true ms=(\d+)/.exec(l);
           if (sync && stages.firstSyncMs === undefined) stages.firstSyncMs = Number(sync[1]);
         }

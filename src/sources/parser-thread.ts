@@ -33,14 +33,16 @@ export class ParserThread {
   }
 
   /**
-   * Parses data (its buffer is transferred: the caller must not use it
-   * again), handing out converted objects as they come. Fails with
+   * Parses data (its buffer is transferred unless data is a view of a
+   * buffer it shares: the caller must not use it again), handing out
+   * converted objects as they come. Fails with
    * ParseFailed for content that cannot be taken; with other errors when
    * the worker cannot start or dies (ERR_WORKER_OUT_OF_MEMORY: the file was
    * too much for it).
    */
   parse(data: Uint8Array, json: boolean, onChunk: (items: ParsedItem[]) => void, hash = true): Promise<void> {
-    return this.run((id, taken) => [{ id, json, hash, data, taken }, [data.buffer as ArrayBuffer]], { onChunk: onChunk as (items: never[]) => void, failed: (m) => new ParseFailed(m) });
+    const own = owned(data);
+    return this.run((id, taken) => [{ id, json, hash, data: own, taken }, [own.buffer as ArrayBuffer]], { onChunk: onChunk as (items: never[]) => void, failed: (m) => new ParseFailed(m) });
   }
 
   /**
@@ -50,8 +52,7 @@ export class ParserThread {
    * other errors when the worker cannot start or dies.
    */
   parsePage(bytes: Uint8Array, resource: ItemResource, onMeta: (meta: PageMeta) => void, onChunk: (items: ListItem[]) => void): Promise<void> {
-    // (a view of a buffer it shares, such as one of Node's pools, goes as a copy)
-    const own = bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? bytes : new Uint8Array(bytes);
+    const own = owned(bytes);
     return this.run((id, taken) => [{ id, page: { bytes: own, resource }, taken }, [own.buffer as ArrayBuffer]], { onChunk: onChunk as (items: never[]) => void, onMeta, failed: (m) => new PageFailed(m) });
   }
 
@@ -129,4 +130,9 @@ export class ParserThread {
       j.reject(e);
     }
   }
+}
+
+/** bytes that can be transferred: a view of a buffer it shares (one of Node's pools, a larger buffer) is copied */
+function owned(bytes: Uint8Array): Uint8Array {
+  return bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? bytes : new Uint8Array(bytes);
 }

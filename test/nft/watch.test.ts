@@ -20,6 +20,25 @@ describe('nftables change events', { skip: canUseNetns() }, () => {
   before(() => (ns = createNetns()));
   after(() => ns?.remove());
 
+  /** kpng's nft (sessions; netlink too if asked) and a drift watch of one ip table that knows kpng's own by pid, port or both; both closed after */
+  async function watching(table: string, by: { pid?: boolean; port?: boolean; netlink?: boolean }, fn: (nft: SessionNft, watch: NftWatch) => Promise<void>): Promise<void> {
+    const nft = new SessionNft({ path: ns.wrapper('nft'), netlink: by.netlink ? { netns: ns.name } : undefined });
+    const watch = new NftWatch({
+      ours: (e) => e.table === table && e.family === 2,
+      ownsPid: (pid) => (by.pid ?? true) && nft.ownsPid(pid),
+      ownsPort: by.port ? (port) => nft.ownsPort(port) : undefined,
+      netns: ns.name,
+      log: pino({ level: 'silent' }),
+    });
+    try {
+      watch.start();
+      await fn(nft, watch);
+    } finally {
+      watch.close();
+      nft.close();
+    }
+  }
+
   test('the generation moves by one per committed transaction', () => {
     const nl = new NftNetlink(ns.name);
     try {
@@ -32,11 +51,8 @@ describe('nftables change events', { skip: canUseNetns() }, () => {
     }
   });
 
-  test("kpng's own changes are not drift; anyone else's to its table are; others' tables are not", async () => {
-    const nft = new SessionNft({ path: ns.wrapper('nft') });
-    const watch = new NftWatch({ ours: (e) => e.table === 'kpng' && e.family === 2, ownsPid: (pid) => nft.ownsPid(pid), netns: ns.name, log: pino({ level: 'silent' }) });
-    try {
-      watch.start();
+  test("kpng's own changes are not drift; anyone else's to its table are; others' tables are not", () =>
+    watching('kpng', { pid: true }, async (nft, watch) => {
       await nft.run('add table ip kpng\nadd chain ip kpng c\nadd rule ip kpng c drop\n');
       assert.equal(watch.check(), undefined);
       ns.exec('nft', ['add table ip other; add chain ip other x']);
@@ -55,27 +71,16 @@ describe('nftables change events', { skip: canUseNetns() }, () => {
       await nft.run('add rule ip kpng c drop\n');
       watch.resume(1);
       assert.equal(watch.check(), undefined);
-    } finally {
-      watch.close();
-      nft.close();
-    }
-  });
+    }));
 
-  test("kpng's own nft is known by its netlink port too (in a container's pid namespace the pid the kernel names is not the one kpng sees)", async () => {
-    const nft = new SessionNft({ path: ns.wrapper('nft') });
-    const watch = new NftWatch({ ours: (e) => e.table === 'kpngp' && e.family === 2, ownsPid: () => false, ownsPort: (port) => nft.ownsPort(port), netns: ns.name, log: pino({ level: 'silent' }) });
-    try {
-      watch.start();
+  test("kpng's own nft is known by its netlink port too (in a container's pid namespace the pid the kernel names is not the one kpng sees)", () =>
+    watching('kpngp', { pid: false, port: true }, async (nft, watch) => {
       await nft.run('add table ip kpngp\nadd chain ip kpngp c\nadd rule ip kpngp c drop\n');
       await nft.run('add rule ip kpngp c drop\n');
       assert.equal(watch.check(), undefined);
       ns.exec('nft', ['flush chain ip kpngp c']);
       assert.match(watch.check() ?? '', /changed by process \d+ \(nft\)/);
-    } finally {
-      watch.close();
-      nft.close();
-    }
-  });
+    }));
 
   test('in a pid namespace of its own (a pod without hostPID), kpng knows its nft by port: by pid alone, its own change read as drift', () => {
     const run = (by: string) => {
@@ -91,13 +96,10 @@ describe('nftables change events', { skip: canUseNetns() }, () => {
     assert.equal(run('port').drift, null);
   });
 
-  test("element changes kpng sends over netlink, from this thread or the thread pool, are its own (by its socket's port)", async () => {
+  test("element changes kpng sends over netlink, from this thread or the thread pool, are its own (by its socket's port)", () => {
     const table: TableRef = { family: 'ip', name: 'kpngw' };
-    const nft = new SessionNft({ path: ns.wrapper('nft'), netlink: { netns: ns.name } });
-    const watch = new NftWatch({ ours: (e) => e.table === 'kpngw', ownsPid: (pid) => nft.ownsPid(pid), ownsPort: (port) => nft.ownsPort(port), netns: ns.name, log: pino({ level: 'silent' }) });
     const ips = (from: number, n: number) => Array.from({ length: n }, (_, i) => ({ set: 'cluster-ips', key: `10.${(from + i) >> 16}.${((from + i) >> 8) & 255}.${(from + i) & 255}`, value: '', comment: '' }));
-    try {
-      watch.start();
+    return watching('kpngw', { pid: true, port: true, netlink: true }, async (nft, watch) => {
       const header = new Transaction().add({ kind: 'table', ...table }).add({ kind: 'set', table, name: 'cluster-ips', body: setDeclarations(FAMILIES[4])['cluster-ips'].body });
       await nft.run(header);
       const g0 = new NftNetlink(ns.name);
@@ -111,10 +113,7 @@ describe('nftables change events', { skip: canUseNetns() }, () => {
       assert.equal(watch.check(), undefined);
       ns.exec('nft', ['add element ip kpngw cluster-ips { 192.0.2.1 }']);
       assert.match(watch.check() ?? '', /changed by process \d+ \(nft\)/);
-    } finally {
-      watch.close();
-      nft.close();
-    }
+    });
   });
 });
 

@@ -555,11 +555,10 @@ export class FileSource {
       parseObjects(data.toString('utf8'), json, take, undefined, hash);
       return items;
     }
-    // the buffer goes to the worker; it must be ours alone
-    const own = data.byteOffset === 0 && data.byteLength === data.buffer.byteLength ? data : new Uint8Array(data);
     // a large file's parse takes ~60 times its size in memory: those go to one thread, one at a time
     const parser = data.length > SHARED_PARSE_MAX ? this.parsers[0] : this.parsers.reduce((a, b) => (b.pending < a.pending ? b : a));
-    return parser.parse(own, json, take, hash).then(() => items);
+    // (its buffer goes to the worker)
+    return parser.parse(data, json, take, hash).then(() => items);
   }
 
   /** the file's objects from a good read; invalid ones keep their last good version */

@@ -81,7 +81,7 @@ export class KubeClient {
     return this.request(url, await this.conn.credentials.get(), opts);
   }
 
-  /** GET a document of at most maxBytes, as bytes (a buffer of its own); non-2xx throws StatusError. */
+  /** GET a document of at most maxBytes, as bytes; non-2xx throws StatusError. */
   async getBytes(path: string, query: Record<string, string | undefined>, opts: RequestOptions & { idleMs?: number; maxBytes: number }): Promise<Buffer> {
     const res = await this.get(path, query, opts);
     const body = await readBodyBytes(res, opts.idleMs ?? opts.timeoutMs ?? 60_000, opts.maxBytes);
@@ -141,10 +141,7 @@ export async function readBody(res: IncomingMessage, idleMs: number, maxBytes: n
   return (await readBodyBytes(res, idleMs, maxBytes)).toString('utf8');
 }
 
-/**
- * The whole body as bytes, in a buffer of its own (not one of Node's pooled
- * ones: it may be transferred to a thread); fails as readBody does.
- */
+/** The whole body as bytes; fails as readBody does. */
 export async function readBodyBytes(res: IncomingMessage, idleMs: number, maxBytes: number): Promise<Buffer> {
   const timer = setTimeout(() => res.destroy(new IdleTimeout(`no data for ${idleMs} ms`)), idleMs);
   const chunks: Buffer[] = [];
@@ -160,9 +157,7 @@ export async function readBodyBytes(res: IncomingMessage, idleMs: number, maxByt
     // leaving the loop early (too large) destroys the response and its connection
     clearTimeout(timer);
   }
-  const body = Buffer.concat(chunks, size);
-  // a large body has a buffer of its own; a small one is a view of Node's pool, copied
-  return body.byteOffset === 0 && body.byteLength === body.buffer.byteLength ? body : Buffer.from(new Uint8Array(body).buffer);
+  return Buffer.concat(chunks, size);
 }
 
 /**

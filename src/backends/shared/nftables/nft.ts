@@ -58,9 +58,9 @@ export interface ProcessNftOptions {
   readonly timeoutMs?: number;
   /**
    * Transactions of element adds and deletes only (a sync's, a bulk load's
-   * big ones) go to the kernel over netlink (netlink.ts), in this network namespace (a name under
-   * /run/netns, or a path), or this process's when undefined. Only when the
-   * nft used is the one of that namespace.
+   * big ones) go to the kernel over netlink (netlink.ts), in this network
+   * namespace (a name under /run/netns, or a path), or this process's when
+   * undefined. Only when the nft used is the one of that namespace.
    */
   readonly netlink?: { readonly netns?: string };
   /** told once when netlink cannot be used and elements go to nft as text */
