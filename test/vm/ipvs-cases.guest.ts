@@ -253,7 +253,7 @@ async function cases(): Promise<IpvsCases> {
       const foreign = await lab.exec(lab.nodeName, ['ipvsadm', '-A', '-t', `${NODE_IP}:9999`, '-s', 'wlc']);
       check(p, foreign.code === 0, `ipvsadm -A: ${foreign.stderr}`);
       const r = await lab.runKpng(['cleanup']);
-      check(p, r.code === 0, `kpng cleanup: ${r.code}\n${r.stderr.slice(-2000)}`);
+      check(p, r.code === 0, `kpng cleanup: ${r.signal ? `killed by ${r.signal}` : `status ${r.code}`}\n${r.stderr.slice(-2000)}`);
       const left = [...(await ipvsadm(kl)).keys()];
       check(p, left.join() === `-t ${NODE_IP}:9999`, `virtual servers left: ${left.join(' ') || 'none'}`);
       const link = await lab.exec(lab.nodeName, ['ip', 'link', 'show', 'kube-ipvs0']);
