@@ -128,6 +128,13 @@ const STEP_GAP_MS = 250;
 const STEP_MIN_GAIN = 4 << 20;
 /** collections after the first stop once they took this long together (each one stops the event loop) */
 const STEP_BUDGET_MS = 1000;
+/**
+ * a collection that stopped the event loop longer than this is the trim's
+ * last step: a change that comes in waits it out, and on a heap that large
+ * a step gives back little for it (at 100k Services each paused 0.63 s for
+ * 13 MB, where the low-memory notification after them gave back 59 MB)
+ */
+const STEP_MAX_PAUSE_MS = 300;
 /** after a full collection, V8's memory reducer runs this much later when allocation is quiet: during a trim, and V8's default */
 const REDUCER_DELAY_MS = 1000;
 const REDUCER_DEFAULT_MS = 8000;
@@ -151,17 +158,19 @@ const FAVOURED_BY_OPERATOR = process.execArgv.some((a) => a === '--optimize-for-
  * together and gives those pages back (about 16 MB at a time), without the
  * copy of the whole heap that forcing compaction costs. So collections
  * follow one another, STEP_GAP_MS apart, while each gives back at least
- * STEP_MIN_GAIN and within STEP_BUDGET_MS. Then one compacting collection
- * moves what is left together, if copying it all stays under the peak RSS
- * the process already reached (at 30k Services it did not before the
- * steps), and V8's memory reducer, told to come sooner, does the rest
- * while the process is quiet. youngAfterMs after the last, V8's low-memory
- * notification gives back the young generation (without an inspector, a
- * scavenge). Measured:
- * docs/benchmarks.md, "The node agent's memory and start, second pass".
+ * STEP_MIN_GAIN and within STEP_BUDGET_MS, and none paused the event loop
+ * longer than maxStepPauseMs. Then, collections being short, one
+ * compacting collection moves what is left together, if copying it all
+ * stays under the peak RSS the process already reached (at 30k Services it
+ * did not before the steps), and V8's memory reducer, told to come sooner,
+ * does the rest while the process is quiet. youngAfterMs after the last,
+ * V8's low-memory notification compacts in its way and gives back the
+ * young generation (without an inspector, a scavenge). Measured:
+ * docs/benchmarks.md, "The node agent's memory and start, second pass" and
+ * "ninth pass".
  * Returns a canceller (a process on its way out has nothing to give back).
  */
-export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => void {
+export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS, maxStepPauseMs = STEP_MAX_PAUSE_MS): () => void {
   let timer: NodeJS.Timeout | undefined;
   /** after the steps: the low-memory notification, then the end of favouring memory */
   let after: NodeJS.Timeout | undefined;
@@ -185,20 +194,22 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => vo
     const t0 = performance.now();
     gc();
     mallocTrim()?.();
-    if (!first) spentMs += performance.now() - t0;
+    const pauseMs = performance.now() - t0;
+    if (!first) spentMs += pauseMs;
     const now = process.memoryUsage().heapTotal;
     const gained = committed - now;
     committed = now;
     first = false;
-    if (gained >= STEP_MIN_GAIN && spentMs < STEP_BUDGET_MS) {
+    const short = pauseMs <= maxStepPauseMs;
+    if (gained >= STEP_MIN_GAIN && spentMs < STEP_BUDGET_MS && short) {
       timer = setTimeout(step, STEP_GAP_MS).unref();
       return;
     }
     // what is left sparse: one compacting collection moves it all together,
     // if copying it stays under the peak the process already reached (a
-    // node's memory limit is set by its peak)
+    // node's memory limit is set by its peak) and collections are short
     const peak = peakRss();
-    if (peak !== undefined && process.memoryUsage.rss() + movableBytes() <= peak) {
+    if (short && peak !== undefined && process.memoryUsage.rss() + movableBytes() <= peak) {
       setFlagsFromString('--compact-on-every-full-gc');
       try {
         gc();
@@ -212,7 +223,10 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => vo
     // to 32 MB is given back: by a low-memory notification; without one, by
     // a scavenge, which shrinks it only once allocation has been slow for a
     // while. Later bursts' own collections are not followed by the reducer
-    // so soon (its collections cost CPU).
+    // so soon (its collections cost CPU). After a long collection, at once:
+    // V8's memory reducer makes its one collection 8 s after the last full
+    // one, and a large heap's (0.6 s of marking steps at 100k Services)
+    // had better come before the changes do.
     after = setTimeout(() => {
       const settled = () => {
         setFlagsFromString(`--gc-memory-reducer-start-delay-ms=${REDUCER_DEFAULT_MS}`);
@@ -234,7 +248,7 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS): () => vo
       if (lowMemoryNotification(() => (mallocTrim()?.(), settled()))) return;
       collector()({ type: 'minor' });
       settled();
-    }, youngAfterMs).unref();
+    }, short ? youngAfterMs : 0).unref();
   };
   timer = setTimeout(step, delayMs).unref();
   return () => {
