@@ -423,12 +423,13 @@ async function runOne(p: RunParams): Promise<RunResult> {
     for (let i = 0; i < p.changes; i++) {
       const s = target(p.services, p.targets, i);
       const ip = changedIP(i);
+      const faults = p.verbose ? procStat(agent.pid).faults : 0;
       const t = now();
       if (p.way === 'kube') server!.put(sliceObj(s, i + 1));
       else rewriteSlice(p.dir, s, i + 1);
       await until(() => (alive(), watch!.has(ip)), 30_000, () => `change ${i} (${ip} for svc-${s}) did not reach the kernel\n${tail()}`, 1);
       changeMs.push(now() - t);
-      if (p.verbose) events.push(`${(t - t0).toFixed(0)} change ${i}: ${(now() - t).toFixed(1)} ms`);
+      if (p.verbose) events.push(`${(t - t0).toFixed(0)} change ${i}: ${(now() - t).toFixed(1)} ms, ${procStat(agent.pid).faults - faults} page faults`);
       await sleep(CHANGE_GAP_MS);
     }
     const end = procs.map((k) => procStat(k.pid));
