@@ -22,7 +22,7 @@ import { podSourceMatches, singleAddress } from '../shared/nftables/match.js';
 import { ElementTable, type Element } from '../shared/nftables/elements.js';
 import { ProcessNft, SessionNft, type Nft } from '../shared/nftables/nft.js';
 import { Transaction, type TableRef } from '../shared/nftables/transaction.js';
-import { NftWatch, type DriftSource } from '../shared/nft-watch.js';
+import { nftDrift, type DriftSource } from '../shared/nft-watch.js';
 import { metrics } from '../shared/metrics.js';
 import { FLAG_PERSISTENT, FLAG_SCHED1, FLAG_SCHED2, Ipvs, rsKey, vsKey, type IpvsError, type IpvsOp, type RealServer, type VirtualServer } from './ipvs.js';
 import { ToolNode, type IpvsNode } from './node.js';
@@ -138,7 +138,7 @@ export class IpvsProxier extends ProxierBase {
     this.nft = o.nft ?? (!o.dryRun && (o.session ?? !o.once) ? new SessionNft({ path: o.nftPath, onFallback: (m) => this.warnOnce('nft session', m) }) : new ProcessNft({ path: o.nftPath }));
     if (!o.dryRun && !o.once && o.watch !== false) {
       const fams = new Set<number>(this.families.map((f) => (f === 4 ? 2 : 10)));
-      this.watch = this.nft.drift?.() ?? new NftWatch({ ours: (e) => e.table === TABLE && fams.has(e.family), ownsPid: (pid) => this.nft.ownsPid(pid), ownsPort: (port) => this.nft.ownsPort?.(port) ?? false, netns: o.netns, log: o.log });
+      this.watch = nftDrift(this.nft, { ours: (e) => e.table === TABLE && fams.has(e.family), netns: o.netns, log: o.log });
     }
   }
 

@@ -22,7 +22,7 @@ import { portElements, type Element, type LbRequirement, type Slots } from './se
 import { TABLE, FAMILIES, BASE_CHAINS, setDeclarations, staticChains, lbChains, affinitySetBody, AFFINITY_PREFIX, AFFINITY_SET, type FamilyNames, type StaticInputs } from './ruleset.js';
 import { ProcessNft, SessionNft, type Nft } from '../shared/nftables/nft.js';
 import { Transaction, type TableRef } from '../shared/nftables/transaction.js';
-import { NftWatch, type DriftSource } from '../shared/nft-watch.js';
+import { nftDrift, type DriftSource } from '../shared/nft-watch.js';
 import { availableParallelism } from 'node:os';
 import { LocalhostNodePorts, localhostNodePortFamilies, removeLocalhostTable, LOCALHOST_TABLE } from '../shared/userspace/localhost.js';
 
@@ -130,7 +130,7 @@ export class NftProxier extends ProxierBase {
     if (lhFamilies.length && !o.dryRun) this.localhost = new LocalhostNodePorts({ log: o.log, nft: new ProcessNft({ path: o.nftPath }), families: lhFamilies, udpIdleMs: o.config.udpIdleTimeoutMs });
     if (!o.dryRun && (o.watch ?? !o.once)) {
       const families = new Set([...this.fam.values()].map((st) => (st.names.table === 'ip' ? NFPROTO_IPV4 : NFPROTO_IPV6)));
-      this.watch = this.nft.drift?.() ?? new NftWatch({ ours: (e) => e.table === TABLE && families.has(e.family), ownsPid: (pid) => this.nft.ownsPid(pid), ownsPort: (port) => this.nft.ownsPort?.(port) ?? false, netns: o.netns, log: o.log });
+      this.watch = nftDrift(this.nft, { ours: (e) => e.table === TABLE && families.has(e.family), netns: o.netns, log: o.log });
     }
   }
 

@@ -10,6 +10,7 @@
 // (the generation moves by one per transaction).
 import type { Logger } from '../../log.js';
 import { NftNetlink, type NftEvent, type NftGeneration } from './kernel.js';
+import type { Nft } from './nftables/nft.js';
 
 export interface NftWatchOptions {
   /** the objects that are kpng's: an event about them, from another process, is drift */
@@ -124,4 +125,13 @@ export class NftWatch implements DriftSource {
       this.close();
     }
   }
+}
+
+/**
+ * The drift source of a table kpng changes through nft: the Nft's own (the
+ * fake's), else the kernel's change events, kpng's own transactions known
+ * by the pids and netlink ports the Nft changes nftables through.
+ */
+export function nftDrift(nft: Nft, o: Pick<NftWatchOptions, 'ours' | 'netns' | 'log'>): DriftSource {
+  return nft.drift?.() ?? new NftWatch({ ...o, ownsPid: (pid) => nft.ownsPid(pid), ownsPort: (port) => nft.ownsPort?.(port) ?? false });
 }
