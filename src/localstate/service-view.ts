@@ -5,7 +5,6 @@ import { type Service, type Endpoint, type EndpointScopes, type PortMapping, typ
 import { encodeEndpointsFast } from '../api/fast-encode.js';
 import { sortSmall } from '../sort.js';
 import { flat } from '../memory.js';
-import type { StoredSlice } from '../store/store.js';
 import type { EndpointInfo } from '../api/gen/api/globalv1/api_pb.js';
 import { externallyAccessible, serviceKey } from '../api/model.js';
 import { sharedPortNames } from '../api/compact.js';
@@ -181,7 +180,7 @@ export function trafficPolicies(svc: Service): { itpLocal: boolean; etpLocal: bo
 /** Computes the view, or undefined when this service is not proxied at all. */
 export function computeServiceView(
   svc: Service,
-  slices: readonly StoredSlice[],
+  slices: readonly { readonly endpoints: readonly EndpointInfo[] }[],
   node: NodeContext,
   proxyName = '',
 ): ServiceView | undefined {

@@ -3,7 +3,7 @@
 // as LocalDiff's first diff through FullStateSink, without the views, ops and
 // full state a stream that goes on keeps (at 30k Services, most of the
 // process's memory and a third of its time).
-import { decodeSliceEndpoints, type Store, type StoredSlice } from '../../store/store.js';
+import type { Store } from '../../store/store.js';
 import type { LocalNode, ServiceCIDR } from '../../api/model.js';
 import type { ServiceEndpoints } from '../../diff/fullstate.js';
 import { localNodeOf } from '../../diff/local-diff.js';
@@ -26,16 +26,7 @@ export function nodeStateOnce(store: Store, nodeName: string, proxyName: string)
   function* services(): Generator<ServiceEndpoints> {
     for (const key of keys) {
       const s = store.getService(key);
-      // each slice decoded once, for this Service only: through the store's
-      // cache of recent decodes they lived long enough to reach V8's old
-      // generation (hundreds of MB of garbage at 30k Services)
-      // (a stored slice's bytes are put together on each read: once here)
-      const slices =
-        s &&
-        store.slicesOfService(key).map((sl): StoredSlice => {
-          const bytes = sl.bytes;
-          return { key: sl.key, namespace: sl.namespace, name: sl.name, serviceName: sl.serviceName, bytes, endpoints: decodeSliceEndpoints(bytes) };
-        });
+      const slices = s && store.slicesOfService(key).map((sl) => ({ endpoints: store.sliceEndpointsOnce(sl) }));
       const v = s && computeServiceView(s.service, slices!, ctx, proxyName);
       if (!v) continue;
       // a view's endpoints are sorted by path and unique, all under the service's key: FullStateSink's order
