@@ -2,7 +2,7 @@
 // the endpoints this node may use, each with the scopes it is used for.
 import { createHash } from 'node:crypto';
 import { type Service, type Endpoint, type EndpointScopes, type PortMapping, type PortName } from '../api/gen/api/localv1/api_pb.js';
-import { encodeEndpointsFast } from '../api/fast-encode.js';
+import { encodeEndpointFast, encodeEndpointsFast, encodeServiceFast } from '../api/fast-encode.js';
 import { sortSmall } from '../sort.js';
 import { flat } from '../memory.js';
 import type { EndpointInfo } from '../api/gen/api/globalv1/api_pb.js';
@@ -65,6 +65,18 @@ function samePorts(built: readonly PortName[], ports: readonly PortResult[]): bo
     if (b.Name !== p.port.Name || b.Port !== p.target || b.Protocol !== p.port.Protocol) return false;
   }
   return true;
+}
+
+/** An endpoint view that keeps the message only: encoded when its bytes are read (an in-process consumer reads them rarely). */
+export class DecodedEndpointView implements EndpointView {
+  constructor(
+    readonly path: string,
+    readonly named: boolean,
+    readonly endpoint: Endpoint,
+  ) {}
+  get bytes(): Uint8Array {
+    return encodeEndpointFast(this.endpoint);
+  }
 }
 
 /** An endpoint's encoding is a part of one buffer shared by the service's endpoints. */
@@ -177,12 +189,19 @@ export function trafficPolicies(svc: Service): { itpLocal: boolean; etpLocal: bo
   return { itpLocal: svc.InternalTrafficToLocal, etpLocal: svc.ExternalTrafficToLocal && extAcc, externallyAccessible: extAcc };
 }
 
-/** Computes the view, or undefined when this service is not proxied at all. */
+/**
+ * Computes the view, or undefined when this service is not proxied at all.
+ * encoded false: the view's bytes and its endpoints' are made when read,
+ * not with it (DecodedEndpointView): for a consumer that keeps the messages
+ * (a node agent's views, `to-file --once`), the encodings were most of a
+ * view's garbage.
+ */
 export function computeServiceView(
   svc: Service,
   slices: readonly { readonly endpoints: readonly EndpointInfo[] }[],
   node: NodeContext,
   proxyName = '',
+  encoded = true,
 ): ServiceView | undefined {
   if (!serviceIsProxied(svc, proxyName)) return undefined;
   const key = serviceKey(svc.Namespace, svc.Name);
@@ -292,18 +311,41 @@ export function computeServiceView(
       names.push(g.podName !== '' && i === 0 ? g.podName : '');
     });
   }
-  // the service is encoded in the same buffer, after the endpoints: one allocation per view
-  const { buf, starts } = encodeEndpointsFast(built, out);
-  const endpoints: EndpointView[] = built.map((ep, i) => {
-    const named = names[i] !== '';
-    const start = starts[i];
-    const end = starts[i + 1];
-    const path = flat(key, '/', named ? names[i] : createHash('sha256').update(buf.subarray(start, end)).digest('hex').slice(0, 16));
-    return new ComputedEndpointView(path, ep, named, buf, start, end);
-  });
+  /** an anonymous endpoint's path: a hash of its encoding */
+  const hashed = (bytes: Uint8Array) => createHash('sha256').update(bytes).digest('hex').slice(0, 16);
+  let endpoints: EndpointView[];
+  let serviceBytes: Uint8Array | undefined;
+  if (encoded) {
+    // the service is encoded in the same buffer, after the endpoints: one allocation per view
+    const { buf, starts } = encodeEndpointsFast(built, out);
+    endpoints = built.map((ep, i) => {
+      const named = names[i] !== '';
+      const start = starts[i];
+      const end = starts[i + 1];
+      return new ComputedEndpointView(flat(key, '/', named ? names[i] : hashed(buf.subarray(start, end))), ep, named, buf, start, end);
+    });
+    serviceBytes = buf.subarray(starts[built.length]);
+  } else {
+    endpoints = built.map((ep, i) => {
+      const named = names[i] !== '';
+      return new DecodedEndpointView(flat(key, '/', named ? names[i] : hashed(encodeEndpointFast(ep))), named, ep);
+    });
+  }
   sortSmall(endpoints, (a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
   // identical anonymous endpoints (same content) would share a path: keep one
   const dup = endpoints.some((e, i) => i > 0 && e.path === endpoints[i - 1].path);
   const unique = dup ? endpoints.filter((e, i) => i === 0 || e.path !== endpoints[i - 1].path) : endpoints;
-  return { key, service: out, bytes: buf.subarray(starts[built.length]), endpoints: unique };
+  return serviceBytes ? { key, service: out, bytes: serviceBytes, endpoints: unique } : new UnencodedServiceView(key, out, unique);
+}
+
+/** computeServiceView's view with encoded false: the service's bytes made when read */
+class UnencodedServiceView implements ServiceView {
+  constructor(
+    readonly key: string,
+    readonly service: Service,
+    readonly endpoints: readonly EndpointView[],
+  ) {}
+  get bytes(): Uint8Array {
+    return encodeServiceFast(this.service);
+  }
 }

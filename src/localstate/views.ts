@@ -13,9 +13,9 @@
 import type { Store, StoredSlice } from '../store/store.js';
 import { LocalSet, bytesEqual, decodeEndpoint, decodeService, type Endpoint, type Service } from '../api/model.js';
 import { putSetOp, setOpSize } from '../api/opitem.js';
-import { computeServiceView, type EndpointView, type ServiceView } from './service-view.js';
+import { computeServiceView, DecodedEndpointView, type EndpointView, type ServiceView } from './service-view.js';
 import type { NodeContext } from './topology.js';
-import { encodeEndpointFast, encodeServiceFast } from '../api/fast-encode.js';
+import { encodeServiceFast } from '../api/fast-encode.js';
 
 interface Entry {
   version: number;
@@ -225,7 +225,9 @@ export class ServiceViews {
     if (e.firstClass === cls) return e.firstView;
     if (e.byClass?.has(cls)) return e.byClass.get(cls);
     const stored = this.store.getService(key);
-    const computed = stored ? computeServiceView(stored.service, slices ?? this.store.slicesOfService(key), node, this.proxyName) : undefined;
+    // the first view of an in-process consumer keeps its messages only (intern): not encoded
+    const encoded = !(this.keepDecoded && e.firstClass === undefined);
+    const computed = stored ? computeServiceView(stored.service, slices ?? this.store.slicesOfService(key), node, this.proxyName, encoded) : undefined;
     const view = computed && this.intern(e, computed);
     this.computed++;
     if (e.firstClass === undefined) {
@@ -245,7 +247,10 @@ export class ServiceViews {
    */
   private intern(e: Entry, v: ServiceView): ServiceView {
     // in-process (one node): nothing to share; its messages are kept, their encodings are not
-    if (this.keepDecoded && e.firstClass === undefined) return new DecodedServiceView(v.key, v.service, v.endpoints.map((ep) => new DecodedEndpointView(ep.path, ep.named, ep.endpoint)));
+    if (this.keepDecoded && e.firstClass === undefined) {
+      const eps = v.endpoints.every((ep) => ep instanceof DecodedEndpointView) ? v.endpoints : v.endpoints.map((ep) => new DecodedEndpointView(ep.path, ep.named, ep.endpoint));
+      return new DecodedServiceView(v.key, v.service, eps);
+    }
     const services = e.services ?? [];
     const known = (e.endpoints ??= new Map<string, LazyEndpointView[]>());
     const svc = services.find((x) => bytesEqual(x.bytes, v.bytes));
@@ -334,17 +339,6 @@ class DecodedServiceView extends HeldView implements ServiceView {
   }
   get bytes(): Uint8Array {
     return encodeServiceFast(this.service);
-  }
-}
-
-class DecodedEndpointView implements EndpointView {
-  constructor(
-    readonly path: string,
-    readonly named: boolean,
-    readonly endpoint: Endpoint,
-  ) {}
-  get bytes(): Uint8Array {
-    return encodeEndpointFast(this.endpoint);
   }
 }
 

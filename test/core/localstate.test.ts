@@ -330,6 +330,40 @@ test('endpoints without pod name get stable hash paths', () => {
   for (const p of a) assert.match(p, /^ns\/svc\/[0-9a-f]{16}$/);
 });
 
+test('a view computed without its encodings (a node agent, to-file --once) is the encoded one: same paths, hash paths included, and same bytes when read', () => {
+  const extra: Case[] = [
+    { name: 'anonymous', objects: [...nodes, service('ns', 'svc'), slice('ns', 'svc-1', 'svc', [{ ip: '10.0.0.1' }, { ip: '10.0.0.2', node: 'a' }, { ip: '10.0.0.2' }])], node: 'a', want: [] },
+    {
+      name: 'dual-stack split',
+      objects: [
+        ...nodes,
+        service('ns', 'svc'),
+        slice('ns', 'svc-4', 'svc', [{ ip: '10.0.0.1', pod: 'p1', node: 'a' }]),
+        slice('ns', 'svc-6', 'svc', [{ ip: 'fd00::a', pod: 'p1', node: 'a', ready: false, serving: true, terminating: true }]),
+      ],
+      node: 'a',
+      want: [],
+    },
+  ];
+  let anonymous = 0;
+  for (const c of [...cases, ...extra]) {
+    const store = syncedStore(c.objects);
+    const svc = store.getService('ns/svc');
+    if (!svc) continue;
+    const ctx = { name: c.node, zone: store.getNode(c.node)?.node.Topology?.Zone ?? '' };
+    const enc = computeServiceView(svc.service, store.slicesOfService('ns/svc'), ctx, c.proxyName ?? '', true);
+    const dec = computeServiceView(svc.service, store.slicesOfService('ns/svc'), ctx, c.proxyName ?? '', false);
+    if (!enc || !dec) {
+      assert.equal(enc, dec, c.name);
+      continue;
+    }
+    const shape = (v: ServiceView) => ({ key: v.key, service: [...v.bytes], endpoints: v.endpoints.map((e) => ({ path: e.path, named: e.named, bytes: [...e.bytes] })) });
+    assert.deepEqual(shape(dec), shape(enc), c.name);
+    anonymous += enc.endpoints.filter((e) => !e.named).length;
+  }
+  assert.ok(anonymous >= 3, `anonymous endpoints compared: ${anonymous}`);
+});
+
 test('endpoints that map ports the same way share one frozen PortOverrides list, across Services', () => {
   const objs = [
     ...nodes,

@@ -27,7 +27,7 @@ export function nodeStateOnce(store: Store, nodeName: string, proxyName: string)
     for (const key of keys) {
       const s = store.getService(key);
       const slices = s && store.slicesOfService(key).map((sl) => ({ endpoints: store.sliceEndpointsOnce(sl) }));
-      const v = s && computeServiceView(s.service, slices!, ctx, proxyName);
+      const v = s && computeServiceView(s.service, slices!, ctx, proxyName, false);
       if (!v) continue;
       // a view's endpoints are sorted by path and unique, all under the service's key: FullStateSink's order
       yield { service: v.service, endpoints: v.endpoints.map((e) => e.endpoint) };
