@@ -14,6 +14,7 @@ import type { Store } from '../../store/store.js';
 // the definition registers when this module is imported, as before
 import './definition.js';
 import { documentChunks, type Format } from './stream.js';
+import { endpointToJson } from '../../api/fast-json.js';
 import type { NodeStateOnce } from './once.js';
 
 const json = <D extends DescMessage>(schema: D, m: MessageShape<D>) => toJson(schema, m);
@@ -24,7 +25,7 @@ export function nodeStateDocument(state: FullState): Record<string, unknown> {
     serviceCIDRs: state.serviceCIDRs.map((c) => json(L.ServiceCIDRSchema, c)),
     services: state.services.map((s) => ({
       service: json(L.ServiceSchema, s.service),
-      endpoints: s.endpoints.map((e) => json(L.EndpointSchema, e)),
+      endpoints: s.endpoints.map(endpointToJson),
     })),
   };
 }
@@ -45,7 +46,7 @@ export function globalStateDocument(store: Store): Record<string, unknown> {
 export function nodeStateChunks(state: FullState | NodeStateOnce, format: Format): Iterable<string> {
   const head = { node: state.node ? json(L.NodeSchema, state.node) : null, serviceCIDRs: state.serviceCIDRs.map((c) => json(L.ServiceCIDRSchema, c)) };
   const items = (function* () {
-    for (const s of state.services) yield { service: json(L.ServiceSchema, s.service), endpoints: s.endpoints.map((e) => json(L.EndpointSchema, e)) };
+    for (const s of state.services) yield { service: json(L.ServiceSchema, s.service), endpoints: s.endpoints.map(endpointToJson) };
   })();
   return documentChunks(format, head, 'services', items);
 }
