@@ -259,6 +259,16 @@ export function decodeEndpointFast(buf: Uint8Array, start: number, end: number):
   }
 }
 
+/** decodeEndpointFast, or undefined for what only fromBinary takes (an unknown field, a field twice, a wire type that does not match) */
+export function decodeEndpointFastOnly(buf: Uint8Array, start: number, end: number): Endpoint | undefined {
+  try {
+    return endpoint(new Reader(buf, start, end), end);
+  } catch (e) {
+    if (e !== UNEXPECTED) throw e;
+    return undefined;
+  }
+}
+
 /** fromBinary(EndpointInfoSchema, bytes), faster */
 export function decodeEndpointInfoFast(bytes: Uint8Array): EndpointInfo {
   return decodeEndpointInfoAt(bytes, 0, bytes.length);

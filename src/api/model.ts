@@ -18,6 +18,7 @@ import {
 } from './gen/api/localv1/api_pb.js';
 import { ipFamily } from './ip.js';
 import { compact, sharedPorts } from './compact.js';
+import { decodeEndpointFastOnly } from './fast-decode.js';
 import { encodeServiceFast } from './fast-encode.js';
 
 export { LocalSet, Protocol };
@@ -103,7 +104,10 @@ export const decodeService = (b: Uint8Array): Service => {
   svc.Ports = sharedPorts(svc.Ports) as PortMapping[];
   return svc;
 };
-export const decodeEndpoint = (b: Uint8Array): Endpoint => compact(EndpointSchema, [fromBinary(EndpointSchema, b)])[0];
+// (the hand-written decoder first: fromBinary was half of what a node agent
+// in split mode spent on each endpoint a brain sends; compact's copy is a
+// third smaller than either decoder's message)
+export const decodeEndpoint = (b: Uint8Array): Endpoint => compact(EndpointSchema, [decodeEndpointFastOnly(b, 0, b.length) ?? fromBinary(EndpointSchema, b)])[0];
 export const decodeLocalNode = (b: Uint8Array): LocalNode => fromBinary(LocalNodeSchema, b);
 export const decodeServiceCIDR = (b: Uint8Array): ServiceCIDR => fromBinary(ServiceCIDRSchema, b);
 

@@ -59,3 +59,24 @@ test("an endpoint's scopes and its empty address family are shared frozen values
   assert.deepEqual(a.IPs!.V4, ['10.0.0.1']);
   assert.deepEqual(a, fromBinary(EndpointSchema, enc(['10.0.0.1'])));
 });
+
+test("model's decodeEndpoint (what a node agent in split mode decodes: the hand-written decoder, then compact) equals compact(fromBinary) on random endpoints, and what the hand-written decoder does not take still decodes as before", async () => {
+  const { decodeEndpoint } = await import('../../src/api/model.js');
+  const { compact } = await import('../../src/api/compact.js');
+  const random = randomMessages(11);
+  for (let i = 0; i < 3000; i++) {
+    const bytes = toBinary(EndpointSchema, random.endpoint());
+    const got = decodeEndpoint(bytes);
+    assert.deepStrictEqual(defined(got), defined(compact(EndpointSchema, [fromBinary(EndpointSchema, bytes)])[0]), `endpoint ${i}`);
+    assert.deepEqual(Buffer.from(toBinary(EndpointSchema, got)), Buffer.from(bytes), 'encodes back to the same bytes');
+  }
+  // ports that repeat: one shared frozen list
+  const ports = (ip: string) => toBinary(EndpointSchema, create(EndpointSchema, { IPs: { V4: [ip] }, PortOverrides: [{ Name: 'http', Port: 8080, Protocol: 1 }] }));
+  const [a, b] = [ports('10.0.0.1'), ports('10.0.0.2')].map(decodeEndpoint);
+  assert.equal(a.PortOverrides, b.PortOverrides);
+  assert.ok(Object.isFrozen(a.PortOverrides));
+  // an unknown field (99): fromBinary's decoding, copied by compact (which leaves unknown fields out), as before
+  const withUnknown = new Uint8Array([...ports('10.0.0.3'), 0x98, 0x06, 0x01]);
+  assert.deepStrictEqual(defined(decodeEndpoint(withUnknown)), defined(compact(EndpointSchema, [fromBinary(EndpointSchema, withUnknown)])[0]));
+  assert.throws(() => decodeEndpoint(ports('10.0.0.4').subarray(0, 5)));
+});
