@@ -251,12 +251,7 @@ function endpointInfo(r: Reader): EndpointInfo {
 
 /** an endpoint encoded in buf[start, end): decodeEndpoint, faster (a proxier's packed endpoints, decoded on each use) */
 export function decodeEndpointFast(buf: Uint8Array, start: number, end: number): Endpoint {
-  try {
-    return endpoint(new Reader(buf, start, end), end);
-  } catch (e) {
-    if (e !== UNEXPECTED) throw e;
-    return fromBinary(EndpointSchema, buf.subarray(start, end));
-  }
+  return decodeEndpointFastOnly(buf, start, end) ?? fromBinary(EndpointSchema, buf.subarray(start, end));
 }
 
 /** decodeEndpointFast, or undefined for what only fromBinary takes (an unknown field, a field twice, a wire type that does not match) */
