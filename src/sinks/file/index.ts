@@ -9,7 +9,7 @@ import { toJson, type DescMessage, type MessageShape } from '@bufbuild/protobuf'
 import { yaml } from '../../lazy.js';
 import * as L from '../../api/gen/api/localv1/api_pb.js';
 import * as G from '../../api/gen/api/globalv1/api_pb.js';
-import type { FullState } from '../../diff/fullstate.js';
+import type { FullState, ServiceEndpoints } from '../../diff/fullstate.js';
 import type { Store } from '../../store/store.js';
 // the definition registers when this module is imported, as before
 import './definition.js';
@@ -19,14 +19,14 @@ import type { NodeStateOnce } from './once.js';
 
 const json = <D extends DescMessage>(schema: D, m: MessageShape<D>) => toJson(schema, m);
 
+/** one Service of a node's state and its endpoints, as the state documents hold them */
+const serviceEndpointsJson = (s: ServiceEndpoints) => ({ service: json(L.ServiceSchema, s.service), endpoints: s.endpoints.map(endpointToJson) });
+
 export function nodeStateDocument(state: FullState): Record<string, unknown> {
   return {
     node: state.node ? json(L.NodeSchema, state.node) : null,
     serviceCIDRs: state.serviceCIDRs.map((c) => json(L.ServiceCIDRSchema, c)),
-    services: state.services.map((s) => ({
-      service: json(L.ServiceSchema, s.service),
-      endpoints: s.endpoints.map(endpointToJson),
-    })),
+    services: state.services.map(serviceEndpointsJson),
   };
 }
 
@@ -46,7 +46,7 @@ export function globalStateDocument(store: Store): Record<string, unknown> {
 export function nodeStateChunks(state: FullState | NodeStateOnce, format: Format): Iterable<string> {
   const head = { node: state.node ? json(L.NodeSchema, state.node) : null, serviceCIDRs: state.serviceCIDRs.map((c) => json(L.ServiceCIDRSchema, c)) };
   const items = (function* () {
-    for (const s of state.services) yield { service: json(L.ServiceSchema, s.service), endpoints: s.endpoints.map(endpointToJson) };
+    for (const s of state.services) yield serviceEndpointsJson(s);
   })();
   return documentChunks(format, head, 'services', items);
 }
