@@ -1,6 +1,7 @@
-// A hand-written protobuf decoder for globalv1.EndpointInfo, the message a
+// Hand-written protobuf decoders for globalv1.EndpointInfo, the message a
 // node agent decodes most (its store keeps slices as bytes and decodes them
-// for each view it computes). Equal to fromBinary(EndpointInfoSchema) for
+// for each view it computes), and for localv1.Endpoint and localv1.Service,
+// what a node agent in split mode decodes of every op a brain sends. Equal to fromBinary(EndpointInfoSchema) for
 // everything kpng writes (test/core/fast-decode.test.ts checks it on random
 // messages), several times faster, and its messages are object literals
 // with every field inside the object. Anything it does not expect (an
@@ -8,7 +9,18 @@
 // is handed to fromBinary, which knows every rule.
 import { fromBinary } from '@bufbuild/protobuf';
 import { EndpointInfoSchema, type EndpointConditions, type EndpointInfo, type TopologyHints, type TopologyInfo } from './gen/api/globalv1/api_pb.js';
-import { EndpointSchema, type Endpoint, type EndpointScopes, type IPSet, type PortName } from './gen/api/localv1/api_pb.js';
+import {
+  EndpointSchema,
+  type ClientIPAffinity,
+  type Endpoint,
+  type EndpointScopes,
+  type IPFilter,
+  type IPSet,
+  type PortMapping,
+  type PortName,
+  type Service,
+  type ServiceIPs,
+} from './gen/api/localv1/api_pb.js';
 import { pooled } from './compact.js';
 
 /** the message is not one this decoder takes: fromBinary decodes it */
@@ -36,6 +48,18 @@ class Reader {
       const b = this.buf[this.pos++];
       if (shift < 32) v |= (b & 0x7f) << shift;
       if (b < 0x80) return v;
+    }
+    throw UNEXPECTED;
+  }
+
+  /** a bool: true when any bit of its varint is set (fromBinary reads it as a uint64) */
+  bool(): boolean {
+    let any = 0;
+    for (let i = 0; i < 10; i++) {
+      if (this.pos >= this.end) throw UNEXPECTED;
+      const b = this.buf[this.pos++];
+      any |= b & 0x7f;
+      if (b < 0x80) return any !== 0;
     }
     throw UNEXPECTED;
   }
@@ -145,7 +169,7 @@ function scopes(r: Reader, end: number): EndpointScopes {
   while (r.pos < end) {
     const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
     expect(w, VARINT);
-    const v = r.varint32() !== 0;
+    const v = r.bool();
     if (f === 1) Internal = v;
     else if (f === 2) External = v;
     else if (f === 3) Cluster = v;
@@ -167,10 +191,10 @@ function endpoint(r: Reader, end: number): Endpoint {
     switch (f) {
       case 1: expect(w, LEN); Hostname = r.string(); break;
       case 2: expect(w, LEN); if (IPs) throw UNEXPECTED; IPs = ipSet(r, r.sub()); break;
-      case 3: expect(w, VARINT); Local = r.varint32() !== 0; break;
+      case 3: expect(w, VARINT); Local = r.bool(); break;
       case 4: expect(w, LEN); PortOverrides = add(PortOverrides, portName(r, r.sub())); break;
       case 5: expect(w, LEN); if (Scopes) throw UNEXPECTED; Scopes = scopes(r, r.sub()); break;
-      case 6: expect(w, VARINT); Terminating = r.varint32() !== 0; break;
+      case 6: expect(w, VARINT); Terminating = r.bool(); break;
       case 7: expect(w, LEN); NodeName = pooled(r.string()); break;
       default: throw UNEXPECTED;
     }
@@ -185,7 +209,7 @@ function conditions(r: Reader, end: number): EndpointConditions {
   while (r.pos < end) {
     const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
     expect(w, VARINT);
-    const v = r.varint32() !== 0;
+    const v = r.bool();
     if (f === 1) Ready = v;
     else if (f === 2) Serving = v;
     else if (f === 3) Terminating = v;
@@ -276,5 +300,159 @@ export function decodeEndpointInfoAt(bytes: Uint8Array, start: number, end: numb
   } catch (e) {
     if (e !== UNEXPECTED) throw e;
     return fromBinary(EndpointInfoSchema, bytes.subarray(start, end));
+  }
+}
+
+// --- localv1.Service (a node agent in split mode decodes one per Service a brain sends)
+
+function serviceIPs(r: Reader, end: number): ServiceIPs {
+  let ClusterIPs: IPSet | undefined;
+  let ExternalIPs: IPSet | undefined;
+  let Headless = false;
+  let LoadBalancerIPs: IPSet | undefined;
+  let ProxyLoadBalancerIPs: IPSet | undefined;
+  while (r.pos < end) {
+    const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
+    switch (f) {
+      case 1: expect(w, LEN); if (ClusterIPs) throw UNEXPECTED; ClusterIPs = ipSet(r, r.sub()); break;
+      case 2: expect(w, LEN); if (ExternalIPs) throw UNEXPECTED; ExternalIPs = ipSet(r, r.sub()); break;
+      case 3: expect(w, VARINT); Headless = r.bool(); break;
+      case 4: expect(w, LEN); if (LoadBalancerIPs) throw UNEXPECTED; LoadBalancerIPs = ipSet(r, r.sub()); break;
+      case 5: expect(w, LEN); if (ProxyLoadBalancerIPs) throw UNEXPECTED; ProxyLoadBalancerIPs = ipSet(r, r.sub()); break;
+      default: throw UNEXPECTED;
+    }
+  }
+  return { $typeName: 'localv1.ServiceIPs', ClusterIPs, ExternalIPs, Headless, LoadBalancerIPs, ProxyLoadBalancerIPs };
+}
+
+function portMapping(r: Reader, end: number): PortMapping {
+  let Name = '';
+  let Protocol = 0;
+  let Port = 0;
+  let NodePort = 0;
+  let TargetPort = 0;
+  let TargetPortName = '';
+  let HasEndpointsV4 = false;
+  let HasEndpointsV6 = false;
+  while (r.pos < end) {
+    const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
+    switch (f) {
+      case 1: expect(w, LEN); Name = r.string(); break;
+      case 2: expect(w, VARINT); Protocol = r.varint32(); break;
+      case 3: expect(w, VARINT); Port = r.varint32(); break;
+      case 4: expect(w, VARINT); NodePort = r.varint32(); break;
+      case 5: expect(w, VARINT); TargetPort = r.varint32(); break;
+      case 6: expect(w, LEN); TargetPortName = r.string(); break;
+      case 7: expect(w, VARINT); HasEndpointsV4 = r.bool(); break;
+      case 8: expect(w, VARINT); HasEndpointsV6 = r.bool(); break;
+      default: throw UNEXPECTED;
+    }
+  }
+  return { $typeName: 'localv1.PortMapping', Name, Protocol, Port, NodePort, TargetPort, TargetPortName, HasEndpointsV4, HasEndpointsV6 };
+}
+
+/** one map<string, string> entry into m (a key seen again: the later value, as fromBinary does) */
+function mapEntry(r: Reader, end: number, m: { [key: string]: string }): void {
+  let key = '';
+  let value = '';
+  while (r.pos < end) {
+    const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
+    expect(w, LEN);
+    if (f === 1) key = r.string();
+    else if (f === 2) value = r.string();
+    else throw UNEXPECTED;
+  }
+  // (fromBinary makes "__proto__" an own property: its way)
+  if (key === '__proto__') throw UNEXPECTED;
+  m[key] = value;
+}
+
+function ipFilter(r: Reader, end: number): IPFilter {
+  let TargetIPs: IPSet | undefined;
+  const SourceRanges: string[] = [];
+  while (r.pos < end) {
+    const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
+    expect(w, LEN);
+    if (f === 1) {
+      if (TargetIPs) throw UNEXPECTED;
+      TargetIPs = ipSet(r, r.sub());
+    } else if (f === 2) SourceRanges.push(r.string());
+    else throw UNEXPECTED;
+  }
+  return { $typeName: 'localv1.IPFilter', TargetIPs, SourceRanges };
+}
+
+function clientIPAffinity(r: Reader, end: number): ClientIPAffinity {
+  let TimeoutSeconds = 0;
+  while (r.pos < end) {
+    const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
+    if (f !== 1) throw UNEXPECTED;
+    expect(w, VARINT);
+    TimeoutSeconds = r.varint32();
+  }
+  return { $typeName: 'localv1.ClientIPAffinity', TimeoutSeconds };
+}
+
+function service(r: Reader): Service {
+  let Namespace = '';
+  let Name = '';
+  let Type = '';
+  const Labels: { [key: string]: string } = {};
+  const Annotations: { [key: string]: string } = {};
+  let IPs: ServiceIPs | undefined;
+  const IPFilters: IPFilter[] = [];
+  let MapIP = false;
+  const Ports: PortMapping[] = [];
+  let ExternalTrafficToLocal = false;
+  let SessionAffinity: Service['SessionAffinity'] = { case: undefined };
+  let InternalTrafficToLocal = false;
+  let HealthCheckNodePort = 0;
+  let TrafficDistribution = '';
+  while (r.pos < r.end) {
+    const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
+    switch (f) {
+      case 1: expect(w, LEN); Namespace = r.string(); break;
+      case 2: expect(w, LEN); Name = r.string(); break;
+      case 3: expect(w, LEN); Type = r.string(); break;
+      case 4: expect(w, LEN); if (IPs) throw UNEXPECTED; IPs = serviceIPs(r, r.sub()); break;
+      case 5: expect(w, VARINT); MapIP = r.bool(); break;
+      case 6: expect(w, LEN); Ports.push(portMapping(r, r.sub())); break;
+      case 7: expect(w, VARINT); ExternalTrafficToLocal = r.bool(); break;
+      case 8: expect(w, LEN); mapEntry(r, r.sub(), Labels); break;
+      case 9: expect(w, LEN); mapEntry(r, r.sub(), Annotations); break;
+      case 10: expect(w, LEN); IPFilters.push(ipFilter(r, r.sub())); break;
+      case 11: expect(w, LEN); if (SessionAffinity.case) throw UNEXPECTED; SessionAffinity = { case: 'ClientIP', value: clientIPAffinity(r, r.sub()) }; break;
+      case 12: expect(w, VARINT); InternalTrafficToLocal = r.bool(); break;
+      case 13: expect(w, VARINT); HealthCheckNodePort = r.varint32(); break;
+      case 14: expect(w, LEN); TrafficDistribution = r.string(); break;
+      default: throw UNEXPECTED;
+    }
+  }
+  return {
+    $typeName: 'localv1.Service',
+    Namespace,
+    Name,
+    Type,
+    Labels,
+    Annotations,
+    IPs,
+    IPFilters,
+    MapIP,
+    Ports,
+    ExternalTrafficToLocal,
+    SessionAffinity,
+    InternalTrafficToLocal,
+    HealthCheckNodePort,
+    TrafficDistribution,
+  };
+}
+
+/** fromBinary(ServiceSchema, bytes), or undefined for what only fromBinary takes (an unknown field, a message field twice, a wire type that does not match) */
+export function decodeServiceFastOnly(bytes: Uint8Array): Service | undefined {
+  try {
+    return service(new Reader(bytes, 0, bytes.length));
+  } catch (e) {
+    if (e !== UNEXPECTED) throw e;
+    return undefined;
   }
 }

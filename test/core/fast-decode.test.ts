@@ -80,3 +80,46 @@ test("model's decodeEndpoint (what a node agent in split mode decodes: the hand-
   assert.deepStrictEqual(defined(decodeEndpoint(withUnknown)), defined(compact(EndpointSchema, [fromBinary(EndpointSchema, withUnknown)])[0]));
   assert.throws(() => decodeEndpoint(ports('10.0.0.4').subarray(0, 5)));
 });
+
+test('decodeServiceFastOnly equals fromBinary on many random Services (every field, maps with odd keys, filters, affinity, int32 negatives), and model.decodeService equals compact(fromBinary) as before', async () => {
+  const { decodeServiceFastOnly } = await import('../../src/api/fast-decode.js');
+  const { decodeService } = await import('../../src/api/model.js');
+  const { compact } = await import('../../src/api/compact.js');
+  const { ServiceSchema } = await import('../../src/api/gen/api/localv1/api_pb.js');
+  const random = randomMessages(13);
+  for (let i = 0; i < 3000; i++) {
+    const bytes = toBinary(ServiceSchema, random.service());
+    const fast = decodeServiceFastOnly(bytes);
+    assert.ok(fast, `service ${i}: taken by the hand-written decoder`);
+    const slow = fromBinary(ServiceSchema, bytes);
+    assert.deepStrictEqual(defined(fast), defined(slow), `service ${i}`);
+    assert.deepEqual(Object.keys(fast.Labels), Object.keys(slow.Labels), 'labels in the same order');
+    assert.deepEqual(Buffer.from(toBinary(ServiceSchema, fast)), Buffer.from(bytes), 'encodes back to the same bytes');
+    assert.deepStrictEqual(defined(decodeService(bytes)), defined(compact(ServiceSchema, [slow])[0]), `decodeService ${i}`);
+  }
+  // what it does not take goes to fromBinary: an unknown field (99), a "__proto__" label (an own property there), a message field twice
+  const base = toBinary(ServiceSchema, create(ServiceSchema, { Namespace: 'ns', Name: 'a', Ports: [{ Name: 'http', Port: 80, Protocol: 1 }] }));
+  const withUnknown = new Uint8Array([...base, 0x98, 0x06, 0x01]);
+  assert.equal(decodeServiceFastOnly(withUnknown), undefined);
+  assert.deepStrictEqual(defined(decodeService(withUnknown)), defined(compact(ServiceSchema, [fromBinary(ServiceSchema, withUnknown)])[0]));
+  const proto = toBinary(ServiceSchema, create(ServiceSchema, { Name: 'a', Labels: { ['__proto__']: 'x', app: 'y' } }));
+  assert.equal(decodeServiceFastOnly(proto), undefined);
+  assert.equal(Object.getOwnPropertyDescriptor(decodeService(proto).Labels, '__proto__')?.value, 'x');
+  const ips = toBinary(ServiceSchema, create(ServiceSchema, { IPs: { ClusterIPs: { V4: ['10.0.0.1'] } } }));
+  const twice = new Uint8Array([...ips, ...ips]);
+  assert.equal(decodeServiceFastOnly(twice), undefined);
+  assert.deepStrictEqual(defined(decodeService(twice)), defined(compact(ServiceSchema, [fromBinary(ServiceSchema, twice)])[0]));
+  assert.throws(() => decodeService(base.subarray(0, base.length - 2)));
+});
+
+test('a bool whose varint has only bits past the 32nd set is true, as fromBinary reads it', async () => {
+  const { decodeServiceFastOnly } = await import('../../src/api/fast-decode.js');
+  const { ServiceSchema } = await import('../../src/api/gen/api/localv1/api_pb.js');
+  // field 5 (MapIP), varint 2^35; field 3 of an endpoint (Local) likewise
+  const svc = new Uint8Array([0x28, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01]);
+  assert.equal(fromBinary(ServiceSchema, svc).MapIP, true);
+  assert.equal(decodeServiceFastOnly(svc)?.MapIP, true);
+  const ep = new Uint8Array([0x18, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01]);
+  assert.equal(fromBinary(EndpointSchema, ep).Local, true);
+  assert.equal(decodeEndpointFast(ep, 0, ep.length).Local, true);
+});
