@@ -88,6 +88,16 @@ function ip(v: unknown, field: string): string {
   return c;
 }
 
+/**
+ * e, an InvalidObject naming a field of an item, renamed under the item's
+ * own name (the item itself when its field is ''). Field names are made
+ * only then: made for every field of every item, they were a third of a
+ * slice's conversion.
+ */
+function within(e: unknown, item: string): unknown {
+  return e instanceof InvalidObject ? new InvalidObject(e.field ? `${item}.${e.field}` : item, e.reason) : e;
+}
+
 function typeName(v: unknown): string {
   return Array.isArray(v) ? 'a list' : v === null ? 'null' : typeof v;
 }
@@ -116,7 +126,7 @@ function meta(o: Obj, namespaced: boolean, nameRule: 'label' | 'subdomain' = 'su
   if (namespaced) dnsLabel(namespace, 'metadata.namespace');
   const labelsObj = obj(md.labels, 'metadata.labels');
   const labels: Record<string, string> = {};
-  for (const [k, v] of Object.entries(labelsObj)) labels[k] = str(v, `metadata.labels[${k}]`);
+  for (const [k, v] of Object.entries(labelsObj)) labels[k] = typeof v === 'string' ? v : str(v, `metadata.labels[${k}]`);
   return { name, namespace, labels, md };
 }
 
@@ -190,27 +200,30 @@ export function convertService(o: Obj): Converted {
 
   const seenPorts = new Set<string>();
   arr(spec.ports, 'spec.ports').forEach((pv, i) => {
-    const f = `spec.ports[${i}]`;
-    const p = obj(pv, f, true);
-    const portName = str(p.name, `${f}.name`);
-    if (portName) dnsLabel(portName, `${f}.name`);
-    const protocol = parseProtocol(str(p.protocol, `${f}.protocol`, 'TCP'));
-    if (protocol === undefined) throw new InvalidObject(`${f}.protocol`, `unknown protocol ${JSON.stringify(p.protocol)}`);
-    const port = int(p.port, `${f}.port`, 1, 65535);
-    if (port === undefined) throw new InvalidObject(`${f}.port`, 'missing');
-    const nodePort = int(p.nodePort, `${f}.nodePort`, 0, 65535) ?? 0;
-    const pm: L.PortMapping = { $typeName: 'localv1.PortMapping', Name: portName, Protocol: protocol, Port: port, NodePort: nodePort, TargetPort: 0, TargetPortName: '', HasEndpointsV4: false, HasEndpointsV6: false };
-    const tp = p.targetPort;
-    if (typeof tp === 'string' && !/^\d+$/.test(tp)) {
-      if (!tp) throw new InvalidObject(`${f}.targetPort`, 'empty');
-      pm.TargetPortName = tp;
-    } else {
-      pm.TargetPort = int(typeof tp === 'string' ? Number(tp) : tp, `${f}.targetPort`, 1, 65535) ?? port;
+    try {
+      const p = obj(pv, '', true);
+      const portName = str(p.name, 'name');
+      if (portName) dnsLabel(portName, 'name');
+      const protocol = parseProtocol(str(p.protocol, 'protocol', 'TCP'));
+      if (protocol === undefined) throw new InvalidObject('protocol', `unknown protocol ${JSON.stringify(p.protocol)}`);
+      const port = int(p.port, 'port', 1, 65535);
+      if (port === undefined) throw new InvalidObject('port', 'missing');
+      const nodePort = int(p.nodePort, 'nodePort', 0, 65535) ?? 0;
+      const pm: L.PortMapping = { $typeName: 'localv1.PortMapping', Name: portName, Protocol: protocol, Port: port, NodePort: nodePort, TargetPort: 0, TargetPortName: '', HasEndpointsV4: false, HasEndpointsV6: false };
+      const tp = p.targetPort;
+      if (typeof tp === 'string' && !/^\d+$/.test(tp)) {
+        if (!tp) throw new InvalidObject('targetPort', 'empty');
+        pm.TargetPortName = tp;
+      } else {
+        pm.TargetPort = int(typeof tp === 'string' ? Number(tp) : tp, 'targetPort', 1, 65535) ?? port;
+      }
+      const id = `${portName}/${protocol}`;
+      if (seenPorts.has(id)) throw new InvalidObject('name', `duplicate port ${JSON.stringify(portName)}`);
+      seenPorts.add(id);
+      svc.Ports.push(pm);
+    } catch (e) {
+      throw within(e, `spec.ports[${i}]`);
     }
-    const id = `${portName}/${protocol}`;
-    if (seenPorts.has(id)) throw new InvalidObject(`${f}.name`, `duplicate port ${JSON.stringify(portName)}`);
-    seenPorts.add(id);
-    svc.Ports.push(pm);
   });
 
   const etp = str(spec.externalTrafficPolicy, 'spec.externalTrafficPolicy', 'Cluster');
@@ -259,52 +272,76 @@ export function convertSlice(o: Obj): Converted {
 
   const ports: L.PortName[] = [];
   arr(o.ports, 'ports').forEach((pv, i) => {
-    const f = `ports[${i}]`;
-    const p = obj(pv, f, true);
-    const port = int(p.port, `${f}.port`, 1, 65535);
-    if (port === undefined) return; // no port: serves nothing kube-proxy can use
-    const protocol = parseProtocol(str(p.protocol, `${f}.protocol`, 'TCP'));
-    if (protocol === undefined) throw new InvalidObject(`${f}.protocol`, `unknown protocol ${JSON.stringify(p.protocol)}`);
-    const portName = str(p.name, `${f}.name`);
-    if (portName) dnsLabel(portName, `${f}.name`);
-    ports.push({ $typeName: 'localv1.PortName', Name: portName, Port: port, Protocol: protocol });
+    try {
+      const p = obj(pv, '', true);
+      const port = int(p.port, 'port', 1, 65535);
+      if (port === undefined) return; // no port: serves nothing kube-proxy can use
+      const protocol = parseProtocol(str(p.protocol, 'protocol', 'TCP'));
+      if (protocol === undefined) throw new InvalidObject('protocol', `unknown protocol ${JSON.stringify(p.protocol)}`);
+      const portName = str(p.name, 'name');
+      if (portName) dnsLabel(portName, 'name');
+      ports.push({ $typeName: 'localv1.PortName', Name: portName, Port: port, Protocol: protocol });
+    } catch (e) {
+      throw within(e, `ports[${i}]`);
+    }
   });
 
   const endpoints: G.EndpointInfo[] = [];
   arr(o.endpoints, 'endpoints').forEach((ev, i) => {
-    const f = `endpoints[${i}]`;
-    const e = obj(ev, f, true);
-    const addrs = arr(e.addresses, `${f}.addresses`);
-    if (addrs.length === 0) throw new InvalidObject(`${f}.addresses`, 'empty');
-    const addr = ip(addrs[0], `${f}.addresses[0]`); // kube-proxy uses the first address only
-    if (ipFamily(addr) !== family) throw new InvalidObject(`${f}.addresses[0]`, `${addr} is not an ${addressType} address`);
-    const cond = obj(e.conditions, `${f}.conditions`);
-    const ready = bool(cond.ready, `${f}.conditions.ready`) ?? true;
-    const serving = bool(cond.serving, `${f}.conditions.serving`) ?? true;
-    const terminating = bool(cond.terminating, `${f}.conditions.terminating`) ?? false;
-    const hints = obj(e.hints, `${f}.hints`);
-    const zoneHints = arr(hints.forZones, `${f}.hints.forZones`).map((z, j) => str(obj(z, `${f}.hints.forZones[${j}]`, true).name, `${f}.hints.forZones[${j}].name`)).filter(Boolean).sort();
-    const nodeHints = arr(hints.forNodes, `${f}.hints.forNodes`).map((z, j) => str(obj(z, `${f}.hints.forNodes[${j}]`, true).name, `${f}.hints.forNodes[${j}].name`)).filter(Boolean).sort();
-    const ref = obj(e.targetRef, `${f}.targetRef`);
-    const podName = str(ref.kind, `${f}.targetRef.kind`) === 'Pod' ? str(ref.name, `${f}.targetRef.name`) : '';
-    const ipset = newIPSet();
-    ipSetAdd(ipset, addr);
-    // message literals, every field as create() sets it (test/core/objects-literal.test.ts):
-    // the reflective create() was a fifth of a large file's parse
-    endpoints.push({
-      $typeName: 'globalv1.EndpointInfo',
-      Hash: 0n,
-      Namespace: namespace,
-      SourceName: name,
-      ServiceName: serviceName,
-      PodName: podName,
-      Endpoint: { $typeName: 'localv1.Endpoint', Hostname: str(e.hostname, `${f}.hostname`), IPs: ipset, Local: false, PortOverrides: ports.slice(), Terminating: false, NodeName: '' },
-      Conditions: { $typeName: 'globalv1.EndpointConditions', Ready: ready, Serving: serving, Terminating: terminating },
-      Topology: { $typeName: 'globalv1.TopologyInfo', Node: str(e.nodeName, `${f}.nodeName`), Zone: str(e.zone, `${f}.zone`) },
-      Hints: { $typeName: 'globalv1.TopologyHints', Zones: zoneHints, Nodes: nodeHints },
-    });
+    try {
+      endpoints.push(convertEndpoint(ev, family, addressType, namespace, name, serviceName, ports));
+    } catch (e) {
+      throw within(e, `endpoints[${i}]`);
+    }
   });
   return { kind: 'EndpointSlice', namespace, name, serviceName, endpoints };
+}
+
+/** a hints list's names (forZones, forNodes), sorted, empty ones left out */
+function hintNames(v: unknown, field: string): string[] {
+  const list = arr(v, field);
+  // (most endpoints have none: no arrays, no callbacks)
+  if (list.length === 0) return [];
+  const out: string[] = [];
+  list.forEach((z, j) => {
+    const n = str(obj(z, `${field}[${j}]`, true).name, `${field}[${j}].name`);
+    if (n) out.push(n);
+  });
+  return out.sort();
+}
+
+/** one endpoint of a slice; an InvalidObject names the field within it */
+function convertEndpoint(ev: unknown, family: 4 | 6, addressType: string, namespace: string, name: string, serviceName: string, ports: readonly L.PortName[]): G.EndpointInfo {
+  const e = obj(ev, '', true);
+  const addrs = arr(e.addresses, 'addresses');
+  if (addrs.length === 0) throw new InvalidObject('addresses', 'empty');
+  const addr = ip(addrs[0], 'addresses[0]'); // kube-proxy uses the first address only
+  if (ipFamily(addr) !== family) throw new InvalidObject('addresses[0]', `${addr} is not an ${addressType} address`);
+  const cond = obj(e.conditions, 'conditions');
+  const ready = bool(cond.ready, 'conditions.ready') ?? true;
+  const serving = bool(cond.serving, 'conditions.serving') ?? true;
+  const terminating = bool(cond.terminating, 'conditions.terminating') ?? false;
+  const hints = obj(e.hints, 'hints');
+  const zoneHints = hintNames(hints.forZones, 'hints.forZones');
+  const nodeHints = hintNames(hints.forNodes, 'hints.forNodes');
+  const ref = obj(e.targetRef, 'targetRef');
+  const podName = str(ref.kind, 'targetRef.kind') === 'Pod' ? str(ref.name, 'targetRef.name') : '';
+  const ipset = newIPSet();
+  ipSetAdd(ipset, addr);
+  // message literals, every field as create() sets it (test/core/objects-literal.test.ts):
+  // the reflective create() was a fifth of a large file's parse
+  return {
+    $typeName: 'globalv1.EndpointInfo',
+    Hash: 0n,
+    Namespace: namespace,
+    SourceName: name,
+    ServiceName: serviceName,
+    PodName: podName,
+    Endpoint: { $typeName: 'localv1.Endpoint', Hostname: str(e.hostname, 'hostname'), IPs: ipset, Local: false, PortOverrides: ports.slice(), Terminating: false, NodeName: '' },
+    Conditions: { $typeName: 'globalv1.EndpointConditions', Ready: ready, Serving: serving, Terminating: terminating },
+    Topology: { $typeName: 'globalv1.TopologyInfo', Node: str(e.nodeName, 'nodeName'), Zone: str(e.zone, 'zone') },
+    Hints: { $typeName: 'globalv1.TopologyHints', Zones: zoneHints, Nodes: nodeHints },
+  };
 }
 
 export function convertNode(o: Obj): Converted {
