@@ -91,6 +91,37 @@ test('sharedPorts: Services with the same ports share one frozen list; anyUnknow
   assert.equal(anyUnknownFields(withUnknown), true);
 });
 
+test('sharedPorts: two random port lists share one list exactly when their values are equal (names with separators and digits in them too)', () => {
+  let seed = 5;
+  const rnd = (n: number) => ((seed = (seed * 1103515245 + 12345) % 2 ** 31), seed % n);
+  const names = ['', 'a', 'a/1', '1', '1/a', 'a;', ';', 'http', '0/0'];
+  const port = () => ({
+    Name: names[rnd(names.length)],
+    Protocol: rnd(3),
+    Port: [0, 1, 10, 11, 80][rnd(5)],
+    NodePort: [0, 1, 10][rnd(3)],
+    TargetPort: [0, 1, 101][rnd(3)],
+    TargetPortName: names[rnd(names.length)],
+    HasEndpointsV4: !!rnd(2),
+    HasEndpointsV6: !!rnd(2),
+  });
+  const seen = new Map<string, readonly L.PortMapping[]>();
+  // (fewer lists than the pool holds before it starts over: 4096)
+  for (let i = 0; i < 2000; i++) {
+    const svc = compact(L.ServiceSchema, [create(L.ServiceSchema, { Ports: Array.from({ length: 1 + rnd(2) }, port) })])[0];
+    const values = JSON.stringify(svc.Ports.map((p) => Object.values(p)));
+    const shared = sharedPorts(svc.Ports);
+    assert.deepEqual(shared, svc.Ports);
+    const had = seen.get(values);
+    if (had) assert.equal(shared, had, `list ${i}: the list of the same values`);
+    else {
+      for (const other of seen.values()) assert.notEqual(shared, other, `list ${i}: not another values' list`);
+      seen.set(values, shared);
+    }
+  }
+  assert.ok(seen.size > 100);
+});
+
 test('decoded endpoints with the same PortOverrides share one frozen list; other lists are their own; values and encodings unchanged', () => {
   const ep = (ip: string, port: number) => newEndpoint({ IPs: { V4: [ip] }, PortOverrides: [{ Name: 'http', Port: port, Protocol: L.Protocol.TCP }], NodeName: 'n1' });
   const sent = [ep('10.0.0.1', 8080), ep('10.0.0.2', 8080), ep('10.0.0.3', 9090)];
