@@ -1,12 +1,13 @@
 // Hand-written protobuf decoders for globalv1.EndpointInfo, the message a
 // node agent decodes most (its store keeps slices as bytes and decodes them
 // for each view it computes), and for localv1.Endpoint and localv1.Service,
-// what a node agent in split mode decodes of every op a brain sends. Equal to fromBinary(EndpointInfoSchema) for
-// everything kpng writes (test/core/fast-decode.test.ts checks it on random
-// messages), several times faster, and its messages are object literals
-// with every field inside the object. Anything it does not expect (an
-// unknown field, a wire type that does not match, a message field twice)
-// is handed to fromBinary, which knows every rule.
+// what a node agent in split mode decodes of the ops a brain sends. Each
+// equals fromBinary of its schema for everything kpng writes
+// (test/core/fast-decode.test.ts checks them on random messages), is
+// several times faster, and makes object literals with every field inside
+// the object. Anything one does not expect (an unknown field, a wire type
+// that does not match, a message field twice) goes to fromBinary, which
+// knows every rule.
 import { fromBinary } from '@bufbuild/protobuf';
 import { EndpointInfoSchema, type EndpointConditions, type EndpointInfo, type TopologyHints, type TopologyInfo } from './gen/api/globalv1/api_pb.js';
 import {

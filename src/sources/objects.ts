@@ -91,8 +91,8 @@ function ip(v: unknown, field: string): string {
 /**
  * e, an InvalidObject naming a field of an item, renamed under the item's
  * own name (the item itself when its field is ''). Field names are made
- * only then: made for every field of every item, they were a third of a
- * slice's conversion.
+ * only then: made for every field of every endpoint (about 15 strings),
+ * they and the absent hints' lists were a fifth of a slice's conversion.
  */
 function within(e: unknown, item: string): unknown {
   return e instanceof InvalidObject ? new InvalidObject(e.field ? `${item}.${e.field}` : item, e.reason) : e;

@@ -3,8 +3,8 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { toBinary, fromBinary, create } from '@bufbuild/protobuf';
 import { EndpointInfoSchema } from '../../src/api/gen/api/globalv1/api_pb.js';
-import { decodeEndpointFast, decodeEndpointInfoFast } from '../../src/api/fast-decode.js';
-import { EndpointSchema } from '../../src/api/gen/api/localv1/api_pb.js';
+import { decodeEndpointFast, decodeEndpointInfoFast, decodeServiceFastOnly } from '../../src/api/fast-decode.js';
+import { EndpointSchema, ServiceSchema } from '../../src/api/gen/api/localv1/api_pb.js';
 import { randomMessages } from '../helpers/random-messages.js';
 
 /** the message without its unset message fields: fromBinary leaves them out, the fast decoder sets them undefined (one object shape) */
@@ -82,10 +82,8 @@ test("model's decodeEndpoint (what a node agent in split mode decodes: the hand-
 });
 
 test('decodeServiceFastOnly equals fromBinary on many random Services (every field, maps with odd keys, filters, affinity, int32 negatives), and model.decodeService equals compact(fromBinary) as before', async () => {
-  const { decodeServiceFastOnly } = await import('../../src/api/fast-decode.js');
   const { decodeService } = await import('../../src/api/model.js');
   const { compact } = await import('../../src/api/compact.js');
-  const { ServiceSchema } = await import('../../src/api/gen/api/localv1/api_pb.js');
   const random = randomMessages(13);
   for (let i = 0; i < 3000; i++) {
     const bytes = toBinary(ServiceSchema, random.service());
@@ -112,9 +110,7 @@ test('decodeServiceFastOnly equals fromBinary on many random Services (every fie
   assert.throws(() => decodeService(base.subarray(0, base.length - 2)));
 });
 
-test('a bool whose varint has only bits past the 32nd set is true, as fromBinary reads it', async () => {
-  const { decodeServiceFastOnly } = await import('../../src/api/fast-decode.js');
-  const { ServiceSchema } = await import('../../src/api/gen/api/localv1/api_pb.js');
+test('a bool whose varint has only bits past the 32nd set is true, as fromBinary reads it', () => {
   // field 5 (MapIP), varint 2^35; field 3 of an endpoint (Local) likewise
   const svc = new Uint8Array([0x28, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01]);
   assert.equal(fromBinary(ServiceSchema, svc).MapIP, true);
