@@ -274,7 +274,7 @@ function endpointInfo(r: Reader): EndpointInfo {
   return { $typeName: 'globalv1.EndpointInfo', Hash, Namespace, SourceName, ServiceName, PodName, Endpoint, Conditions, Topology, Hints };
 }
 
-/** an endpoint encoded in buf[start, end): decodeEndpoint, faster (a proxier's packed endpoints, decoded on each use) */
+/** fromBinary(EndpointSchema) of buf[start, end), faster, without the compact copy decodeEndpoint makes (a proxier's packed endpoints, decoded on each use) */
 export function decodeEndpointFast(buf: Uint8Array, start: number, end: number): Endpoint {
   return decodeEndpointFastOnly(buf, start, end) ?? fromBinary(EndpointSchema, buf.subarray(start, end));
 }
