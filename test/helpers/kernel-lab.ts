@@ -3,7 +3,9 @@
 // in and out, so a test's guest half uses the project's own code (the lab,
 // kpng) as the host does.
 import { readFileSync } from 'node:fs';
+import { constants } from 'node:os';
 import { fileURLToPath } from 'node:url';
+import { EMULATION_FAULTS } from '../../src/lab/lab.js';
 import { kernelLabUnavailable, runInVm, shellQuote, type VmRunOptions } from '../../src/lab/vm/index.js';
 
 const RESULT = 'KPNG-VMLAB-RESULT ';
@@ -58,11 +60,15 @@ export async function runScriptInVm<T>(file: string, input: unknown, opts: Pick<
     } catch (e) {
       throw new GuestRunFailed((e as Error).message, []);
     }
-    // 132: node died of SIGILL, an instruction of V8's generated code that
-    // QEMU's emulation (TCG) failed on (seen once in many suite runs): a
-    // fresh VM runs it again, once
-    if (r.status !== 132 || attempt > 1) break;
-    console.log(`# ${file}: the guest's node died of an illegal instruction (QEMU's emulation); running it again in a fresh VM`);
+    // 132, 139: node died of SIGILL or SIGSEGV, QEMU's emulation (TCG)
+    // failing on V8's generated code (see Lab.runKpng): a fresh VM runs it
+    // again, once
+    const status = r.status;
+    const signal = EMULATION_FAULTS.find((s) => status === 128 + constants.signals[s as NodeJS.Signals]);
+    if (!signal || attempt > 1) break;
+    // the guest kernel's line about it (ON_FAILURE prints its log), if any
+    const trap = r.output.split('\n').filter((l) => /trap invalid opcode|segfault at|general protection/.test(l));
+    console.log(`# ${file}: the guest's node died of ${signal} (QEMU's emulation); running it again in a fresh VM${trap.length ? `\n# ${trap.join('\n# ')}` : ''}`);
   }
   const lines = r.output.split('\n');
   const line = lines.find((l) => l.startsWith(RESULT));
