@@ -32,7 +32,7 @@ import { AGENT_MARGIN_MS, Agent } from './agent-client.js';
 import type { LabProtocol, Outcome } from './agent.js';
 import { deleteNamespacesSync, ipBatch, labStem, must, pidsIn, removeLeftovers, run, type RunResult } from './netns.js';
 
-/** the signals QEMU's emulation kills node with now and then (see runKpng) */
+/** the signals QEMU's emulation kills node with now and then (see startKpng) */
 export const EMULATION_FAULTS: readonly string[] = ['SIGILL', 'SIGSEGV'];
 
 export const KPNG_BIN = fileURLToPath(new URL('../../bin/kpng.js', import.meta.url));
@@ -450,17 +450,44 @@ export class Lab {
 
   /** Starts kpng in the node's namespace: `kpng <args>`. Stopped by close(). */
   startKpng(args: string[], opts: { env?: NodeJS.ProcessEnv } = {}): KpngProcess {
-    // its own process group, as the agents': only the lab's owner decides when it stops
-    const p = spawn('ip', ['netns', 'exec', this.nodeNs, process.execPath, KPNG_BIN, ...args], { env: { ...process.env, ...opts.env }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
     let stdout = '';
     let stderr = '';
     const cap = (s: string) => (s.length > 400_000 ? s.slice(-200_000) : s);
-    p.stdout!.on('data', (d) => (stdout = cap(stdout + d)));
-    p.stderr!.on('data', (d) => (stderr = cap(stderr + d)));
-    const exited = new Promise<number | null>((r) => p.on('close', (code, signal) => r(code ?? (signal ? -1 : null))));
+    // its own process group, as the agents': only the lab's owner decides when it stops
+    const spawnKpng = () => {
+      const c = spawn('ip', ['netns', 'exec', this.nodeNs, process.execPath, KPNG_BIN, ...args], { env: { ...process.env, ...opts.env }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+      c.stdout!.on('data', (d) => (stdout = cap(stdout + d)));
+      c.stderr!.on('data', (d) => (stderr = cap(stderr + d)));
+      return c;
+    };
+    let p = spawnKpng();
+    let done = false;
+    // in the kernel lab, node dies now and then of SIGILL or SIGSEGV with
+    // nothing on its stderr: QEMU's emulation (TCG) failing on V8's generated
+    // code (docs/kernel-lab.md), not kpng's doing. kpng is started again once,
+    // in place, as a restarted node agent (kpng's runs are idempotent).
+    let mayRestart = !!process.env.KPNG_VMLAB;
+    const exited = new Promise<number | null>((resolve) => {
+      const follow = (c: ChildProcess) =>
+        c.on('close', (code, signal) => {
+          if (mayRestart && signal && EMULATION_FAULTS.includes(signal)) {
+            mayRestart = false;
+            const line = `# lab: kpng ${args.join(' ')} died of ${signal} in QEMU's emulation; started again`;
+            console.log(line);
+            stderr = cap(`${stderr}${line}\n`);
+            follow((p = spawnKpng()));
+            return;
+          }
+          done = true;
+          resolve(code ?? (signal ? -1 : null));
+        });
+      follow(p);
+    });
     const lab = this;
     const k: KpngProcess = {
-      process: p,
+      get process() {
+        return p;
+      },
       get stdout() {
         return stdout;
       },
@@ -474,6 +501,7 @@ export class Lab {
         const r = await Promise.race([exited, t]);
         clearTimeout(timer);
         if (r === 'timeout') {
+          mayRestart = false;
           p.kill('SIGKILL');
           throw new Error(`kpng did not exit within ${timeoutMs} ms\nstderr:\n${stderr.slice(-4000)}`);
         }
@@ -482,13 +510,14 @@ export class Lab {
       async until(cond, what, timeoutMs = 20_000) {
         const end = Date.now() + timeoutMs;
         while (!cond()) {
-          if (p.exitCode !== null || p.signalCode !== null) throw new Error(`kpng exited (${p.exitCode ?? p.signalCode}) before ${what}\nstderr:\n${stderr.slice(-4000)}`);
+          if (done) throw new Error(`kpng exited (${p.exitCode ?? p.signalCode}) before ${what}\nstderr:\n${stderr.slice(-4000)}`);
           if (Date.now() > end) throw new Error(`timed out waiting for ${what}\nstderr:\n${stderr.slice(-4000)}`);
           await new Promise((r) => setTimeout(r, 25));
         }
       },
       async stop(signal = 'SIGTERM', graceMs = 5000) {
-        if (p.exitCode === null && p.signalCode === null) {
+        if (!done) {
+          mayRestart = false; // stopped: never started again
           p.kill(signal);
           const t = setTimeout(() => p.kill('SIGKILL'), graceMs);
           await exited;
@@ -504,19 +533,10 @@ export class Lab {
 
   /** Runs `kpng <args>` to completion (e.g. with --once). */
   async runKpng(args: string[], timeoutMs = 60_000): Promise<{ code: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string }> {
-    for (let attempt = 1; ; attempt++) {
-      const k = this.startKpng(args);
-      const code = await k.wait(timeoutMs);
-      this.kpngs.delete(k);
-      const r = { code, signal: k.process.signalCode, stdout: k.stdout, stderr: k.stderr };
-      // in the kernel lab, node dies now and then of SIGILL or SIGSEGV with
-      // nothing on its stderr: QEMU's emulation (TCG) failing on V8's
-      // generated code (SIGILL: the guest logs `trap invalid opcode`; SIGSEGV:
-      // about 1 kpng run in 100 there, never on the host, docs/kernel-lab.md),
-      // not kpng's doing; kpng's runs are idempotent, so it runs once more
-      if (!process.env.KPNG_VMLAB || !EMULATION_FAULTS.includes(r.signal!) || attempt > 1) return r;
-      console.log(`# kpng ${args.join(' ')}: node died of ${r.signal} in QEMU's emulation; running it again`);
-    }
+    const k = this.startKpng(args);
+    const code = await k.wait(timeoutMs);
+    this.kpngs.delete(k);
+    return { code, signal: k.process.signalCode, stdout: k.stdout, stderr: k.stderr };
   }
 
   // --- teardown
