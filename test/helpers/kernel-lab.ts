@@ -61,7 +61,7 @@ export async function runScriptInVm<T>(file: string, input: unknown, opts: Pick<
       throw new GuestRunFailed((e as Error).message, []);
     }
     // 132, 139: node died of SIGILL or SIGSEGV, QEMU's emulation (TCG)
-    // failing on V8's generated code (see Lab.runKpng): a fresh VM runs it
+    // failing on V8's generated code (see Lab.startKpng): a fresh VM runs it
     // again, once
     const status = r.status;
     const signal = EMULATION_FAULTS.find((s) => status === 128 + constants.signals[s as NodeJS.Signals]);

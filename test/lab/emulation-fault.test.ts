@@ -5,6 +5,8 @@
 // final; without KPNG_VMLAB, the first death is final.
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { rmSync, statSync } from 'node:fs';
+import { join } from 'node:path';
 import { describeOutcome } from '../../src/lab/index.js';
 import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
 import { KpngLab, backendConfig, backendLabUnsupported, pollUntil } from '../helpers/lab-kpng.js';
@@ -36,6 +38,23 @@ async function servingLab(tag: string, vmlab: boolean): Promise<KpngLab> {
   return kl;
 }
 
+const t0 = Date.now();
+const killed: number[] = [];
+
+/** Sends kpng's node SIGSEGV, as QEMU's emulation would end it. */
+function segfault(kl: KpngLab): void {
+  killed.push(kl.kpng!.process.pid!);
+  kl.kpng!.process.kill('SIGSEGV');
+}
+
+/** The core files the killed processes may have left where they ran (where core dumps are on and go to a file). */
+function removeCores(): void {
+  for (const name of ['core', ...killed.map((pid) => `core.${pid}`)]) {
+    const f = join(process.cwd(), name);
+    if ((statSync(f, { throwIfNoEntry: false })?.mtimeMs ?? 0) >= t0) rmSync(f, { force: true });
+  }
+}
+
 /** Whether kpng's process ends within ms. */
 async function endsWithin(kl: KpngLab, ms: number): Promise<boolean> {
   return Promise.race([kl.kpng!.exited.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), ms))]);
@@ -43,13 +62,16 @@ async function endsWithin(kl: KpngLab, ms: number): Promise<boolean> {
 
 describe('lab: kpng killed by QEMU emulation faults', { skip: await backendLabUnsupported(NFT), concurrency: 1 }, () => {
   const labs: KpngLab[] = [];
-  after(() => Promise.all(labs.map((kl) => kl.close())));
+  after(async () => {
+    await Promise.all(labs.map((kl) => kl.close()));
+    removeCores();
+  });
 
   it('in the kernel lab: started again once, in place, and serving; a second death is final', async () => {
     const kl = await servingLab('emufault', true);
     labs.push(kl);
     const first = kl.kpng!.process;
-    first.kill('SIGSEGV');
+    segfault(kl);
     const again = await pollUntil(
       async () => kl.kpng!.process,
       (p) => p !== first && p.pid !== undefined,
@@ -61,7 +83,7 @@ describe('lab: kpng killed by QEMU emulation faults', { skip: await backendLabUn
     await kl.kpng!.until(() => /nft: synced/.test(kl.kpng!.stderr.split('started again')[1] ?? ''), 'the restarted kpng synced', 30_000);
     const o = await kl.lab.connect({ from: CLIENT, to: VIP, port: 80 });
     assert.equal(o.kind === 'answered' && o.local, `${A}:8080`, describeOutcome(o));
-    kl.kpng!.process.kill('SIGSEGV');
+    segfault(kl);
     assert.equal(await endsWithin(kl, 10_000), true, 'a second death is final');
     assert.equal(await kl.kpng!.exited, -1);
     assert.equal(kl.kpng!.process.signalCode, 'SIGSEGV');
@@ -70,7 +92,7 @@ describe('lab: kpng killed by QEMU emulation faults', { skip: await backendLabUn
   it('outside the kernel lab: the first death is final', async () => {
     const kl = await servingLab('emufault0', false);
     labs.push(kl);
-    kl.kpng!.process.kill('SIGSEGV');
+    segfault(kl);
     assert.equal(await endsWithin(kl, 10_000), true, 'kpng was started again outside the kernel lab');
     assert.doesNotMatch(kl.kpng!.stderr, /started again/);
     await assert.rejects(kl.kpng!.until(() => false, 'never'), /kpng exited \(SIGSEGV\) before never/);
