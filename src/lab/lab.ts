@@ -33,7 +33,7 @@ import type { LabProtocol, Outcome } from './agent.js';
 import { deleteNamespacesSync, ipBatch, labStem, must, pidsIn, removeLeftovers, run, type RunResult } from './netns.js';
 
 /** the signals QEMU's emulation kills node with now and then (see startKpng) */
-export const EMULATION_FAULTS: readonly string[] = ['SIGILL', 'SIGSEGV'];
+export const EMULATION_FAULTS: readonly NodeJS.Signals[] = ['SIGILL', 'SIGSEGV'];
 
 export const KPNG_BIN = fileURLToPath(new URL('../../bin/kpng.js', import.meta.url));
 

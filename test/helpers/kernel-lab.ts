@@ -64,7 +64,7 @@ export async function runScriptInVm<T>(file: string, input: unknown, opts: Pick<
     // failing on V8's generated code (see Lab.startKpng): a fresh VM runs it
     // again, once
     const status = r.status;
-    const signal = EMULATION_FAULTS.find((s) => status === 128 + constants.signals[s as NodeJS.Signals]);
+    const signal = EMULATION_FAULTS.find((s) => status === 128 + constants.signals[s]);
     if (!signal || attempt > 1) break;
     // the guest kernel's line about it (ON_FAILURE prints its log), if any
     const trap = r.output.split('\n').filter((l) => /trap invalid opcode|segfault at|general protection/.test(l));
