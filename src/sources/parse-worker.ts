@@ -51,13 +51,13 @@ port.on('message', (req: ParseRequest) => {
     if ('page' in req) {
       const text = decoder.decode(req.page.bytes);
       req.page.bytes = new Uint8Array(0);
-      parseListPage(text, req.page.resource, (meta) => port.postMessage({ id: req.id, meta } satisfies ParseReply), send, CHUNK);
+      parseListPage(text, req.page.resource, (meta) => port.postMessage({ id: req.id, meta } satisfies ParseReply), send, CHUNK, true);
       port.postMessage({ id: req.id, done: true } satisfies ParseReply);
       return;
     }
     let text: string | undefined = decoder.decode(req.data);
     req.data = new Uint8Array(0);
-    parseObjects(text, req.json, send, CHUNK, req.hash);
+    parseObjects(text, req.json, send, CHUNK, req.hash, true);
     text = undefined;
     port.postMessage({ id: req.id, done: true } satisfies ParseReply);
   } catch (e) {

@@ -3,13 +3,13 @@
 // update really changed something: writing what is already stored is a no-op
 // (compared on canonical protobuf bytes), so resyncs and irrelevant status
 // updates never wake anyone.
-import { toBinary } from '@bufbuild/protobuf';
+import { fromBinary, toBinary } from '@bufbuild/protobuf';
 import { EndpointInfoSchema, NodeSchema, type EndpointInfo, type Node } from '../api/gen/api/globalv1/api_pb.js';
 import { ServiceSchema, ServiceCIDRSchema, type PortMapping, type Service, type ServiceCIDR } from '../api/gen/api/localv1/api_pb.js';
 import { bytesEqual, serviceKey } from '../api/model.js';
 import { anyUnknownFields, compact, pooled, sharedPorts } from '../api/compact.js';
 import { flat } from '../memory.js';
-import { decodeEndpointInfoAt, decodeEndpointInfoFast } from '../api/fast-decode.js';
+import { decodeEndpointInfoAt, decodeEndpointInfoFast, decodeServiceFastOnly } from '../api/fast-decode.js';
 import { encodeSlice, encodeSliceTransient, hasUnknownFields } from './encode-slice.js';
 import { Slabs, type Slab, type SlabRef } from './slabs.js';
 import { forEachPackedAt, isRaw, namesPrefix, packSlice, unpackSlice } from './slice-pack.js';
@@ -171,6 +171,8 @@ export interface StoreChange {
 
 export interface StoreTx {
   setService(svc: Service): void;
+  /** setService with the Service as its canonical encoding (encodeServiceFast), by a source that converted it elsewhere (a worker thread) */
+  setServiceBytes(bytes: Uint8Array): void;
   deleteService(namespace: string, name: string): void;
   setSlice(namespace: string, name: string, serviceName: string, endpoints: EndpointInfo[]): void;
   /** setSlice with the slice already encoded (encodeSlice), by a source that encoded it elsewhere (a worker thread) */
@@ -285,20 +287,29 @@ export class Store {
       touchService(this.serviceKeyOf(namespace, serviceName));
     };
 
+    /** encoded: the Service's canonical encoding (encodeServiceFast), when the caller has it */
+    const setService = (svc: Service, encoded?: Uint8Array) => {
+      this.eventCount++;
+      const key = serviceKey(svc.Namespace, svc.Name);
+      const prev = this.services.get(key);
+      // encoded only to compare with a previous version or to keep (a new key, most of a first list, needs neither)
+      if (prev && bytesEqual(prev.bytes, encoded ?? encodeServiceFast(svc))) return;
+      const service = compact(ServiceSchema, [svc])[0];
+      // (compact hands back a message with a prototype chain as it is: not ours to change)
+      if (service !== svc) service.Ports = sharedPorts(service.Ports) as PortMapping[];
+      keep(this.services, key);
+      // its bytes are made again when read, unless compact's copy left something out
+      this.services.set(key, anyUnknownFields(svc) ? new ServiceRecordWithBytes(key, service, encodeServiceFast(svc)) : new ServiceRecord(key, service));
+      touchService(key);
+    };
+
     const tx: StoreTx = {
-      setService: (svc) => {
-        this.eventCount++;
-        const key = serviceKey(svc.Namespace, svc.Name);
-        const prev = this.services.get(key);
-        // encoded only to compare with a previous version or to keep (a new key, most of a first list, needs neither)
-        if (prev && bytesEqual(prev.bytes, encodeServiceFast(svc))) return;
-        const service = compact(ServiceSchema, [svc])[0];
-        // (compact hands back a message with a prototype chain as it is: not ours to change)
-        if (service !== svc) service.Ports = sharedPorts(service.Ports) as PortMapping[];
-        keep(this.services, key);
-        // its bytes are made again when read, unless compact's copy left something out
-        this.services.set(key, anyUnknownFields(svc) ? new ServiceRecordWithBytes(key, service, encodeServiceFast(svc)) : new ServiceRecord(key, service));
-        touchService(key);
+      setService: (svc) => setService(svc),
+      setServiceBytes: (bytes) => {
+        // (what the hand-written decoder does not take, fromBinary does: then its encoding is made again to compare)
+        const fast = decodeServiceFastOnly(bytes);
+        if (fast) setService(fast, bytes);
+        else setService(fromBinary(ServiceSchema, bytes));
       },
       deleteService: (namespace, name) => {
         this.eventCount++;

@@ -2,7 +2,7 @@
 // change, and bad input that never loses the last good state.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { writeFileSync, rmSync } from 'node:fs';
+import { writeFileSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { stringify } from 'yaml';
 import { Store } from '../../src/store/store.js';
@@ -297,5 +297,59 @@ test('read once (watch: false), files go to the store as they are read, in order
     await src.stop();
   } finally {
     t.done();
+  }
+});
+
+test('Services of a large file (parsed in a parser thread, handed over encoded) are stored as those of small files parsed here, and keep their hashes when a file crosses over', async () => {
+  /** Service i, with a different shape every few (ports, types, policies, affinity, labels kpng keeps) */
+  const svc = (i: number) => {
+    const spec: Record<string, unknown> = { clusterIP: `10.96.${i >> 8}.${i & 255}`, ports: [{ name: 'http', port: 80, targetPort: 8080 }] };
+    if (i % 3 === 1) Object.assign(spec, { type: 'NodePort', ports: [{ name: 'http', port: 80, targetPort: 'web', nodePort: 30000 + i }, { name: 'dns', port: 53, protocol: 'UDP', targetPort: 53, nodePort: 31000 + i }], externalTrafficPolicy: 'Local' });
+    if (i % 5 === 2) Object.assign(spec, { externalIPs: [`192.0.2.${i & 255}`], sessionAffinity: 'ClientIP', sessionAffinityConfig: { clientIP: { timeoutSeconds: 60 + i } } });
+    if (i % 7 === 3) Object.assign(spec, { ipFamilies: ['IPv4', 'IPv6'], clusterIPs: [`10.96.${i >> 8}.${i & 255}`, `fd00::${i.toString(16)}`], internalTrafficPolicy: 'Local' });
+    const o = service('ns', `s-${i}`, spec);
+    if (i % 4 === 0) (o.metadata as Record<string, unknown>).labels = { 'service.kubernetes.io/topology-mode': 'Auto', app: `a${i}` };
+    return o;
+  };
+  const list = (from: number, n: number) => JSON.stringify({ apiVersion: 'v1', kind: 'List', items: Array.from({ length: n }, (_, i) => svc(from + i)) });
+  const load = async (dir: string) => {
+    const store = new Store();
+    const src = new FileSource(store, recordingLogger().log, { input: dir, watch: false });
+    await src.start();
+    await src.stop();
+    return new Map([...store.allServices()].map((s) => [s.key, { service: s.service, bytes: Buffer.from(s.bytes).toString('base64') }]));
+  };
+  const big = tmp();
+  const small = tmp();
+  const crossing = tmp();
+  try {
+    // one file of 6000 Services (over 1 MB: the thread) against files of 300 (here)
+    writeFileSync(join(big.dir, 'all.json'), list(0, 6000));
+    assert.ok(statSync(join(big.dir, 'all.json')).size > 2 ** 20);
+    for (let f = 0; f < 20; f++) writeFileSync(join(small.dir, `part-${String(f).padStart(2, '0')}.json`), list(f * 300, 300));
+    const fromThread = await load(big.dir);
+    assert.equal(fromThread.size, 6000);
+    assert.deepEqual(fromThread, await load(small.dir));
+
+    // a file that grows past the limit: its unchanged Services are not written again
+    const file = join(crossing.dir, 'grows.json');
+    writeFileSync(file, list(0, 30));
+    const store = new Store();
+    // (watching: only a watching source hashes what it read)
+    const src = new FileSource(store, recordingLogger().log, { input: file, debounceMs: 60_000 });
+    try {
+      await src.start();
+      const events = store.events;
+      writeFileSync(file, list(0, 6000));
+      await src.reload();
+      assert.equal(store.events - events, 5970, 'only the new Services are written');
+      assert.equal([...store.allServices()].length, 6000);
+    } finally {
+      await src.stop();
+    }
+  } finally {
+    big.done();
+    small.done();
+    crossing.done();
   }
 });

@@ -1,8 +1,8 @@
-// The kube source's large list pages of EndpointSlices, parsed and converted
-// in the parser thread (src/sources/parse-worker.ts): against the test API
-// server, every page through the thread (pageInThreadBytes 0) gives the same
-// store and the same log lines as every page parsed on the main thread,
-// across pages, relists, invalid and ignored slices.
+// The kube source's large list pages of EndpointSlices and Services, parsed
+// and converted in the parser thread (src/sources/parse-worker.ts): against
+// the test API server, every page through the thread (pageInThreadBytes 0)
+// gives the same store and the same log lines as every page parsed on the
+// main thread, across pages, relists, invalid and ignored objects.
 import { describe, it, afterEach } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -35,6 +35,28 @@ async function cluster(): Promise<TestApiServer> {
   const unowned = sliceObject('default', 'stray', 'svc-1', [pod('s-0', 'node-0', '10.244.3.1')]);
   delete unowned.metadata.labels['kubernetes.io/service-name'];
   server.put(unowned);
+  // Services: one with every kind of field a Service carries over, one invalid
+  const rich = serviceObject('default', 'rich', '10.96.1.1');
+  rich.metadata.labels = { app: 'rich', 'service.kubernetes.io/topology-mode': 'Auto' };
+  rich.metadata.annotations = { note: 'kept' };
+  Object.assign(rich.spec, {
+    type: 'LoadBalancer',
+    ports: [
+      { name: 'http', port: 80, targetPort: 8080, protocol: 'TCP', nodePort: 30080 },
+      { name: 'dns', port: 53, targetPort: 'dns', protocol: 'UDP', nodePort: 30053 },
+    ],
+    externalIPs: ['192.0.2.7'],
+    sessionAffinity: 'ClientIP',
+    sessionAffinityConfig: { clientIP: { timeoutSeconds: 600 } },
+    externalTrafficPolicy: 'Local',
+    healthCheckNodePort: 31000,
+    loadBalancerSourceRanges: ['198.51.100.0/24'],
+  });
+  rich.status = { loadBalancer: { ingress: [{ ip: '203.0.113.9' }] } };
+  server.put(rich);
+  const badSvc = serviceObject('default', 'svc-bad', '10.96.1.2');
+  badSvc.spec.ports[0].port = 70000;
+  server.put(badSvc);
   return server;
 }
 
@@ -48,9 +70,12 @@ function start(server: TestApiServer, inThread: boolean): Running {
 }
 
 const slices = (r: Running) => r.source.reflectors.find((x) => x.resource.kind === 'EndpointSlice')!;
+const services = (r: Running) => r.source.reflectors.find((x) => x.resource.kind === 'Service')!;
+/** every Service the store holds, as it holds it */
+const storedServices = (r: Running) => new Map([...r.store.serviceKeys()].sort().map((k) => [k, r.store.getService(k)!.service]));
 const errors = (r: Running) => r.records.filter((x) => x.level === ERROR).map((x) => ({ object: x.object, field: x.field, msg: x.msg }));
 
-describe('kube source: list pages of slices in the parser thread', () => {
+describe('kube source: list pages of slices and Services in the parser thread', () => {
   it('give the store and the log lines that parsing them here gives, across pages and a relist', async () => {
     const runs: Record<string, { r: Running; server: TestApiServer }> = {};
     for (const mode of ['here', 'thread']) {
@@ -67,24 +92,34 @@ describe('kube source: list pages of slices in the parser thread', () => {
       assert.deepEqual(nodeState(thread.r.store, node), nodeState(storeFromServer(thread.server), node), node);
       assert.deepEqual(nodeState(thread.r.store, node), nodeState(here.r.store, node), node);
     }
+    assert.equal(services(here.r).stats.pagesInThread, 0);
+    assert.ok(services(thread.r).stats.pagesInThread >= 4, `Service pages parsed in the thread: ${services(thread.r).stats.pagesInThread}`);
+    // the Services as the store keeps them, whichever thread converted them
+    assert.equal(storedServices(thread.r).size, 13);
+    assert.deepEqual(storedServices(thread.r), storedServices(here.r));
+    assert.equal(storedServices(thread.r).get('default/rich')!.Labels['service.kubernetes.io/topology-mode'], 'Auto');
     assert.deepEqual(errors(thread.r), errors(here.r));
-    assert.equal(errors(thread.r).length, 1);
-    assert.equal(errors(thread.r)[0].object, 'EndpointSlice default/svc-0-bad');
+    assert.deepEqual(errors(thread.r).map((e) => e.object).sort(), ['EndpointSlice default/svc-0-bad', 'Service default/svc-bad']);
     assert.equal(thread.r.store.getSlice('default/stray'), undefined);
     assert.ok(thread.r.store.getSlice('default/svc-1-x'));
 
-    // a slice turning invalid, then a relist (the watch expired): its last good version stays, reported once
+    // a slice turning invalid, a Service changed (its watch event is taken
+    // here, and compared with what the thread converted), then a relist
+    // (the watch expired): the slice's last good version stays, reported once
     for (const { r, server } of [here, thread]) {
       server.modify('EndpointSlice', 'default/svc-2-x', (o) => (o.ports[0].port = 70001));
-      await until(() => errors(r).length === 2, 'the invalid change reported');
+      server.modify('Service', 'default/rich', (o) => (o.spec.externalIPs = ['192.0.2.8']));
+      await until(() => errors(r).length === 3, 'the invalid change reported');
+      await until(() => r.store.getService('default/rich')?.service.IPs?.ExternalIPs?.V4[0] === '192.0.2.8', 'the Service change taken');
       const lists = slices(r).stats.lists;
       server.expireWatches();
       await until(() => slices(r).stats.lists > lists, 'relisted');
       await r.caughtUp();
     }
     assert.deepEqual(errors(thread.r), errors(here.r));
-    assert.match(errors(thread.r)[1].msg, /svc-2-x.*keeping its last good version/);
+    assert.ok(errors(thread.r).some((e) => /svc-2-x.*keeping its last good version/.test(e.msg)));
     assert.ok(slices(thread.r).stats.pagesInThread >= 10);
+    assert.deepEqual(storedServices(thread.r), storedServices(here.r));
     for (const node of ['node-0', 'node-1']) assert.deepEqual(nodeState(thread.r.store, node), nodeState(here.r.store, node), node);
   });
 

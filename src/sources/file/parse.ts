@@ -23,7 +23,7 @@ export type ParsedItem =
  * converts every object in it, handing them out in chunks. Throws
  * ParseFailed when the file as a whole cannot be taken.
  */
-export function parseObjects(text: string, json: boolean, onChunk: (items: ParsedItem[]) => void, chunkSize = 1000, hash = true): void {
+export function parseObjects(text: string, json: boolean, onChunk: (items: ParsedItem[]) => void, chunkSize = 1000, hash = true, crossing = false): void {
   let chunk: ParsedItem[] = [];
   const flush = () => {
     if (chunk.length) onChunk(chunk);
@@ -33,7 +33,7 @@ export function parseObjects(text: string, json: boolean, onChunk: (items: Parse
     for (const doc of documents(text, json)) {
       for (const raw of flattenObjects(doc)) {
         if (raw === null || raw === undefined) continue;
-        chunk.push(convert(raw, hash));
+        chunk.push(convert(raw, hash, crossing));
         if (chunk.length >= chunkSize) flush();
       }
     }
@@ -68,7 +68,8 @@ function* documents(text: string, json: boolean): Generator<unknown> {
   }
 }
 
-function convert(raw: unknown, hash: boolean): ParsedItem {
+/** crossing: the items go to another thread (encodedObject) */
+function convert(raw: unknown, hash: boolean, crossing: boolean): ParsedItem {
   let c;
   try {
     c = convertObject(raw);
@@ -77,11 +78,13 @@ function convert(raw: unknown, hash: boolean): ParsedItem {
     return { key: keyOfRaw(raw), ref: objectRef(raw), field: e.field, reason: e.reason, message: e.message };
   }
   if (c.kind === 'Ignored') return { ref: objectRef(raw), ignored: c.reason };
-  // slices (most objects) cross to the main thread as their bytes: cheap to
-  // clone, nothing to encode or copy there, and the hash comes from them
-  const object = encodedObject(c);
+  // slices (most objects) as their bytes, and Services crossing threads:
+  // cheap to clone, nothing to encode or copy there, and the hash comes from
+  // them (a Service's is the same, parsed on either thread)
+  const object = encodedObject(c, crossing);
   if (!hash) return { key: modelKey(object), object, hash: '' };
-  return { key: modelKey(object), object, hash: object.kind === 'EncodedSlice' ? createHash('sha1').update(object.bytes).digest('base64') : objectHash(object) };
+  const encoded = object.kind === 'EncodedSlice' || object.kind === 'EncodedService';
+  return { key: modelKey(object), object, hash: encoded ? createHash('sha1').update(object.bytes).digest('base64') : objectHash(object) };
 }
 
 /** the model key an object would have, to find its last good version */

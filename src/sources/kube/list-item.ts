@@ -34,7 +34,8 @@ export function keyOf(obj: any, namespaced: boolean): string | undefined {
   return namespaced ? flat(md.namespace || 'default', '/', name) : name;
 }
 
-export function listItem(obj: any, r: ItemResource): ListItem {
+/** crossing: the item goes to another thread (encodedObject) */
+export function listItem(obj: any, r: ItemResource, crossing = false): ListItem {
   const key = keyOf(obj, r.namespaced);
   if (key === undefined) return { ref: objectRef(obj) };
   const rv = String(obj.metadata.resourceVersion ?? '');
@@ -44,7 +45,7 @@ export function listItem(obj: any, r: ItemResource): ListItem {
     const c = convertObject(obj);
     if (c.kind === 'Ignored') return { key, rv, ref: objectRef(obj), ignored: c.reason };
     if (c.kind !== r.kind) throw new InvalidObject('kind', `${c.kind} in a ${r.plural} stream`);
-    return { key, rv, object: encodedObject(c) };
+    return { key, rv, object: encodedObject(c, crossing) };
   } catch (e) {
     const inv = e instanceof InvalidObject ? e : undefined;
     return { key, rv, ref: objectRef(obj), invalid: { field: inv?.field, reason: inv?.reason ?? String(e), message: inv ? inv.message : (e as Error).message } };
@@ -90,7 +91,7 @@ export function pageHead(bytes: Uint8Array): PageMeta | undefined {
  * next page can be asked for meanwhile), then its items taken (listItem),
  * handed out in chunks.
  */
-export function parseListPage(text: string, r: ItemResource, onMeta: (meta: PageMeta) => void, onChunk: (items: ListItem[]) => void, chunkSize = 250): void {
+export function parseListPage(text: string, r: ItemResource, onMeta: (meta: PageMeta) => void, onChunk: (items: ListItem[]) => void, chunkSize = 250, crossing = false): void {
   let page: any;
   try {
     page = JSON.parse(text);
@@ -103,7 +104,7 @@ export function parseListPage(text: string, r: ItemResource, onMeta: (meta: Page
   for (let i = 0; i < items.length; i += chunkSize) {
     const chunk: ListItem[] = [];
     for (let j = i; j < Math.min(items.length, i + chunkSize); j++) {
-      chunk.push(listItem(items[j], r));
+      chunk.push(listItem(items[j], r, crossing));
       // taken: its parsed form may go (a page is 500 objects)
       items[j] = undefined;
     }

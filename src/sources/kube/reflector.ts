@@ -44,9 +44,10 @@ export interface ReflectorOptions {
   /** a list page (or any other answer) longer than this is a failure */
   maxListBytes: number;
   /**
-   * an EndpointSlice list page at least this long is parsed and converted in
-   * the parser thread, beside the main thread (a slice costs the main thread
-   * about 17 µs to parse, convert and encode, 1.4 µs to take in converted)
+   * an EndpointSlice or Service list page at least this long is parsed and
+   * converted in the parser thread, beside the main thread (a slice costs
+   * the main thread about 17 µs to parse, convert and encode, 1.4 µs to
+   * take in converted; a Service encoded, its decoding and copy)
    */
   pageInThreadBytes: number;
 }
@@ -497,14 +498,14 @@ export class Reflector {
   /**
    * A page's text: onMeta gets its resourceVersion and continue token, then
    * onItems its items. Parsed and converted in the parser thread when it is
-   * a large page of slices (Services stay here: as converted objects they
-   * cost more to clone than to parse), else here. A parser thread that
-   * fails is not used again (the list is retried).
+   * a large page of slices or Services (both come back encoded: a
+   * converted Service cost more to clone than to parse), else here. A
+   * parser thread that fails is not used again (the list is retried).
    */
   private async takePage(bytes: Buffer, onMeta: (meta: PageMeta) => void, onItems: (items: ListItem[]) => void): Promise<void> {
     const r = this.resource;
     try {
-      if (this.parser && r.kind === 'EndpointSlice' && bytes.length >= this.opts.pageInThreadBytes) {
+      if (this.parser && (r.kind === 'EndpointSlice' || r.kind === 'Service') && bytes.length >= this.opts.pageInThreadBytes) {
         try {
           // (its bytes go to the thread: not used here again)
           await this.parser.parsePage(bytes, r, onMeta, onItems);
