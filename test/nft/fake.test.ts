@@ -13,9 +13,10 @@ import type { Store } from '../../src/store/store.js';
 import type { SyncResult } from '../../src/backends/shared/runner.js';
 
 /** a proxier on a FakeNft, fed by a store through the real diff stream */
-function harness(store: Store, nft: FakeNft, o: { chunk?: number; once?: boolean; clock?: ManualClock; syncPeriodMs?: number } = {}) {
+function harness(store: Store, nft: FakeNft, o: { chunk?: number; once?: boolean; clock?: ManualClock; syncPeriodMs?: number; configure?: (c: ReturnType<typeof defaultConfig>) => void } = {}) {
   const config = defaultConfig();
   config.clusterCIDRs = ['10.0.0.0/8'];
+  o.configure?.(config);
   config.nftables.minSyncPeriodMs = 0;
   if (o.syncPeriodMs) config.nftables.syncPeriodMs = o.syncPeriodMs;
   const { log, lines } = capturedLog('info');
@@ -191,5 +192,27 @@ test('the periodic check repairs what someone else changed, and counts it', asyn
   assert.equal(h.proxier.stats.repairs, 1);
   assert.equal(nft.dump(), good);
   assert.equal(h.results.at(-1)!.repaired, true);
+  await h.close();
+});
+
+test('a change of endpoints touches elements only; a change of the node makes the chains that depend on it again', async () => {
+  const withPodCIDR = (cidr: string) => node('n1', 'z1', ['192.168.0.2'], { spec: { podCIDRs: [cidr] } });
+  const store = syncedStore([withPodCIDR('10.1.0.0/24'), ...cluster().slice(1)]);
+  const nft = new FakeNft();
+  const h = harness(store, nft, { configure: (c) => (c.detectLocalMode = 'NodeCIDR') });
+  await h.sync();
+  assert.match(nft.dump(), /ip saddr != 10\.1\.0\.0\/24/);
+  // as many endpoints as before: the same lb chain
+  load(store, [slice('ns', 'web-1', 'web', [{ ip: '10.1.0.7', node: 'n1', pod: 'w7' }, { ip: '10.2.0.1', node: 'n2', pod: 'w2' }])]);
+  await h.sync();
+  const change = nft.history.at(-1)!;
+  assert.match(change, /10\.1\.0\.7/);
+  assert.doesNotMatch(change, /chain|rule/, 'an endpoint change re-renders no chain');
+  // the pod CIDR moves: the rules that tell pods apart follow it
+  load(store, [withPodCIDR('10.1.1.0/24')]);
+  await h.sync();
+  assert.match(nft.history.at(-1)!, /flush chain ip kpng services/);
+  assert.match(nft.dump(), /ip saddr != 10\.1\.1\.0\/24/);
+  assert.doesNotMatch(nft.dump(), /10\.1\.0\.0\/24/);
   await h.close();
 });

@@ -19,7 +19,7 @@ import { ElementTable } from '../shared/nftables/elements.js';
 import { pooled } from '../../api/compact.js';
 import { flat } from '../../memory.js';
 import { portElements, type Element, type LbRequirement, type Slots } from './service-elements.js';
-import { TABLE, FAMILIES, BASE_CHAINS, setDeclarations, staticChains, lbChains, affinitySetBody, AFFINITY_PREFIX, AFFINITY_SET, type FamilyNames, type StaticInputs } from './ruleset.js';
+import { TABLE, FAMILIES, BASE_CHAINS, setDeclarations, setDeclarationList, staticChains, lbChain, affinitySetBody, AFFINITY_PREFIX, AFFINITY_SET, type FamilyNames, type StaticInputs } from './ruleset.js';
 import { ProcessNft, SessionNft, type Nft } from '../shared/nftables/nft.js';
 import { Transaction, type TableRef } from '../shared/nftables/transaction.js';
 import { nftDrift, type DriftSource } from '../shared/nft-watch.js';
@@ -65,7 +65,9 @@ interface FamilyState {
   /** lb chain -> number of Services needing it */
   readonly lbRefs: Map<string, number>;
   /** chain -> rules, as committed (undefined: content unknown) */
-  committedChains: Map<string, string[] | undefined>;
+  committedChains: Map<string, readonly string[] | undefined>;
+  /** the fixed chains, and the node they were made for (they change with it) */
+  fixed?: { node: unknown; chains: ReadonlyMap<string, readonly string[]> };
   committedSets: Set<string>;
   /** the layout changed, or a table whose state is unknown: delete it and build it again */
   rebuild: boolean;
@@ -231,13 +233,20 @@ export class NftProxier extends ProxierBase {
     }
   }
 
-  /** chain -> rules this family needs now */
-  private desiredChains(st: FamilyState): Map<string, string[]> {
-    const out = staticChains(st.names, this.staticInputs(st.names));
+  /**
+   * chain -> rules this family needs now. The lists are the same objects
+   * from one sync to the next while their rules are (the fixed chains are
+   * made again only when the node changes): a sync's comparison with what
+   * is committed is then one identity check per chain.
+   */
+  private desiredChains(st: FamilyState): Map<string, readonly string[]> {
+    if (!st.fixed || st.fixed.node !== this.node) st.fixed = { node: this.node, chains: staticChains(st.names, this.staticInputs(st.names)) };
+    const out = new Map<string, readonly string[]>(st.fixed.chains);
     for (const [k, refs] of st.lbRefs) {
       if (refs <= 0) continue;
       const [kind, proto, n] = k.split('|');
-      for (const [name, rules] of lbChains(st.names, kind as LbRequirement['kind'], proto as LbRequirement['proto'], Number(n))) out.set(name, rules);
+      const [name, rules] = lbChain(st.names, kind as LbRequirement['kind'], proto as LbRequirement['proto'], Number(n));
+      out.set(name, rules);
     }
     for (const a of st.affinity.values()) for (const [name, rules] of a.chains) out.set(name, rules);
     return out;
@@ -462,7 +471,7 @@ export class NftProxier extends ProxierBase {
       if (what.baseChains) for (const [name, hook] of Object.entries(BASE_CHAINS)) if (!committed.has(name) || what.header) structure.add({ kind: 'chain', table, name, hook });
       // sets and maps first: chains refer to them
       const newSets: string[] = [];
-      for (const [name, d] of Object.entries(setDeclarations(st.names))) {
+      for (const [name, d] of setDeclarationList(st.names)) {
         if (what.header || !st.committedSets.has(name)) (structure.add({ kind: d.kind, table, name, body: d.body }), newSets.push(name));
       }
       const affinitySets = this.desiredAffinitySets(st);

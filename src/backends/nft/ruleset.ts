@@ -43,8 +43,30 @@ export const BASE_CHAINS: Record<string, string> = {
   'nat-postrouting': 'type nat hook postrouting priority 100 ;',
 };
 
-/** sets and maps: name -> declaration body, for a family */
-export function setDeclarations(f: FamilyNames): Record<string, { kind: 'set' | 'map'; body: string }> {
+export type SetDeclarations = Readonly<Record<string, Readonly<{ kind: 'set' | 'map'; body: string }>>>;
+
+const declarations = new Map<Family, { all: SetDeclarations; entries: readonly (readonly [string, { kind: 'set' | 'map'; body: string }])[] }>();
+
+/** sets and maps: name -> declaration body, for a family (one frozen copy: every sync renders them) */
+export function setDeclarations(f: FamilyNames): SetDeclarations {
+  return declared(f).all;
+}
+
+/** setDeclarations as [name, declaration] pairs */
+export function setDeclarationList(f: FamilyNames): readonly (readonly [string, { kind: 'set' | 'map'; body: string }])[] {
+  return declared(f).entries;
+}
+
+function declared(f: FamilyNames) {
+  let d = declarations.get(f.family);
+  if (!d) {
+    const all = Object.freeze(buildSetDeclarations(f));
+    declarations.set(f.family, (d = { all, entries: Object.freeze(Object.entries(all)) }));
+  }
+  return d;
+}
+
+function buildSetDeclarations(f: FamilyNames): Record<string, { kind: 'set' | 'map'; body: string }> {
   const vip = `${f.addr} . inet_proto . inet_service`;
   const vmap = (key: string) => ({ kind: 'map' as const, body: `type ${key} : verdict ;` });
   // one endpoints map per protocol: typing the data with "<proto> dport" (not
@@ -169,8 +191,21 @@ export function lbChainName(kind: LbKind, proto: Proto, n: number): string {
   return pooled(flat('lb-', kind, '-', proto, '-', n));
 }
 
-/** Load-balancing chain for n endpoints: one dnat through the endpoints map at slot `numgen random mod n`. */
-export function lbChains(f: FamilyNames, kind: LbKind, proto: Proto, n: number): Map<string, string[]> {
+const lbRules = new Map<string, readonly [string, readonly string[]]>();
+
+/**
+ * Load-balancing chain for n endpoints: one dnat through the endpoints map
+ * at slot `numgen random mod n`. One frozen copy of each: a sync compares
+ * the chains it needs with those committed, and the same list is the same.
+ */
+export function lbChain(f: FamilyNames, kind: LbKind, proto: Proto, n: number): readonly [string, readonly string[]] {
+  const id = flat(f.family, '|', kind, '|', proto, '|', n);
+  let c = lbRules.get(id);
+  if (!c) lbRules.set(id, (c = Object.freeze([lbChainName(kind, proto, n), Object.freeze(lbRulesOf(f, kind, proto, n))] as const)));
+  return c;
+}
+
+function lbRulesOf(f: FamilyNames, kind: LbKind, proto: Proto, n: number): string[] {
   const key = kind.startsWith('nodeport') ? 'meta l4proto . th dport' : `${f.ip} daddr . meta l4proto . th dport`;
-  return new Map([[lbChainName(kind, proto, n), [`dnat ${f.ip} to ${key} . numgen random mod ${n} map @${endpointsMapOf(kind, proto)}`]]]);
+  return [`dnat ${f.ip} to ${key} . numgen random mod ${n} map @${endpointsMapOf(kind, proto)}`];
 }

@@ -485,5 +485,5 @@ function errorText(e: unknown): string {
 }
 
 export function sameRules(a: readonly string[], b: readonly string[]): boolean {
-  return a.length === b.length && a.every((r, i) => r === b[i]);
+  return a === b || (a.length === b.length && a.every((r, i) => r === b[i]));
 }
