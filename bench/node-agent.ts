@@ -26,8 +26,9 @@
 // kpng processes; --verbose prints kpng's log lines (at debug level), when
 // the kube source's lists ended (the agent's CPU and page faults then), the
 // first nft sync's time, the page faults to programmed, each change's time
-// (from programmed) and the lines of kpng's output V8's --trace-gc (or
-// --trace-deopt, --trace-opt) writes, as they came.
+// (from programmed; and how much of it was the write itself: the test API
+// server's put, or the file's rename) and the lines of kpng's output V8's
+// --trace-gc (or --trace-deopt, --trace-opt) writes, as they came.
 import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, statSync } from 'node:fs';
 import { loadavg, tmpdir, totalmem, freemem, cpus } from 'node:os';
@@ -427,9 +428,10 @@ async function runOne(p: RunParams): Promise<RunResult> {
       const t = now();
       if (p.way === 'kube') server!.put(sliceObj(s, i + 1));
       else rewriteSlice(p.dir, s, i + 1);
+      const written = now();
       await until(() => (alive(), watch!.has(ip)), 30_000, () => `change ${i} (${ip} for svc-${s}) did not reach the kernel\n${tail()}`, 1);
       changeMs.push(now() - t);
-      if (p.verbose) events.push(`${(t - t0).toFixed(0)} change ${i}: ${(now() - t).toFixed(1)} ms, ${procStat(agent.pid).faults - faults} page faults`);
+      if (p.verbose) events.push(`${(t - t0).toFixed(0)} change ${i}: ${(now() - t).toFixed(1)} ms (the write ${(written - t).toFixed(1)} ms of it), ${procStat(agent.pid).faults - faults} page faults`);
       await sleep(CHANGE_GAP_MS);
     }
     const end = procs.map((k) => procStat(k.pid));
