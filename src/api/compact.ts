@@ -223,3 +223,21 @@ export function compact<T extends Message>(schema: DescMessage, ms: readonly T[]
   const copy = copyOf(schema);
   return ms.map((m) => (Object.getPrototypeOf(m) !== Object.prototype ? m : (message(memo, m as unknown as Record<string, unknown>, copy) as unknown as T)));
 }
+
+/** a memo that remembers nothing: for a message none of whose parts appear twice */
+const NO_MEMO: Memo = {
+  get: () => undefined,
+  set: () => NO_MEMO,
+} as unknown as Memo;
+
+/**
+ * compact() of one message that shares no part with itself or with others
+ * (one just decoded or converted: each list and message made once), without
+ * the memo that keeps shared parts shared: the memo's lookups were 40% of a
+ * Service's copy (30k Services: 50-86 ms against 60-119 ms). A part that does
+ * appear twice is copied twice: the same values, less sharing.
+ */
+export function compactOne<T extends Message>(schema: DescMessage, m: T): T {
+  if (Object.getPrototypeOf(m) !== Object.prototype) return m;
+  return message(NO_MEMO, m as unknown as Record<string, unknown>, copyOf(schema)) as unknown as T;
+}

@@ -17,7 +17,7 @@ import {
   ServiceCIDRSchema,
 } from './gen/api/localv1/api_pb.js';
 import { ipFamily } from './ip.js';
-import { compact, sharedPorts } from './compact.js';
+import { compactOne, sharedPorts } from './compact.js';
 import { decodeEndpointFastOnly, decodeServiceFastOnly } from './fast-decode.js';
 import { encodeServiceFast } from './fast-encode.js';
 
@@ -101,7 +101,7 @@ export const encodeServiceCIDR = (c: ServiceCIDR): Uint8Array => toBinary(Servic
 export const decodeService = (b: Uint8Array): Service => {
   // (the hand-written decoder first: 30k Services' bytes in about 150 ms
   // instead of 240, compact's copy included)
-  const svc = compact(ServiceSchema, [decodeServiceFastOnly(b) ?? fromBinary(ServiceSchema, b)])[0];
+  const svc = compactOne(ServiceSchema, decodeServiceFastOnly(b) ?? fromBinary(ServiceSchema, b));
   // (a message compact hands back as it is, with a prototype chain, is not changed)
   if (Object.isFrozen(svc.Ports) || Object.getPrototypeOf(svc) !== Object.prototype) return svc;
   svc.Ports = sharedPorts(svc.Ports) as PortMapping[];
@@ -111,7 +111,7 @@ export const decodeService = (b: Uint8Array): Service => {
 // in split mode spent on each endpoint a brain sends; compact's copy kept:
 // without it that agent's peak RSS at 30k Services was 322-347 MiB, not
 // 271-278)
-export const decodeEndpoint = (b: Uint8Array): Endpoint => compact(EndpointSchema, [decodeEndpointFastOnly(b, 0, b.length) ?? fromBinary(EndpointSchema, b)])[0];
+export const decodeEndpoint = (b: Uint8Array): Endpoint => compactOne(EndpointSchema, decodeEndpointFastOnly(b, 0, b.length) ?? fromBinary(EndpointSchema, b));
 export const decodeLocalNode = (b: Uint8Array): LocalNode => fromBinary(LocalNodeSchema, b);
 export const decodeServiceCIDR = (b: Uint8Array): ServiceCIDR => fromBinary(ServiceCIDRSchema, b);
 

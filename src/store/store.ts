@@ -7,7 +7,7 @@ import { fromBinary, toBinary } from '@bufbuild/protobuf';
 import { EndpointInfoSchema, NodeSchema, type EndpointInfo, type Node } from '../api/gen/api/globalv1/api_pb.js';
 import { ServiceSchema, ServiceCIDRSchema, type PortMapping, type Service, type ServiceCIDR } from '../api/gen/api/localv1/api_pb.js';
 import { bytesEqual, serviceKey } from '../api/model.js';
-import { anyUnknownFields, compact, pooled, sharedPorts } from '../api/compact.js';
+import { anyUnknownFields, compact, compactOne, pooled, sharedPorts } from '../api/compact.js';
 import { flat } from '../memory.js';
 import { decodeEndpointInfoAt, decodeEndpointInfoFast, decodeServiceFastOnly } from '../api/fast-decode.js';
 import { encodeSlice, encodeSliceTransient, hasUnknownFields } from './encode-slice.js';
@@ -294,7 +294,7 @@ export class Store {
       const prev = this.services.get(key);
       // encoded only to compare with a previous version or to keep (a new key, most of a first list, needs neither)
       if (prev && bytesEqual(prev.bytes, encoded ?? encodeServiceFast(svc))) return;
-      const service = compact(ServiceSchema, [svc])[0];
+      const service = compactOne(ServiceSchema, svc);
       // (compact hands back a message with a prototype chain as it is: not ours to change)
       if (service !== svc) service.Ports = sharedPorts(service.Ports) as PortMapping[];
       keep(this.services, key);

@@ -5,7 +5,8 @@ import assert from 'node:assert/strict';
 import { create, equals, toBinary } from '@bufbuild/protobuf';
 import * as L from '../../src/api/gen/api/localv1/api_pb.js';
 import * as G from '../../src/api/gen/api/globalv1/api_pb.js';
-import { anyUnknownFields, compact, sharedPortNames, sharedPorts } from '../../src/api/compact.js';
+import { anyUnknownFields, compact, compactOne, sharedPortNames, sharedPorts } from '../../src/api/compact.js';
+import { randomMessages } from '../helpers/random-messages.js';
 import { decodeEndpoint, encodeEndpoint, newEndpoint } from '../../src/api/model.js';
 
 const service = () =>
@@ -144,4 +145,35 @@ test('decoded endpoints with the same PortOverrides share one frozen list; other
   assert.notEqual(x, y);
   assert.deepEqual(y.map((p) => p.Name), ['a', '1b']);
   assert.equal(decodeEndpoint(encodeEndpoint(newEndpoint({ NodeName: 'n' }))).PortOverrides.length, 0);
+});
+
+test('compactOne (one message, no memo) makes what compact makes: the same fields in the same order, the same shared frozen parts, the same encoding', () => {
+  const random = randomMessages(17);
+  /** the same shape: equal values, and a shared (frozen) part where compact's has one */
+  const same = (a: unknown, b: unknown, at: string): void => {
+    if (typeof b !== 'object' || b === null || b instanceof Uint8Array) return assert.deepEqual(a, b, at);
+    assert.equal(Object.isFrozen(a), Object.isFrozen(b), `${at}: frozen`);
+    if (Object.isFrozen(b) && !Array.isArray(b)) assert.equal(a, b, `${at}: the shared frozen value`);
+    if (Array.isArray(b) && b.length === 0) assert.equal(a, b, `${at}: the shared empty list`);
+    assert.deepEqual(Object.keys(a as object), Object.keys(b), `${at}: fields in order`);
+    for (const k of Object.keys(b)) same((a as Record<string, unknown>)[k], (b as Record<string, unknown>)[k], `${at}.${k}`);
+  };
+  for (let i = 0; i < 1500; i++) {
+    const svc = random.service();
+    const one = compactOne(L.ServiceSchema, svc);
+    same(one, compact(L.ServiceSchema, [svc])[0], `service ${i}`);
+    assert.notEqual(one, svc);
+    assert.deepEqual(toBinary(L.ServiceSchema, one), toBinary(L.ServiceSchema, svc));
+    const ep = random.endpoint();
+    const epOne = compactOne(L.EndpointSchema, ep);
+    same(epOne, compact(L.EndpointSchema, [ep])[0], `endpoint ${i}`);
+    assert.deepEqual(toBinary(L.EndpointSchema, epOne), toBinary(L.EndpointSchema, ep));
+  }
+  // a part that appears twice in the message is copied twice: the same values
+  const v4 = ['10.96.0.1'];
+  const svc = create(L.ServiceSchema, { Name: 'twice', IPs: { ClusterIPs: { V4: v4 }, ExternalIPs: { V4: v4 } } });
+  const one = compactOne(L.ServiceSchema, svc);
+  assert.deepEqual(one.IPs!.ClusterIPs!.V4, v4);
+  assert.deepEqual(one.IPs!.ExternalIPs!.V4, v4);
+  assert.deepEqual(toBinary(L.ServiceSchema, one), toBinary(L.ServiceSchema, svc));
 });
