@@ -346,7 +346,9 @@ export class NetlinkWriter {
     const b = this.buf;
     b.writeUInt16LE(4 + n, this.at);
     b.writeUInt16LE(type, this.at + 2);
-    b.fill(0, this.at + 4, this.at + 4 + padded);
+    // (a loop: an attribute's value is a few bytes, and each Buffer.fill call
+    // costs more than writing them; 40 ms of a 30k-Service cold load)
+    for (let i = this.at + 4, end = i + padded; i < end; i++) b[i] = 0;
     this.at += 4 + padded;
     return this.at - padded;
   }
