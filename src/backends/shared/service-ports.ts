@@ -47,6 +47,8 @@ export interface ServicePort {
   readonly hasEndpoints: boolean;
 }
 
+const NO_RANGES: readonly string[] = Object.freeze([]);
+
 const byAddr = (a: Target, b: Target) => (a.ip < b.ip ? -1 : a.ip > b.ip ? 1 : a.port - b.port);
 
 const PROTO: Record<number, 'tcp' | 'udp' | 'sctp' | undefined> = { [Protocol.TCP]: 'tcp', [Protocol.UDP]: 'udp', [Protocol.SCTP]: 'sctp' };
@@ -56,7 +58,9 @@ export function servicePorts(svc: Service, endpoints: Iterable<Endpoint>, family
   const clusterIP = ipSetOf(svc.IPs?.ClusterIPs, family)[0];
   if (!clusterIP) return [];
   const eps = [...endpoints];
-  const ranges = normalizeCIDRs((svc.IPFilters[0]?.SourceRanges ?? []).filter((r) => ipFamily(r.split('/')[0]) === family));
+  const sourceRanges = svc.IPFilters[0]?.SourceRanges;
+  // (most Services have none: no lists made for them)
+  const ranges = sourceRanges?.length ? normalizeCIDRs(sourceRanges.filter((r) => ipFamily(r.split('/')[0]) === family)) : NO_RANGES;
   const out: ServicePort[] = [];
   for (const port of svc.Ports) {
     const protocol = PROTO[port.Protocol];
