@@ -135,7 +135,14 @@ const STEP_BUDGET_MS = 1000;
  * 13 MB, where the low-memory notification after them gave back 59 MB)
  */
 const STEP_MAX_PAUSE_MS = 300;
-/** after a full collection, V8's memory reducer runs this much later when allocation is quiet: during a trim, and V8's default */
+/**
+ * after a full collection, V8's memory reducer runs this much later when
+ * allocation is quiet: during a trim, and V8's default. (Only from a first
+ * full collection: each later one while the reducer waits puts it 8 s after
+ * itself, V8's fixed delay, so after a trim of several steps its collection
+ * came 8.3 s after the trim's last at 30k Services, 8.8 s at 100k, with the
+ * delay kept at 1 s or not: docs/benchmarks.md, fourteenth pass.)
+ */
 const REDUCER_DELAY_MS = 1000;
 const REDUCER_DEFAULT_MS = 8000;
 
@@ -162,7 +169,8 @@ const FAVOURED_BY_OPERATOR = process.execArgv.some((a) => a === '--optimize-for-
  * longer than maxStepPauseMs. Then, collections being short, one
  * compacting collection moves what is left together, if copying it all
  * stays under the peak RSS the process already reached (at 30k Services it
- * did not before the steps), and V8's memory reducer, told to come sooner,
+ * did not before the steps), and V8's memory reducer, told to come sooner
+ * (from the first step),
  * does the rest while the process is quiet. youngAfterMs after the last,
  * V8's low-memory notification compacts in its way and gives back the
  * young generation (without an inspector, a scavenge). Measured:
