@@ -1,6 +1,6 @@
 // One service as one node must see it: the service (with per-node facts) and
 // the endpoints this node may use, each with the scopes it is used for.
-import { createHash } from 'node:crypto';
+import { hash } from 'node:crypto';
 import { type Service, type Endpoint, type EndpointScopes, type PortMapping, type PortName } from '../api/gen/api/localv1/api_pb.js';
 import { encodeEndpointFast, encodeEndpointsFast, encodeServiceFast } from '../api/fast-encode.js';
 import { sortSmall } from '../sort.js';
@@ -312,7 +312,7 @@ export function computeServiceView(
     });
   }
   /** an anonymous endpoint's path: a hash of its encoding */
-  const hashed = (bytes: Uint8Array) => createHash('sha256').update(bytes).digest('hex').slice(0, 16);
+  const hashed = (bytes: Uint8Array) => hash('sha256', bytes, 'hex').slice(0, 16);
   let endpoints: EndpointView[];
   let serviceBytes: Uint8Array | undefined;
   if (encoded) {

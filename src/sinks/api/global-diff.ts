@@ -14,7 +14,7 @@
 // asked for them (GLOBAL_SETS_HEADER: GlobalWatchReq has no Sets field), their Sets after the Node Sets and
 // their Deletes before the Node Deletes.
 import { create, toBinary } from '@bufbuild/protobuf';
-import { createHash } from 'node:crypto';
+import { hash } from 'node:crypto';
 import * as G from '../../api/gen/api/globalv1/api_pb.js';
 import { LocalSet, bytesEqual } from '../../api/model.js';
 import { StoreFollower } from '../../diff/store-follower.js';
@@ -30,7 +30,7 @@ export type GlobalOp =
 
 /** 64 bits of SHA-256: kpng used xxhash64; the value is opaque to clients */
 export function hash64(bytes: Uint8Array): bigint {
-  return createHash('sha256').update(bytes).digest().readBigUInt64BE(0);
+  return hash('sha256', bytes, 'buffer').readBigUInt64BE(0);
 }
 
 export interface EncodedEndpoint {

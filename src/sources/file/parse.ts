@@ -1,7 +1,7 @@
 // One input file's text to converted objects. The same code runs on the main
 // thread for small files and in a worker thread for large ones (worker.ts),
 // so what it returns must survive structured cloning.
-import { createHash } from 'node:crypto';
+import { hash as digest } from 'node:crypto';
 import { yaml } from '../../lazy.js';
 import { convertObject, flattenObjects, InvalidObject, objectRef } from '../objects.js';
 import { encodedObject, modelKey, type ModelObject } from '../apply.js';
@@ -84,7 +84,7 @@ function convert(raw: unknown, hash: boolean, crossing: boolean): ParsedItem {
   const object = encodedObject(c, crossing);
   if (!hash) return { key: modelKey(object), object, hash: '' };
   const encoded = object.kind === 'EncodedSlice' || object.kind === 'EncodedService';
-  return { key: modelKey(object), object, hash: encoded ? createHash('sha1').update(object.bytes).digest('base64') : objectHash(object) };
+  return { key: modelKey(object), object, hash: encoded ? digest('sha1', object.bytes, 'base64') : objectHash(object) };
 }
 
 /** the model key an object would have, to find its last good version */
@@ -99,9 +99,11 @@ function keyOfRaw(raw: unknown): string {
 function objectHash(c: ModelObject): string {
   // a Service (most of what is hashed here) by its protobuf encoding, which
   // holds every field: 4-5 times faster than its JSON (57 against 270 ms for
-  // 30k Services), and a watching file source hashes every object it reads
-  if (c.kind === 'Service') return createHash('sha1').update(encodeServiceFast(c.service)).digest('base64');
-  return createHash('sha1').update(JSON.stringify(c, bigintSafe)).digest('base64');
+  // 30k Services), and a watching file source hashes every object it reads;
+  // one-shot crypto.hash: a third of createHash's cost per object (60k small
+  // buffers: 39-75 ms against 121-263 ms)
+  if (c.kind === 'Service') return digest('sha1', encodeServiceFast(c.service), 'base64');
+  return digest('sha1', JSON.stringify(c, bigintSafe), 'base64');
 }
 
 function bigintSafe(_k: string, v: unknown) {
