@@ -13,7 +13,8 @@ import { FileSource, type FileSourceOptions } from '../../src/sources/file/index
 
 export function tmp(): { dir: string; done: () => void } {
   const dir = mkdtempSync(join(tmpdir(), 'kpng-file-'));
-  return { dir, done: () => rmSync(dir, { recursive: true, force: true }) };
+  // (retried: a test's writer may still be ending when the test does)
+  return { dir, done: () => rmSync(dir, { recursive: true, force: true, maxRetries: 5, retryDelay: 50 }) };
 }
 
 export async function until(cond: () => boolean, what: string, ms = 5000, detail: () => string = () => ''): Promise<void> {
@@ -74,7 +75,10 @@ export function kubectlList(ns: string, n: number, from = 0): { text: string; ke
 
 /** a shell command as a child process, killed at the latest by stop() */
 export function shell(script: string, cwd?: string) {
-  const p: ChildProcess = spawn('sh', ['-c', script], { cwd, stdio: ['ignore', 'ignore', 'pipe'] });
+  // a process group of its own: stop() kills the commands the shell runs too
+  // (a shell killed alone left its `mkdir -p` creating what the test's
+  // cleanup was removing: ENOTEMPTY)
+  const p: ChildProcess = spawn('sh', ['-c', script], { cwd, stdio: ['ignore', 'ignore', 'pipe'], detached: true });
   let stderr = '';
   p.stderr!.on('data', (d) => (stderr += d));
   const exited = new Promise<number | null>((r) => p.on('exit', (code) => r(code)));
@@ -84,7 +88,11 @@ export function shell(script: string, cwd?: string) {
     get running() { return p.exitCode === null && p.signalCode === null; },
     async stop() {
       if (p.exitCode === null && p.signalCode === null) {
-        p.kill('SIGKILL');
+        try {
+          process.kill(-p.pid!, 'SIGKILL');
+        } catch {
+          p.kill('SIGKILL');
+        }
         await exited;
       }
     },
