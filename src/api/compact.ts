@@ -234,7 +234,7 @@ const NO_MEMO: Memo = {
  * compact() of one message that shares no part with itself or with others
  * (one just decoded or converted: each list and message made once), without
  * the memo that keeps shared parts shared: the memo's lookups were 40% of a
- * Service's copy (30k Services: 50-86 ms against 60-119 ms). A part that does
+ * Service's copy (15k Services: 50-86 ms against 60-119 ms). A part that does
  * appear twice is copied twice: the same values, less sharing.
  */
 export function compactOne<T extends Message>(schema: DescMessage, m: T): T {
