@@ -169,9 +169,9 @@ const FAVOURED_BY_OPERATOR = process.execArgv.some((a) => a === '--optimize-for-
  * longer than maxStepPauseMs. Then, collections being short, one
  * compacting collection moves what is left together, if copying it all
  * stays under the peak RSS the process already reached (at 30k Services it
- * did not before the steps), and V8's memory reducer, told to come sooner
- * (from the first step),
- * does the rest while the process is quiet. youngAfterMs after the last,
+ * did not before the steps), and V8's memory reducer, told at the first
+ * step to come sooner, does the rest while the process is quiet.
+ * youngAfterMs after the last,
  * V8's low-memory notification compacts in its way and gives back the
  * young generation (without an inspector, a scavenge). Measured:
  * docs/benchmarks.md, "The node agent's memory and start, second pass" and

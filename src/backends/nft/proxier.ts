@@ -19,7 +19,7 @@ import { ElementTable } from '../shared/nftables/elements.js';
 import { pooled } from '../../api/compact.js';
 import { flat } from '../../memory.js';
 import { portElements, type Element, type LbRequirement, type Slots } from './service-elements.js';
-import { TABLE, FAMILIES, BASE_CHAINS, setDeclarations, setDeclarationList, staticChains, lbChain, affinitySetBody, AFFINITY_PREFIX, AFFINITY_SET, type FamilyNames, type StaticInputs } from './ruleset.js';
+import { TABLE, FAMILIES, BASE_CHAINS, setDeclarationList, staticChains, lbChain, affinitySetBody, AFFINITY_PREFIX, AFFINITY_SET, type FamilyNames, type StaticInputs } from './ruleset.js';
 import { ProcessNft, SessionNft, type Nft } from '../shared/nftables/nft.js';
 import { Transaction, type TableRef } from '../shared/nftables/transaction.js';
 import { nftDrift, type DriftSource } from '../shared/nft-watch.js';
@@ -557,7 +557,7 @@ export class NftProxier extends ProxierBase {
 
 /** sets of intervals (their elements go to nft as text) */
 const INTERVAL_SETS = new Set(
-  Object.entries(setDeclarations(FAMILIES[4]))
+  setDeclarationList(FAMILIES[4])
     .filter(([, d]) => d.body.includes('interval'))
     .map(([name]) => name),
 );
