@@ -109,6 +109,40 @@ describe('elements over netlink, against nft', { skip: canUseNetns() }, () => {
     }
   });
 
+  test("whether a table is there, asked without nft, in the namespace's own family; ProcessNft's listing of a missing table runs no nft", async () => {
+    const ns = createNetns();
+    const nl = new NetlinkElements(ns.name);
+    const dir = mkdtempSync(join(tmpdir(), 'kpng-nl-'));
+    try {
+      assert.equal(await nl.hasTable('ip', 'kpngq'), false);
+      ns.exec('nft', ['add', 'table', 'ip', 'kpngq']);
+      assert.equal(await nl.hasTable('ip', 'kpngq'), true);
+      assert.equal(await nl.hasTable('ip6', 'kpngq'), false);
+      assert.equal(await nl.hasTable('inet', 'kpngq'), false);
+      const elsewhere = new NetlinkElements(viaText.name);
+      assert.equal(await elsewhere.hasTable('ip', 'kpngq'), false, 'asked in its own namespace');
+      elsewhere.close();
+      // an nft that counts its runs
+      const path = join(dir, 'nft');
+      writeFileSync(path, `#!/bin/sh\necho >> ${path}.runs\nexec ${ns.wrapper('nft')} "$@"\n`);
+      chmodSync(path, 0o755);
+      const runs = () => (existsSync(`${path}.runs`) ? readFileSync(`${path}.runs`, 'utf8').length : 0);
+      const p = new ProcessNft({ path, netlink: { netns: ns.name } });
+      try {
+        assert.equal(await p.list('ip6', 'kpngq'), undefined);
+        assert.equal(runs(), 0);
+        assert.deepEqual((await p.list('ip', 'kpngq'))?.chains, new Set());
+        assert.equal(runs(), 1);
+      } finally {
+        p.close();
+      }
+    } finally {
+      nl.close();
+      ns.remove();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   test('a batch the kernel refuses changes nothing; what netlink cannot say is refused before sending', async () => {
     const nl = new NetlinkElements(viaNetlink.name);
     try {

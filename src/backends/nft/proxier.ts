@@ -109,7 +109,13 @@ export class NftProxier extends ProxierBase {
       netlink: !o.dryRun && (o.netlink ?? (o.netns !== undefined || (o.nftPath ?? 'nft') === 'nft')) ? { netns: o.netns } : undefined,
       onNetlinkFallback: (msg: string) => this.warnOnce('nft netlink', msg),
     };
-    this.nft = o.nft ?? (!o.dryRun && (o.session ?? !o.once) ? new SessionNft({ ...nftOptions, onFallback: (msg) => this.warnOnce('nft session', msg) }) : new ProcessNft(nftOptions));
+    if (o.nft) this.nft = o.nft;
+    else if (!o.dryRun && (o.session ?? !o.once)) {
+      const session = new SessionNft({ ...nftOptions, onFallback: (msg) => this.warnOnce('nft session', msg) });
+      // now, while this process is small
+      session.warm();
+      this.nft = session;
+    } else this.nft = new ProcessNft(nftOptions);
     this.fam = new Map(
       (o.families ?? [4, 6]).map((f) => {
         const names = FAMILIES[f];
@@ -263,7 +269,7 @@ export class NftProxier extends ProxierBase {
 
   protected async apply(req: ApplyRequest): Promise<{ changes: number }> {
     const r = await this.applyTables(req);
-    if (!this.localhost && req.full && !req.check && !this.o.dryRun && this.ownNft) await removeLocalhostTable(this.o.nftPath);
+    if (!this.localhost && req.full && !req.check && !this.o.dryRun && this.ownNft) await removeLocalhostTable(this.o.nftPath, this.nft);
     if (this.localhost && !req.check) {
       for (const key of req.keys) {
         const svc = this.serviceOf(key);
