@@ -202,6 +202,8 @@ export function computeServiceView(
   node: NodeContext,
   proxyName = '',
   encoded = true,
+  /** (tests) every Service the general way */
+  general = false,
 ): ServiceView | undefined {
   if (!serviceIsProxied(svc, proxyName)) return undefined;
   const key = serviceKey(svc.Namespace, svc.Name);
@@ -211,10 +213,83 @@ export function computeServiceView(
 
   // the node's copy differs only in the ports' HasEndpoints flags: share the rest
   const out: Service = { ...svc, Ports: svc.Ports.map((p) => ({ ...p })) };
-  // per family, the endpoints by IP (one record whatever the number of ports)
-  const byFamily: Map<string, FamilyEndpoint>[] = [];
   let hasV6 = false;
   for (const slice of slices) for (const info of slice.endpoints) if (info.Endpoint?.IPs?.V6.length) hasV6 = true;
+  const simple = hasV6 || svc.Ports.length !== 1 || general ? undefined : singlePortEndpoints(slices, out.Ports[0], node, itpLocal, etpLocal, usesCluster, usesLocal);
+  const { built, names } = simple ?? anyEndpoints(slices, svc, out, node, hasV6, itpLocal, etpLocal, usesCluster, usesLocal);
+  return viewOf(key, out, built, names, encoded);
+}
+
+/**
+ * The endpoints of a Service with one port and IPv4 addresses only, each
+ * address once (most Services): what anyEndpoints makes of them, in the
+ * same order, without its records per address and per way of use (a third
+ * of a first diff's allocations at 30k Services). Undefined otherwise.
+ */
+function singlePortEndpoints(
+  slices: readonly { readonly endpoints: readonly EndpointInfo[] }[],
+  port: PortMapping,
+  node: NodeContext,
+  itpLocal: boolean,
+  etpLocal: boolean,
+  usesCluster: boolean,
+  usesLocal: boolean,
+): { built: Endpoint[]; names: string[] } | undefined {
+  const list = portCandidates(slices, port, 4, node);
+  if (list.length > 1) {
+    // an address twice (with two target ports): anyEndpoints merges them
+    const seen = new Set<string>();
+    for (const c of list) {
+      if (seen.has(c.ip)) return undefined;
+      seen.add(c.ip);
+    }
+  }
+  const cat = categorize(list, node, usesCluster, usesLocal);
+  port.HasEndpointsV4 = cat.hasAny;
+  for (const c of (cat.cluster ?? []) as Mark[]) c.inCluster = true;
+  for (const c of (cat.local ?? []) as Mark[]) c.inLocal = true;
+  const built: Endpoint[] = [];
+  const names: string[] = [];
+  let lastPorts = NONE as unknown as PortName[];
+  let lastTarget = -1;
+  for (const c of list) {
+    const internal = itpLocal ? c.inLocal : c.inCluster;
+    const external = etpLocal ? c.inLocal : c.inCluster;
+    const cluster = c.inCluster;
+    if (!internal && !external && !cluster) continue;
+    if (c.port !== lastTarget) {
+      lastPorts = sharedPortNames([{ $typeName: 'localv1.PortName', Name: port.Name, Port: c.port, Protocol: port.Protocol }]) as PortName[];
+      lastTarget = c.port;
+    }
+    built.push({
+      $typeName: 'localv1.Endpoint',
+      Hostname: c.info.Endpoint?.Hostname ?? '',
+      IPs: { $typeName: 'localv1.IPSet', V4: [c.ip], V6: NONE },
+      Local: c.local,
+      PortOverrides: lastPorts,
+      Scopes: SCOPES[(internal ? 1 : 0) | (external ? 2 : 0) | (cluster ? 4 : 0)],
+      Terminating: !isReady(c),
+      NodeName: c.info.Topology?.Node ?? '',
+    });
+    names.push(c.info.PodName);
+  }
+  return { built, names };
+}
+
+/** The endpoints of any Service, and their names (a pod's, or '' for one to be named by its hash). */
+function anyEndpoints(
+  slices: readonly { readonly endpoints: readonly EndpointInfo[] }[],
+  svc: Service,
+  out: Service,
+  node: NodeContext,
+  hasV6: boolean,
+  itpLocal: boolean,
+  etpLocal: boolean,
+  usesCluster: boolean,
+  usesLocal: boolean,
+): { built: Endpoint[]; names: string[] } {
+  // per family, the endpoints by IP (one record whatever the number of ports)
+  const byFamily: Map<string, FamilyEndpoint>[] = [];
 
   for (const family of hasV6 ? ([4, 6] as const) : ([4] as const)) {
     const fams = new Map<string, FamilyEndpoint>();
@@ -311,6 +386,11 @@ export function computeServiceView(
       names.push(g.podName !== '' && i === 0 ? g.podName : '');
     });
   }
+  return { built, names };
+}
+
+/** The view of a Service computed for a node and its endpoints (names: a pod's, or '' for a path by hash). */
+function viewOf(key: string, out: Service, built: Endpoint[], names: string[], encoded: boolean): ServiceView {
   /** an anonymous endpoint's path: a hash of its encoding */
   const hashed = (bytes: Uint8Array) => hash('sha256', bytes, 'hex').slice(0, 16);
   let endpoints: EndpointView[];
