@@ -262,7 +262,7 @@ test('a reload writes what the changed files changed: one file among many, a fil
 test('read once (watch: false), files go to the store as they are read, in order: the same store as a watching source; a later reload still sees a change', async () => {
   const t = tmp();
   try {
-    // small files parsed inline and large ones (JSON over 128 KiB) in the parser threads, a key two files define
+    // small files parsed inline and large ones (over 1 MB) in the parser threads, a key two files define
     const big = (from: number) => ({ apiVersion: 'v1', kind: 'List', items: Array.from({ length: 1500 }, (_, i) => slice('ns', `s-${from + i}-1`, `s-${from + i}`, Array.from({ length: 5 }, (_, e) => ({ ip: `10.${from >> 8}.${i >> 4}.${(i & 15) * 5 + e + 1}`, node: `n${e}` })))) });
     writeFileSync(join(t.dir, 'a-slices.json'), JSON.stringify(big(0)));
     writeFileSync(join(t.dir, 'b-services.json'), JSON.stringify({ apiVersion: 'v1', kind: 'List', items: Array.from({ length: 3000 }, (_, i) => service('ns', `s-${i}`, { clusterIP: `10.96.${i >> 8}.${i & 255}` })) }));

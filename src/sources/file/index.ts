@@ -22,12 +22,8 @@ import { ParseFailed, parseObjects, type ParsedItem } from './parse.js';
 import { ParserThread } from '../parser-thread.js';
 
 const EXTENSIONS = new Set(['.yaml', '.yml', '.json']);
-/**
- * larger files are parsed in the worker thread: the yaml library reads about
- * 2 MB/s; JSON parses fast, but converting its objects does not (a 30k
- * Services load spent 0.8 s more of the main thread with 1 MiB here)
- */
-const INLINE_MAX = { yaml: 64 * 1024, json: 128 * 1024 };
+/** larger files are parsed in the worker thread (the yaml library reads about 2 MB/s) */
+const INLINE_MAX = { yaml: 64 * 1024, json: 1024 * 1024 };
 /** files read at once */
 const READ_CONCURRENCY = 8;
 const PARSER_THREADS = Math.min(2, availableParallelism());
