@@ -31,6 +31,9 @@ const UNEXPECTED = new Unexpected();
 const utf8 = new TextDecoder();
 const latin1Slice = (Buffer.prototype as unknown as { latin1Slice(this: Uint8Array, start: number, end: number): string }).latin1Slice;
 
+/** scratch for a uint64 from two 32-bit halves */
+const WORDS = new DataView(new ArrayBuffer(8));
+
 class Reader {
   pos: number;
   constructor(
@@ -77,7 +80,12 @@ class Reader {
         lo |= (b & 0x0f) << 28;
         hi |= (b & 0x7f) >>> 4;
       } else hi |= (b & 0x7f) << (shift - 32);
-      if (b < 0x80) return (BigInt(hi >>> 0) << 32n) | BigInt(lo >>> 0);
+      if (b < 0x80) {
+        // one BigInt made, not four (shift and or make one each)
+        WORDS.setUint32(0, lo >>> 0, true);
+        WORDS.setUint32(4, hi >>> 0, true);
+        return WORDS.getBigUint64(0, true);
+      }
     }
     throw UNEXPECTED;
   }
