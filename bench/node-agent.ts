@@ -5,6 +5,7 @@
 //   npm run bench -- node-agent [--sizes 1000,10000,30000] [--changes 20]
 //                               [--ways file,kube,split,to-file] [--tsx] [--debounce 100]
 //                               [--timeout 600] [--node-flags "--trace-gc ..."] [--verbose]
+//                               [--against REV [--pairs 5]]
 // Ways: file = `kpng file --input DIR to-local to-nft`; kube = `kpng kube
 // --kubeconfig K to-local to-nft` against the test API server (TLS, list +
 // watch, in the measuring process); split = the brain `kpng file --input
@@ -30,8 +31,14 @@
 // (from programmed; and how much of it was the write itself: the test API
 // server's put, or the file's rename) and the lines of kpng's output V8's
 // --trace-gc (or --trace-deopt, --trace-opt) writes, as they came.
+// --against REV: the same runs with kpng as of git revision REV too (its
+// src/ compiled apart), the two trees alternately, run by run, --pairs
+// times; then each tree's median and range side by side. On a machine
+// whose speed moves within minutes, three pairs of wall time have pointed
+// the wrong way where five did not (docs/benchmarks.md, fifteenth pass):
+// the agent's CPU seconds are printed beside the start for that reason.
 import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, statSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, statSync, symlinkSync } from 'node:fs';
 import { loadavg, tmpdir, totalmem, freemem, cpus } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -509,11 +516,20 @@ function toFile(kpng: string[], dir: string, out: string, format: string, timeou
 // --- the benchmark
 
 /** Compiles kpng once for this run, as dist/ is built but into .bench-dist/ (others may use dist/; its ../package.json must be kpng's). */
-function compile(): string[] {
-  const out = join(ROOT, '.bench-dist');
-  const r = spawnSync(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', 'tsconfig.build.json', '--outDir', out, '--declaration', 'false', '--sourceMap', 'false'], { cwd: ROOT, encoding: 'utf8' });
+function compile(root = ROOT): string[] {
+  const out = join(root, '.bench-dist');
+  const r = spawnSync(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', 'tsconfig.build.json', '--outDir', out, '--declaration', 'false', '--sourceMap', 'false'], { cwd: root, encoding: 'utf8' });
   if (r.status !== 0) throw new Error(`node-agent: tsc failed (use --tsx to run the sources):\n${(r.stdout + r.stderr).slice(0, 2000)}`);
   return [process.execPath, join(out, 'cli/index.js')];
+}
+
+/** kpng as of a git revision, compiled in dir (its src/ and build files from git, this checkout's node_modules) */
+function compileRevision(rev: string, dir: string): string[] {
+  const tar = execFileSync('git', ['-C', ROOT, 'archive', '--format=tar', rev, 'src', 'package.json', 'tsconfig.json', 'tsconfig.build.json'], { maxBuffer: 1 << 30 });
+  mkdirSync(dir, { recursive: true });
+  execFileSync('tar', ['-x', '-C', dir], { input: tar });
+  symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'));
+  return compile(dir);
 }
 
 const f0 = (x: number | undefined) => (x === undefined || Number.isNaN(x) ? '-' : x.toFixed(0));
@@ -540,23 +556,38 @@ export default async function main(args: string[]) {
   const timeoutMs = Number(arg(args, 'timeout', '600')) * 1000;
   for (const w of ways) if (![...WAYS, 'to-file'].includes(w)) throw new Error(`unknown way ${w} (file, kube, split, to-file)`);
   const nodeFlags = arg(args, 'node-flags', '').split(' ').filter(Boolean);
+  const against = arg(args, 'against', '');
+  const pairs = against ? Math.max(1, Number(arg(args, 'pairs', '5'))) : 1;
   const [node, script] = args.includes('--tsx') ? [process.execPath, join(ROOT, 'bin/kpng.js')] : compile();
   const verbose = args.includes('--verbose');
   // --verbose: kpng's debug lines too (the kube source's list, each nft sync's time)
-  const kpng = [node, ...nodeFlags, script, ...(verbose ? ['--log-level', 'debug'] : [])];
+  const command = (nodeScript: string) => [node, ...nodeFlags, nodeScript, ...(verbose ? ['--log-level', 'debug'] : [])];
+  const kpng = command(script);
+  const work = mkdtempSync(join(tmpdir(), 'kpng-bench-agent-'));
+  /** the trees run: this one, and REV's */
+  const trees: { name: string; kpng: string[] }[] = [{ name: 'this tree', kpng }];
+  if (against) {
+    try {
+      trees.push({ name: against, kpng: command(compileRevision(against, join(work, 'against'))[1]) });
+    } catch (e) {
+      rmSync(work, { recursive: true, force: true });
+      throw e;
+    }
+  }
   const load0 = loadavg();
   console.log(
     `node-agent: kpng is ${kpng.map((x) => x.replace(ROOT, '')).join(' ')}; ${cpus().length} CPUs, ${(totalmem() / 2 ** 30).toFixed(1)} GiB; load average ${load0.map((x) => x.toFixed(2)).join(' ')}; ` +
       `node ${process.version}; ${execFileSync('nft', ['--version'], { encoding: 'utf8' }).trim()}`,
   );
   console.log(`cluster: Services x 5 endpoints over ${NODES} nodes, node ${NODE} programmed with to-nft; file source --debounce ${debounce}; ${changes} endpoint changes per run, ${CHANGE_GAP_MS} ms apart`);
-  const work = mkdtempSync(join(tmpdir(), 'kpng-bench-agent-'));
+  if (against) console.log(`against: kpng as of ${against}, ${pairs} pairs, the two trees alternately`);
   const spaces = new BenchNamespaces('node-agent', 'kpng-agent');
   const results: RunResult[] = [];
   const failed: { way: string; services: number; why: string }[] = [];
   const toFiles = new Map<number, ToFileResult[]>();
+  const ab: AbResult[] = [];
   try {
-    for (const services of sizes) {
+    for (let pair = 0; pair < pairs; pair++) for (const services of sizes) {
       const skip = tooBig(services);
       if (skip) {
         console.log(`${services} Services: skipped, ${skip}`);
@@ -566,12 +597,17 @@ export default async function main(args: string[]) {
       const targets = Math.max(1, Math.min(changes, services));
       const dir = join(work, `cluster-${services}`);
       writeCluster(dir, services, targets);
-      for (const way of ways) {
+      for (const way of ways) for (const tree of trees) {
+        const kpng = tree.kpng;
+        const who = against ? ` (${tree.name}, pair ${pair + 1})` : '';
         if (way === 'to-file') {
           const out = join(work, `to-file-${services}`);
           const r = ['yaml', 'json'].map((format) => toFile(kpng, dir, out, format, timeoutMs));
-          toFiles.set(services, r);
-          for (const x of r) console.error(`  ${services} to-file ${x.format}: ${x.error ? `failed: ${x.error}` : `${f0(x.ms)} ms, peak ${f0(x.peak)} MiB`}`);
+          if (tree === trees[0] && !toFiles.has(services)) toFiles.set(services, r);
+          for (const x of r) {
+            if (against && !x.error) ab.push({ tree: tree.name, way: `to-file ${x.format}`, services, ms: x.ms, cpu: x.cpu, rss: NaN, peak: x.peak });
+            console.error(`  ${services} to-file ${x.format}${who}: ${x.error ? `failed: ${x.error}` : `${f0(x.ms)} ms, peak ${f0(x.peak)} MiB`}`);
+          }
           continue;
         }
         // each run starts from the cluster as written (changes rewrote some slices);
@@ -588,18 +624,19 @@ export default async function main(args: string[]) {
             { way: way as Way, services, changes, targets, dir, run: join(work, `run-${way}-${services}`), kpng, debounce, timeoutMs, verbose } satisfies RunParams,
             `${way} at ${services}`,
           );
-          results.push(r);
+          if (tree === trees[0] && !results.some((x) => x.way === r.way && x.services === r.services)) results.push(r);
+          if (against) ab.push({ tree: tree.name, way: r.way, services, ms: r.programmedMs, cpu: r.agent.cpuProgrammed, rss: r.agent.rssSteady, peak: r.agent.rssPeak });
           for (const e of r.events ?? []) console.error(`    ${e}`);
           const st = r.stages;
           const stages = st
             ? `${st.listsMs !== undefined ? `, lists ended at ${f0(st.listsMs)} ms (agent CPU ${f1(st.listsCpu!)} s, ${f0(st.listsFaults! / 1000)}k page faults)` : ''}` +
               `${st.firstSyncMs !== undefined ? `, first nft sync ${f0(st.firstSyncMs)} ms` : ''}, ${f0(st.programmedFaults! / 1000)}k page faults to programmed`
             : '';
-          console.error(`  ${services} ${way}: programmed in ${f0(r.programmedMs)} ms${stages}, agent RSS ${f0(r.agent.rssSteady)} / ${f0(r.agent.rssAfter)} / ${f0(r.agent.rssPeak)} MiB (run ${((Date.now() - t) / 1000).toFixed(0)} s)`);
+          console.error(`  ${services} ${way}${who}: programmed in ${f0(r.programmedMs)} ms${stages}, agent RSS ${f0(r.agent.rssSteady)} / ${f0(r.agent.rssAfter)} / ${f0(r.agent.rssPeak)} MiB (run ${((Date.now() - t) / 1000).toFixed(0)} s)`);
         } catch (e) {
           const why = (e as Error).message.slice(0, 3000);
-          failed.push({ way, services, why });
-          console.error(`  ${services} ${way}: FAILED: ${why}`);
+          failed.push({ way: `${way}${who}`, services, why });
+          console.error(`  ${services} ${way}${who}: FAILED: ${why}`);
         } finally {
           spaces.remove(ns);
         }
@@ -610,6 +647,49 @@ export default async function main(args: string[]) {
     rmSync(work, { recursive: true, force: true });
   }
   report(sizes, ways, results, toFiles, failed, load0);
+  if (against) abReport(trees.map((t) => t.name), ab);
+}
+
+/** one run of one tree, for --against */
+interface AbResult {
+  tree: string;
+  way: string;
+  services: number;
+  /** start -> programmed, or to-file's time */
+  ms: number;
+  /** CPU seconds to programmed (to-file: in all) */
+  cpu: number;
+  /** MiB: steady (NaN for to-file), peak */
+  rss: number;
+  peak: number;
+}
+
+/** Each tree's median and range per way and size, and the ratio of the medians (this tree / REV). */
+function abReport(trees: string[], ab: AbResult[]) {
+  const median = (xs: number[]) => {
+    const s = xs.filter((x) => !Number.isNaN(x)).sort((a, b) => a - b);
+    return s.length ? (s.length % 2 ? s[s.length >> 1] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2) : NaN;
+  };
+  const cell = (xs: number[], f: (x: number) => string) => {
+    const s = xs.filter((x) => !Number.isNaN(x));
+    return s.length ? `${f(median(s))} (${f(Math.min(...s))}–${f(Math.max(...s))})` : '-';
+  };
+  const [a, b] = trees;
+  console.log('');
+  console.log(`${a} vs ${b}, median (range) of each | Services | runs | start -> programmed (to-file: time), s | ratio | agent CPU to programmed, s | ratio | RSS steady, MiB | RSS peak, MiB`);
+  console.log(`--- | --- | --- | --- | --- | --- | --- | --- | ---`);
+  const keys = [...new Set(ab.map((x) => `${x.way}|${x.services}`))];
+  for (const k of keys) {
+    const [way, services] = k.split('|');
+    const of = (t: string) => ab.filter((x) => x.tree === t && `${x.way}|${x.services}` === k);
+    const A = of(a);
+    const B = of(b);
+    const col = (pick: (x: AbResult) => number, f: (x: number) => string) => `${cell(A.map(pick), f)} / ${cell(B.map(pick), f)}`;
+    console.log(
+      `${way} | ${services} | ${A.length} / ${B.length} | ${col((x) => x.ms / 1000, (x) => x.toFixed(1))} | ${ratio(median(A.map((x) => x.ms)), median(B.map((x) => x.ms)))} | ` +
+        `${col((x) => x.cpu, (x) => x.toFixed(1))} | ${ratio(median(A.map((x) => x.cpu)), median(B.map((x) => x.cpu)))} | ${col((x) => x.rss, (x) => x.toFixed(0))} | ${col((x) => x.peak, (x) => x.toFixed(0))}`,
+    );
+  }
 }
 
 function report(sizes: number[], ways: string[], results: RunResult[], toFiles: Map<number, ToFileResult[]>, failed: { way: string; services: number; why: string }[], load0: number[]) {
