@@ -269,16 +269,7 @@ export class NetlinkElements {
       if (e instanceof Unencodable) throw new NetlinkRefused(`not for netlink: ${e.message}`);
       throw e;
     }
-    // one batch at a time on the socket (the kernel takes one at a time anyway): each reads its own answers
-    const previous = this.busy;
-    let done!: () => void;
-    this.busy = new Promise<void>((r) => (done = r));
-    await previous;
-    try {
-      this.nl ??= new NetlinkSocket(NETLINK_NETFILTER, this.netns);
-      const nl = this.nl;
-      // answers of an earlier batch that failed half way are not this one's
-      nl.drain(() => {});
+    await this.exclusive(async (nl) => {
       // a change's batch is sent from here (the kernel's work on it is short); a big one from libuv's thread pool
       if (batch.length <= SEND_HERE_BYTES) nl.send(batch);
       else await nl.sendLarge(batch);
@@ -291,10 +282,27 @@ export class NetlinkElements {
       });
       if (refused) throw new NetlinkRefused(`the kernel refused the batch: ${refused}`);
       if (expect.size) throw new NetlinkRefused(`the kernel did not answer ${expect.size} message(s) of the batch`);
+    });
+    return batch.length;
+  }
+
+  /**
+   * fn with the socket to itself: one request at a time on it (the kernel
+   * takes one batch at a time anyway), each reading its own answers, none
+   * of an earlier one that failed half way
+   */
+  private async exclusive<T>(fn: (nl: NetlinkSocket) => Promise<T> | T): Promise<T> {
+    const previous = this.busy;
+    let done!: () => void;
+    this.busy = new Promise<void>((r) => (done = r));
+    await previous;
+    try {
+      this.nl ??= new NetlinkSocket(NETLINK_NETFILTER, this.netns);
+      this.nl.drain(() => {});
+      return await fn(this.nl);
     } finally {
       done();
     }
-    return batch.length;
   }
 
   /**
@@ -303,15 +311,8 @@ export class NetlinkElements {
    * Services, twice in a cold start). Throws a KernelError when netlink
    * does not tell.
    */
-  async hasTable(family: TableFamily, name: string): Promise<boolean> {
-    const previous = this.busy;
-    let done!: () => void;
-    this.busy = new Promise<void>((r) => (done = r));
-    await previous;
-    try {
-      this.nl ??= new NetlinkSocket(NETLINK_NETFILTER, this.netns);
-      const nl = this.nl;
-      nl.drain(() => {});
+  hasTable(family: TableFamily, name: string): Promise<boolean> {
+    return this.exclusive((nl) => {
       const seq = (this.seq = (this.seq + 1) & 0x7fffffff);
       const w = new NetlinkWriter().begin((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETTABLE, NLM_F_REQUEST | NLM_F_ACK, seq, [NFPROTO[family], 0, 0]);
       w.string(NFTA_TABLE_NAME, name);
@@ -328,9 +329,7 @@ export class NetlinkElements {
       if (errno === 0) return true;
       if (errno === ENOENT) return false;
       throw new KernelError(`GETTABLE: errno ${errno}`);
-    } finally {
-      done();
-    }
+    });
   }
 
   close(): void {
