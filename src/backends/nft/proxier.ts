@@ -269,7 +269,7 @@ export class NftProxier extends ProxierBase {
 
   protected async apply(req: ApplyRequest): Promise<{ changes: number }> {
     const r = await this.applyTables(req);
-    if (!this.localhost && req.full && !req.check && !this.o.dryRun && this.ownNft) await removeLocalhostTable(this.o.nftPath, this.nft);
+    if (!this.localhost && req.full && !req.check && !this.o.dryRun && this.ownNft) await removeLocalhostTable(this.nft, this.o.nftPath);
     if (this.localhost && !req.check) {
       for (const key of req.keys) {
         const svc = this.serviceOf(key);

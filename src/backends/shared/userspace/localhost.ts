@@ -107,8 +107,8 @@ export class LocalhostNodePorts {
 }
 
 /** With the feature off, a table a previous run left would redirect to listeners nobody serves: it goes. */
-export async function removeLocalhostTable(nftPath = 'nft', nft?: Pick<Nft, 'list'>): Promise<void> {
+export async function removeLocalhostTable(nft: Pick<Nft, 'list'>, nftPath = 'nft'): Promise<void> {
   // asked first: a node without it (every cold start) runs no nft
-  if (nft && (await nft.list('inet', LOCALHOST_TABLE).catch(() => null)) === undefined) return;
+  if ((await nft.list('inet', LOCALHOST_TABLE).catch(() => null)) === undefined) return;
   await runNft(['delete', 'table', 'inet', LOCALHOST_TABLE], undefined, nftPath).catch(() => {});
 }
