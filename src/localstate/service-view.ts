@@ -8,7 +8,7 @@ import { flat } from '../memory.js';
 import type { EndpointInfo } from '../api/gen/api/globalv1/api_pb.js';
 import { externallyAccessible, serviceKey } from '../api/model.js';
 import { sharedPortNames } from '../api/compact.js';
-import { categorize, isReady, type Candidate, type NodeContext } from './topology.js';
+import { categorize, isReady, type Candidate, type Categorized, type NodeContext } from './topology.js';
 
 export const SERVICE_PROXY_NAME_LABEL = 'service.kubernetes.io/service-proxy-name';
 
@@ -53,9 +53,23 @@ export function serviceIsProxied(svc: Service, proxyName: string): boolean {
 // Parts of endpoint messages shared between views (frozen: nothing may change
 // them): a few hundred bytes per service less to allocate and keep.
 const NONE = Object.freeze([]) as unknown as string[];
+const INTERNAL = 1;
+const EXTERNAL = 2;
+const CLUSTER = 4;
 const SCOPES: EndpointScopes[] = [];
-for (let i = 0; i < 8; i++) SCOPES.push(Object.freeze({ $typeName: 'localv1.EndpointScopes', Internal: (i & 1) !== 0, External: (i & 2) !== 0, Cluster: (i & 4) !== 0 }));
-const scopesOf = (r: PortResult) => SCOPES[(r.internal ? 1 : 0) | (r.external ? 2 : 0) | (r.cluster ? 4 : 0)];
+for (let i = 0; i < 8; i++) SCOPES.push(Object.freeze({ $typeName: 'localv1.EndpointScopes', Internal: (i & INTERNAL) !== 0, External: (i & EXTERNAL) !== 0, Cluster: (i & CLUSTER) !== 0 }));
+const scopesOf = (r: PortResult) => SCOPES[(r.internal ? INTERNAL : 0) | (r.external ? EXTERNAL : 0) | (r.cluster ? CLUSTER : 0)];
+
+/** marks the candidates categorize put in each list */
+function markUses(cat: Categorized): void {
+  for (const c of (cat.cluster ?? []) as Mark[]) c.inCluster = true;
+  for (const c of (cat.local ?? []) as Mark[]) c.inLocal = true;
+}
+
+/** how a marked candidate is used, as SCOPES' index (0: not at all): internal traffic, external, cluster-wide */
+function useOf(c: Mark, itpLocal: boolean, etpLocal: boolean): number {
+  return ((itpLocal ? c.inLocal : c.inCluster) ? INTERNAL : 0) | ((etpLocal ? c.inLocal : c.inCluster) ? EXTERNAL : 0) | (c.inCluster ? CLUSTER : 0);
+}
 
 function samePorts(built: readonly PortName[], ports: readonly PortResult[]): boolean {
   if (built.length !== ports.length) return false;
@@ -246,17 +260,14 @@ function singlePortEndpoints(
   }
   const cat = categorize(list, node, usesCluster, usesLocal);
   port.HasEndpointsV4 = cat.hasAny;
-  for (const c of (cat.cluster ?? []) as Mark[]) c.inCluster = true;
-  for (const c of (cat.local ?? []) as Mark[]) c.inLocal = true;
+  markUses(cat);
   const built: Endpoint[] = [];
   const names: string[] = [];
   let lastPorts = NONE as unknown as PortName[];
   let lastTarget = -1;
   for (const c of list) {
-    const internal = itpLocal ? c.inLocal : c.inCluster;
-    const external = etpLocal ? c.inLocal : c.inCluster;
-    const cluster = c.inCluster;
-    if (!internal && !external && !cluster) continue;
+    const use = useOf(c, itpLocal, etpLocal);
+    if (!use) continue;
     if (c.port !== lastTarget) {
       lastPorts = sharedPortNames([{ $typeName: 'localv1.PortName', Name: port.Name, Port: c.port, Protocol: port.Protocol }]) as PortName[];
       lastTarget = c.port;
@@ -267,7 +278,7 @@ function singlePortEndpoints(
       IPs: { $typeName: 'localv1.IPSet', V4: [c.ip], V6: NONE },
       Local: c.local,
       PortOverrides: lastPorts,
-      Scopes: SCOPES[(internal ? 1 : 0) | (external ? 2 : 0) | (cluster ? 4 : 0)],
+      Scopes: SCOPES[use],
       Terminating: !isReady(c),
       NodeName: c.info.Topology?.Node ?? '',
     });
@@ -299,14 +310,11 @@ function anyEndpoints(
       const cat = categorize(list, node, usesCluster, usesLocal);
       if (family === 4) out.Ports[pi].HasEndpointsV4 = cat.hasAny;
       else out.Ports[pi].HasEndpointsV6 = cat.hasAny;
-      for (const c of (cat.cluster ?? []) as Mark[]) c.inCluster = true;
-      for (const c of (cat.local ?? []) as Mark[]) c.inLocal = true;
+      markUses(cat);
       for (const c of list) {
-        const internal = itpLocal ? c.inLocal : c.inCluster;
-        const external = etpLocal ? c.inLocal : c.inCluster;
-        const cluster = c.inCluster;
-        if (!internal && !external && !cluster) continue;
-        const pr: PortResult = { port, target: c.port, internal, external, cluster };
+        const use = useOf(c, itpLocal, etpLocal);
+        if (!use) continue;
+        const pr: PortResult = { port, target: c.port, internal: (use & INTERNAL) !== 0, external: (use & EXTERNAL) !== 0, cluster: (use & CLUSTER) !== 0 };
         const fe = fams.get(c.ip);
         if (fe) fe.ports.push(pr);
         else {
