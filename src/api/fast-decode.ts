@@ -312,6 +312,178 @@ export function decodeEndpointInfoAt(bytes: Uint8Array, start: number, end: numb
   }
 }
 
+// --- what a view reads of an endpoint, straight from its bytes
+
+/**
+ * What a node's view reads of an endpoint with one IPv4 address and one
+ * port (most endpoints): its EndpointInfo's fields a view uses, one object
+ * (the decoded message is nine, and a BigInt). Topology is a shared frozen
+ * object per node and zone.
+ */
+export interface ScannedEndpoint {
+  readonly PodName: string;
+  readonly Conditions: EndpointConditions | undefined;
+  readonly Hints: TopologyHints | undefined;
+  readonly Topology: TopologyInfo | undefined;
+  readonly Endpoint: { readonly Hostname: string };
+  /** its one IPv4 address */
+  readonly ip: string;
+  /** its one port */
+  readonly portName: string;
+  readonly port: number;
+  readonly protocol: number;
+}
+
+const NO_HOSTNAME = Object.freeze({ Hostname: '' });
+// node -> zone -> the shared TopologyInfo; bounded like the string pool (when full it starts over)
+const TOPOLOGY_MAX = 1 << 12;
+let topologies = new Map<string, Map<string, TopologyInfo>>();
+let topologyCount = 0;
+
+function pooledTopology(Node: string, Zone: string): TopologyInfo {
+  let zones = topologies.get(Node);
+  const t = zones?.get(Zone);
+  if (t) return t;
+  if (topologyCount >= TOPOLOGY_MAX) (topologies = new Map()), (topologyCount = 0), (zones = undefined);
+  if (!zones) topologies.set(Node, (zones = new Map()));
+  const made: TopologyInfo = Object.freeze({ $typeName: 'globalv1.TopologyInfo', Node: pooled(Node), Zone: pooled(Zone) });
+  zones.set(Zone, made);
+  topologyCount++;
+  return made;
+}
+
+/** a field of this wire type passed over */
+function skip(r: Reader, wire: number): void {
+  if (wire === VARINT) r.varint32();
+  else if (wire === LEN) r.pos = r.sub();
+  else throw UNEXPECTED;
+}
+
+/**
+ * The endpoint EndpointInfo bytes[start, end) hold, as a view reads it; or
+ * undefined when it is not one the scan takes (not exactly one IPv4
+ * address and no IPv6, not exactly one port, no endpoint, a field twice or
+ * unknown): its slice is then decoded whole. A field the scan returns
+ * equals the decoded message's (test/core/fast-decode.test.ts).
+ */
+export function scanEndpointAt(bytes: Uint8Array, start: number, end: number): ScannedEndpoint | undefined {
+  try {
+    return scanEndpointInfo(new Reader(bytes, start, end));
+  } catch (e) {
+    if (e !== UNEXPECTED) throw e;
+    return undefined;
+  }
+}
+
+function scanEndpointInfo(r: Reader): ScannedEndpoint | undefined {
+  let PodName = '';
+  let Conditions: EndpointConditions | undefined;
+  let Topology: TopologyInfo | undefined;
+  let Hints: TopologyHints | undefined;
+  let seen = 0;
+  let Hostname = '';
+  let ip = '';
+  let ips = 0;
+  let ports = 0;
+  let portName = '';
+  let port = 0;
+  let protocol = 0;
+  while (r.pos < r.end) {
+    const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
+    // (each field once, as a canonical encoding has it: fromBinary would merge a second)
+    if (f < 32) {
+      if (seen & (1 << f)) return undefined;
+      seen |= 1 << f;
+    }
+    switch (f) {
+      case 1: case 2: case 3: case 4: expect(w, f === 1 ? VARINT : LEN); skip(r, w); break;
+      case 8: expect(w, LEN); PodName = r.string(); break;
+      case 7: expect(w, LEN); Conditions = conditions(r, r.sub()); break;
+      case 9: {
+        expect(w, LEN);
+        const end = r.sub();
+        let node = '';
+        let zone = '';
+        let fields = 0;
+        while (r.pos < end) {
+          const t2 = r.varint32() >>> 0, f2 = t2 >>> 3;
+          expect(t2 & 7, LEN);
+          if (f2 === 1) node = r.string();
+          else if (f2 === 2) zone = r.string();
+          else throw UNEXPECTED;
+          if (fields & f2) throw UNEXPECTED;
+          fields |= f2;
+        }
+        Topology = pooledTopology(node, zone);
+        break;
+      }
+      case 10: expect(w, LEN); Hints = hints(r, r.sub()); break;
+      case 6: {
+        expect(w, LEN);
+        const end = r.sub();
+        let fields = 0;
+        while (r.pos < end) {
+          const t2 = r.varint32() >>> 0, f2 = t2 >>> 3, w2 = t2 & 7;
+          if (f2 !== 4) {
+            if (f2 >= 8 || fields & (1 << f2)) throw UNEXPECTED;
+            fields |= 1 << f2;
+          }
+          switch (f2) {
+            case 1: expect(w2, LEN); Hostname = r.string(); break;
+            case 2: {
+              expect(w2, LEN);
+              const e2 = r.sub();
+              while (r.pos < e2) {
+                const t3 = r.varint32() >>> 0;
+                expect(t3 & 7, LEN);
+                if (t3 >>> 3 === 1) (ip = r.string()), ips++;
+                else throw UNEXPECTED; // an IPv6 address (or an unknown field)
+              }
+              break;
+            }
+            case 4: {
+              expect(w2, LEN);
+              if (++ports > 1) throw UNEXPECTED;
+              const p = portName_(r, r.sub());
+              portName = p.name;
+              port = p.port;
+              protocol = p.protocol;
+              break;
+            }
+            case 3: case 5: case 6: case 7: expect(w2, f2 === 5 || f2 === 7 ? LEN : VARINT); skip(r, w2); break;
+            default: throw UNEXPECTED;
+          }
+        }
+        break;
+      }
+      default: throw UNEXPECTED;
+    }
+  }
+  if (ips !== 1 || ip === '' || ports !== 1) return undefined;
+  return { PodName, Conditions, Hints, Topology, Endpoint: Hostname === '' ? NO_HOSTNAME : { Hostname }, ip, portName, port, protocol };
+}
+
+/** a PortName's fields without the message */
+const portScratch = { name: '', port: 0, protocol: 0 };
+function portName_(r: Reader, end: number): typeof portScratch {
+  let name = '';
+  let port = 0;
+  let protocol = 0;
+  let fields = 0;
+  while (r.pos < end) {
+    const t = r.varint32() >>> 0, f = t >>> 3, w = t & 7;
+    if (f < 1 || f > 3 || fields & (1 << f)) throw UNEXPECTED;
+    fields |= 1 << f;
+    if (f === 1) (expect(w, LEN), (name = pooled(r.string())));
+    else if (f === 2) (expect(w, VARINT), (port = r.varint32()));
+    else (expect(w, VARINT), (protocol = r.varint32()));
+  }
+  portScratch.name = name;
+  portScratch.port = port;
+  portScratch.protocol = protocol;
+  return portScratch;
+}
+
 // --- localv1.Service (a node agent in split mode decodes one per Service a brain sends)
 
 function serviceIPs(r: Reader, end: number): ServiceIPs {

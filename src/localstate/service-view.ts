@@ -8,7 +8,14 @@ import { flat } from '../memory.js';
 import type { EndpointInfo } from '../api/gen/api/globalv1/api_pb.js';
 import { externallyAccessible, serviceKey } from '../api/model.js';
 import { sharedPortNames } from '../api/compact.js';
-import { categorize, isReady, type Candidate, type Categorized, type NodeContext } from './topology.js';
+import { categorize, isReady, type Candidate, type Categorized, type EndpointFacts, type NodeContext } from './topology.js';
+import type { ScannedEndpoint } from '../api/fast-decode.js';
+
+/** a slice's endpoints as a view reads them: decoded, or scanned from its bytes when it can be */
+export interface SliceEndpoints {
+  readonly endpoints: readonly EndpointInfo[];
+  scanned?(): readonly ScannedEndpoint[] | undefined;
+}
 
 export const SERVICE_PROXY_NAME_LABEL = 'service.kubernetes.io/service-proxy-name';
 
@@ -169,32 +176,48 @@ function mergeable(a: Segment, b: Segment): boolean {
  * that serve it (matched by port name and protocol), deduplicated by IP:port
  * (a local copy wins). kpng get explains its choice from the same list.
  */
-export function portCandidates(slices: readonly { readonly endpoints: readonly EndpointInfo[] }[], port: PortMapping, family: 4 | 6, node: NodeContext): Mark[] {
-  const list: Mark[] = [];
-  let index: Map<string, number> | undefined;
+export function portCandidates(slices: readonly SliceEndpoints[], port: PortMapping, family: 4 | 6, node: NodeContext): Mark[] {
+  const list = new CandidateList();
   for (const slice of slices) {
     for (const info of slice.endpoints) {
       const ips = family === 4 ? info.Endpoint?.IPs?.V4 : info.Endpoint?.IPs?.V6;
       const ip = ips?.[0];
       if (!ip) continue;
       const sp = info.Endpoint!.PortOverrides.find((o) => o.Name === port.Name && o.Protocol === port.Protocol);
-      if (!sp) continue;
-      const local = node.name !== '' && info.Topology?.Node === node.name;
-      const c: Mark = { info, ip, port: sp.Port, local, inCluster: false, inLocal: false };
-      // a linear scan for small lists, an index past that
-      let dup = -1;
-      if (list.length > 16 && !index) index = new Map(list.map((x, i) => [`${x.ip}:${x.port}`, i]));
-      if (index) dup = index.get(`${ip}:${sp.Port}`) ?? -1;
-      else dup = list.findIndex((x) => x.ip === ip && x.port === sp.Port);
-      if (dup >= 0) {
-        if (local) list[dup] = c;
-        continue;
-      }
-      index?.set(`${ip}:${sp.Port}`, list.length);
-      list.push(c);
+      if (sp) list.add(info, ip, sp.Port, node.name !== '' && info.Topology?.Node === node.name);
     }
   }
-  return list;
+  return list.list;
+}
+
+/** portCandidates of IPv4 endpoints scanned from their bytes (each with one address and one port) */
+function scannedCandidates(scanned: readonly (readonly ScannedEndpoint[])[], port: PortMapping, node: NodeContext): Mark[] {
+  const list = new CandidateList();
+  for (const eps of scanned)
+    for (const e of eps) if (e.portName === port.Name && e.protocol === port.Protocol) list.add(e, e.ip, e.port, node.name !== '' && e.Topology?.Node === node.name);
+  return list.list;
+}
+
+/** candidates deduplicated by IP:port (a local copy wins) */
+class CandidateList {
+  readonly list: Mark[] = [];
+  private index?: Map<string, number>;
+
+  add(info: EndpointFacts, ip: string, port: number, local: boolean): void {
+    const list = this.list;
+    // a linear scan for small lists, an index past that
+    let dup = -1;
+    if (list.length > 16 && !this.index) this.index = new Map(list.map((x, i) => [`${x.ip}:${x.port}`, i]));
+    if (this.index) dup = this.index.get(`${ip}:${port}`) ?? -1;
+    else dup = list.findIndex((x) => x.ip === ip && x.port === port);
+    const c: Mark = { info, ip, port, local, inCluster: false, inLocal: false };
+    if (dup >= 0) {
+      if (local) list[dup] = c;
+      return;
+    }
+    this.index?.set(`${ip}:${port}`, list.length);
+    list.push(c);
+  }
 }
 
 /** The traffic policies as the node-local state applies them (eTP matters only for a Service reachable from outside). */
@@ -212,7 +235,7 @@ export function trafficPolicies(svc: Service): { itpLocal: boolean; etpLocal: bo
  */
 export function computeServiceView(
   svc: Service,
-  slices: readonly { readonly endpoints: readonly EndpointInfo[] }[],
+  slices: readonly SliceEndpoints[],
   node: NodeContext,
   proxyName = '',
   encoded = true,
@@ -227,11 +250,28 @@ export function computeServiceView(
 
   // the node's copy differs only in the ports' HasEndpoints flags: share the rest
   const out: Service = { ...svc, Ports: svc.Ports.map((p) => ({ ...p })) };
+  let simple: { built: Endpoint[]; names: string[] } | undefined;
   let hasV6 = false;
-  for (const slice of slices) for (const info of slice.endpoints) if (info.Endpoint?.IPs?.V6.length) hasV6 = true;
-  const simple = hasV6 || svc.Ports.length !== 1 || general ? undefined : singlePortEndpoints(slices, out.Ports[0], node, itpLocal, etpLocal, usesCluster, usesLocal);
+  // most slices are read without decoding them (scanned); any other goes the general way
+  const scanned = svc.Ports.length === 1 && !general ? scanAll(slices) : undefined;
+  if (scanned) simple = singlePortEndpoints(scannedCandidates(scanned, out.Ports[0], node), out.Ports[0], node, itpLocal, etpLocal, usesCluster, usesLocal);
+  else {
+    for (const slice of slices) for (const info of slice.endpoints) if (info.Endpoint?.IPs?.V6.length) hasV6 = true;
+    if (!hasV6 && svc.Ports.length === 1 && !general) simple = singlePortEndpoints(portCandidates(slices, out.Ports[0], 4, node), out.Ports[0], node, itpLocal, etpLocal, usesCluster, usesLocal);
+  }
   const { built, names } = simple ?? anyEndpoints(slices, svc, out, node, hasV6, itpLocal, etpLocal, usesCluster, usesLocal);
   return viewOf(key, out, built, names, encoded);
+}
+
+/** every slice's endpoints scanned, or undefined when one of them cannot be */
+function scanAll(slices: readonly SliceEndpoints[]): (readonly ScannedEndpoint[])[] | undefined {
+  const out: (readonly ScannedEndpoint[])[] = [];
+  for (const slice of slices) {
+    const eps = slice.scanned?.();
+    if (!eps) return undefined;
+    out.push(eps);
+  }
+  return out;
 }
 
 /**
@@ -241,7 +281,7 @@ export function computeServiceView(
  * of a first diff's allocations at 30k Services). Undefined otherwise.
  */
 function singlePortEndpoints(
-  slices: readonly { readonly endpoints: readonly EndpointInfo[] }[],
+  list: Mark[],
   port: PortMapping,
   node: NodeContext,
   itpLocal: boolean,
@@ -249,7 +289,6 @@ function singlePortEndpoints(
   usesCluster: boolean,
   usesLocal: boolean,
 ): { built: Endpoint[]; names: string[] } | undefined {
-  const list = portCandidates(slices, port, 4, node);
   if (list.length > 1) {
     // an address twice (with two target ports): anyEndpoints merges them
     const seen = new Set<string>();
@@ -289,7 +328,7 @@ function singlePortEndpoints(
 
 /** The endpoints of any Service, and their names (a pod's, or '' for one to be named by its hash). */
 function anyEndpoints(
-  slices: readonly { readonly endpoints: readonly EndpointInfo[] }[],
+  slices: readonly SliceEndpoints[],
   svc: Service,
   out: Service,
   node: NodeContext,

@@ -1,9 +1,18 @@
 // Endpoint selection for one service port and one IP family, as upstream
 // kube-proxy's CategorizeEndpoints (pkg/proxy/topology.go) does it.
-import type { EndpointInfo } from '../api/gen/api/globalv1/api_pb.js';
+import type { EndpointConditions, TopologyHints, TopologyInfo } from '../api/gen/api/globalv1/api_pb.js';
+
+/** what endpoint selection reads of an endpoint: an EndpointInfo's fields, or the same scanned from its bytes (ScannedEndpoint) */
+export interface EndpointFacts {
+  readonly PodName: string;
+  readonly Conditions?: EndpointConditions;
+  readonly Hints?: TopologyHints;
+  readonly Topology?: TopologyInfo;
+  readonly Endpoint?: { readonly Hostname: string };
+}
 
 export interface Candidate {
-  readonly info: EndpointInfo;
+  readonly info: EndpointFacts;
   readonly ip: string;
   /** the endpoint (target) port for this service port */
   readonly port: number;

@@ -14,7 +14,7 @@ import type { Store, StoredSlice } from '../store/store.js';
 import { LocalSet, bytesEqual, decodeEndpoint, decodeService, type Endpoint, type Service } from '../api/model.js';
 import { putSetOp, setOpSize } from '../api/opitem.js';
 import { computeServiceView, DecodedEndpointView, type EndpointView, type ServiceView } from './service-view.js';
-import type { NodeContext } from './topology.js';
+import type { EndpointFacts, NodeContext } from './topology.js';
 import { encodeServiceFast } from '../api/fast-encode.js';
 
 interface Entry {
@@ -296,7 +296,8 @@ export class ServiceViews {
     };
     let usesZones = false;
     for (const slice of slices) {
-      const eps = slice.endpoints;
+      // (scanned: the view reads the same next, without decoding the slice)
+      const eps: readonly EndpointFacts[] = slice.scanned?.() ?? slice.endpoints;
       for (let i = 0; i < eps.length; i++) {
         const info = eps[i];
         if (info.Topology?.Node) add(info.Topology.Node);

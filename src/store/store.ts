@@ -9,7 +9,7 @@ import { ServiceSchema, ServiceCIDRSchema, type PortMapping, type Service, type 
 import { bytesEqual, serviceKey } from '../api/model.js';
 import { anyUnknownFields, compact, compactOne, pooled, sharedPorts } from '../api/compact.js';
 import { flat } from '../memory.js';
-import { decodeEndpointInfoAt, decodeEndpointInfoFast, decodeServiceFastOnly } from '../api/fast-decode.js';
+import { decodeEndpointInfoAt, decodeEndpointInfoFast, decodeServiceFastOnly, scanEndpointAt, type ScannedEndpoint } from '../api/fast-decode.js';
 import { encodeSlice, encodeSliceTransient, hasUnknownFields } from './encode-slice.js';
 import { Slabs, type Slab, type SlabRef } from './slabs.js';
 import { forEachPackedAt, isRaw, namesPrefix, packSlice, unpackSlice } from './slice-pack.js';
@@ -37,6 +37,8 @@ export interface StoredSlice {
   readonly endpoints: readonly EndpointInfo[];
   /** the canonical encoding (encodeSlice), put together when read (SliceRecord): read it once and keep it; never changes after */
   readonly bytes: Uint8Array;
+  /** what a view reads of each endpoint, straight from the bytes; undefined when one of them is not as scanEndpointAt takes it (then read endpoints) */
+  scanned?(): readonly ScannedEndpoint[] | undefined;
 }
 
 /**
@@ -89,6 +91,24 @@ class SliceRecord implements StoredSlice, SlabRef {
     return out;
   }
 
+  scanned(): readonly ScannedEndpoint[] | undefined {
+    const recent = recentlyScanned.get(this);
+    if (recent !== undefined) return recent ?? undefined;
+    const packed = this.packed;
+    const out: ScannedEndpoint[] = [];
+    let all = !isRaw(packed);
+    if (all)
+      forEachPackedAt(packed, (buf, start, end) => {
+        const e = all ? scanEndpointAt(buf, start, end) : undefined;
+        if (e) out.push(e);
+        else all = false;
+      });
+    // (a view's entry and the view itself read it one after the other)
+    if (recentlyScanned.size >= RECENT_MAX) recentlyScanned.delete(recentlyScanned.keys().next().value!);
+    recentlyScanned.set(this, all ? out : null);
+    return all ? out : undefined;
+  }
+
   get endpoints(): readonly EndpointInfo[] {
     let eps = recentlyDecoded.get(this);
     if (eps) return eps;
@@ -110,10 +130,16 @@ class DecodedSliceRecord extends SliceRecord {
   override get endpoints(): readonly EndpointInfo[] {
     return this.decoded;
   }
+
+  // (decoded already: a view reads those)
+  override scanned(): undefined {
+    return undefined;
+  }
 }
 
 const RECENT_MAX = 256;
 const recentlyDecoded = new Map<SliceRecord, readonly EndpointInfo[]>();
+const recentlyScanned = new Map<SliceRecord, readonly ScannedEndpoint[] | null>();
 
 /**
  * A Service as the store keeps it: the compact message, not its bytes as

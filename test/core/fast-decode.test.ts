@@ -3,8 +3,8 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { toBinary, fromBinary, create } from '@bufbuild/protobuf';
 import { EndpointInfoSchema } from '../../src/api/gen/api/globalv1/api_pb.js';
-import { decodeEndpointFast, decodeEndpointInfoFast, decodeServiceFastOnly } from '../../src/api/fast-decode.js';
-import { EndpointSchema, ServiceSchema } from '../../src/api/gen/api/localv1/api_pb.js';
+import { decodeEndpointFast, decodeEndpointInfoFast, decodeServiceFastOnly, scanEndpointAt } from '../../src/api/fast-decode.js';
+import { EndpointSchema, IPSetSchema, PortNameSchema, ServiceSchema } from '../../src/api/gen/api/localv1/api_pb.js';
 import { randomMessages } from '../helpers/random-messages.js';
 
 /** the message without its unset message fields: fromBinary leaves them out, the fast decoder sets them undefined (one object shape) */
@@ -23,6 +23,60 @@ test('decodeEndpointInfoFast equals fromBinary on many random EndpointInfos (eve
     assert.deepStrictEqual(defined(fast), defined(fromBinary(EndpointInfoSchema, bytes)), JSON.stringify(m, (_k, v) => (typeof v === 'bigint' ? String(v) : v)));
     assert.deepEqual(Buffer.from(toBinary(EndpointInfoSchema, fast)), Buffer.from(bytes), 'encodes back to the same bytes');
   }
+});
+
+test("scanEndpointAt reads what a view reads of an endpoint with one IPv4 address and one port as the decoder does, and takes no other endpoint: many random EndpointInfos", () => {
+  const random = randomMessages(11);
+  let scanned = 0;
+  for (let i = 0; i < 4000; i++) {
+    const m = random.endpointInfo();
+    // half of them made to the shape the scan takes (one address, one port), some of those with an empty address
+    if (i % 2 && m.Endpoint) {
+      m.Endpoint.IPs = create(IPSetSchema, { V4: [i % 50 ? `10.0.${i % 256}.${i % 7}` : ''] });
+      m.Endpoint.PortOverrides = m.Endpoint.PortOverrides.slice(0, 1);
+      if (!m.Endpoint.PortOverrides.length) m.Endpoint.PortOverrides.push(create(PortNameSchema, { Name: 'http', Port: 8080, Protocol: 1 }));
+    }
+    const bytes = toBinary(EndpointInfoSchema, m);
+    // in a larger buffer, as the store's slabs hold it
+    const buf = new Uint8Array([7, 7, ...bytes, 7]);
+    const s = scanEndpointAt(buf, 2, 2 + bytes.length);
+    const d = decodeEndpointInfoFast(bytes);
+    const e = d.Endpoint;
+    const takes = !!e && e.IPs?.V4.length === 1 && e.IPs.V4[0] !== '' && e.IPs.V6.length === 0 && e.PortOverrides.length === 1;
+    const what = JSON.stringify(m, (_k, v) => (typeof v === 'bigint' ? String(v) : v));
+    if (!takes) {
+      assert.equal(s, undefined, what);
+      continue;
+    }
+    scanned++;
+    assert.ok(s, what);
+    assert.equal(s.PodName, d.PodName);
+    assert.deepStrictEqual(defined(s.Conditions), defined(d.Conditions), what);
+    assert.deepStrictEqual(defined(s.Hints), defined(d.Hints), what);
+    assert.deepStrictEqual(s.Topology && { Node: s.Topology.Node, Zone: s.Topology.Zone }, d.Topology && { Node: d.Topology.Node, Zone: d.Topology.Zone }, what);
+    assert.equal(s.Endpoint.Hostname, e.Hostname);
+    assert.equal(s.ip, e.IPs!.V4[0]);
+    const p = e.PortOverrides[0];
+    assert.deepEqual([s.portName, s.port, s.protocol], [p.Name, p.Port, p.Protocol], what);
+  }
+  assert.ok(scanned > 1000, `scanned ${scanned}`);
+});
+
+test('scanEndpointAt leaves to the decoder an endpoint with an unknown field or a field twice, and shares one frozen topology per node and zone', () => {
+  const m = create(EndpointInfoSchema, { PodName: 'p', Endpoint: { IPs: { V4: ['10.0.0.1'] }, PortOverrides: [{ Name: 'http', Port: 80, Protocol: 1 }] }, Topology: { Node: 'n1', Zone: 'z' } });
+  const bytes = toBinary(EndpointInfoSchema, m);
+  const a = scanEndpointAt(bytes, 0, bytes.length);
+  assert.equal(a?.ip, '10.0.0.1');
+  const withUnknown = new Uint8Array([...bytes, 0x98, 0x06, 0x01]);
+  assert.equal(scanEndpointAt(withUnknown, 0, withUnknown.length), undefined);
+  // PodName (field 8) again: fromBinary takes the last, the scan leaves it
+  const twice = new Uint8Array([...bytes, 0x42, 0x01, 0x71]);
+  assert.equal(scanEndpointAt(twice, 0, twice.length), undefined);
+  const b = scanEndpointAt(bytes, 0, bytes.length);
+  assert.equal(a!.Topology, b!.Topology);
+  assert.ok(Object.isFrozen(a!.Topology));
+  const cut = bytes.subarray(0, bytes.length - 2);
+  assert.equal(scanEndpointAt(cut, 0, cut.length), undefined);
 });
 
 test('what it does not expect goes to fromBinary: an unknown field is kept, a truncated message throws as fromBinary does', () => {
