@@ -444,7 +444,7 @@ function scanEndpointInfo(r: Reader): ScannedEndpoint | undefined {
             case 4: {
               expect(w2, LEN);
               if (++ports > 1) throw UNEXPECTED;
-              const p = portName_(r, r.sub());
+              const p = onePort(r, r.sub());
               portName = p.name;
               port = p.port;
               protocol = p.protocol;
@@ -465,7 +465,7 @@ function scanEndpointInfo(r: Reader): ScannedEndpoint | undefined {
 
 /** a PortName's fields without the message */
 const portScratch = { name: '', port: 0, protocol: 0 };
-function portName_(r: Reader, end: number): typeof portScratch {
+function onePort(r: Reader, end: number): typeof portScratch {
   let name = '';
   let port = 0;
   let protocol = 0;
