@@ -252,12 +252,13 @@ export function computeServiceView(
   const out: Service = { ...svc, Ports: svc.Ports.map((p) => ({ ...p })) };
   let simple: { built: Endpoint[]; names: string[] } | undefined;
   let hasV6 = false;
+  const onePort = svc.Ports.length === 1 && !general;
   // most slices are read without decoding them (scanned); any other goes the general way
-  const scanned = svc.Ports.length === 1 && !general ? scanAll(slices) : undefined;
+  const scanned = onePort ? scanAll(slices) : undefined;
   if (scanned) simple = singlePortEndpoints(scannedCandidates(scanned, out.Ports[0], node), out.Ports[0], node, itpLocal, etpLocal, usesCluster, usesLocal);
   else {
     for (const slice of slices) for (const info of slice.endpoints) if (info.Endpoint?.IPs?.V6.length) hasV6 = true;
-    if (!hasV6 && svc.Ports.length === 1 && !general) simple = singlePortEndpoints(portCandidates(slices, out.Ports[0], 4, node), out.Ports[0], node, itpLocal, etpLocal, usesCluster, usesLocal);
+    if (onePort && !hasV6) simple = singlePortEndpoints(portCandidates(slices, out.Ports[0], 4, node), out.Ports[0], node, itpLocal, etpLocal, usesCluster, usesLocal);
   }
   const { built, names } = simple ?? anyEndpoints(slices, svc, out, node, hasV6, itpLocal, etpLocal, usesCluster, usesLocal);
   return viewOf(key, out, built, names, encoded);
