@@ -5,7 +5,7 @@
 //   npm run bench -- node-agent [--sizes 1000,10000,30000] [--changes 20]
 //                               [--ways file,kube,split,to-file] [--tsx] [--debounce 100]
 //                               [--timeout 600] [--node-flags "--trace-gc ..."] [--verbose]
-//                               [--against REV [--pairs 5]]
+//                               [--against REV [--pairs 5]] [--api-page-ms 0]
 // Ways: file = `kpng file --input DIR to-local to-nft`; kube = `kpng kube
 // --kubeconfig K to-local to-nft` against the test API server (TLS, list +
 // watch, in the measuring process); split = the brain `kpng file --input
@@ -37,6 +37,10 @@
 // whose speed moves within minutes, three pairs of wall time have pointed
 // the wrong way where five did not (docs/benchmarks.md, fifteenth pass):
 // the agent's CPU seconds are printed beside the start for that reason.
+// --api-page-ms N: the test API server answers each page of the Services'
+// and EndpointSlices' lists N ms late, as an API server on another machine
+// takes its time without taking this one's CPU (the kube way's lists are
+// otherwise bound by the two CPUs the agent shares with the server).
 import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, statSync, symlinkSync } from 'node:fs';
 import { loadavg, tmpdir, totalmem, freemem, cpus } from 'node:os';
@@ -127,6 +131,8 @@ const TICK = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdo
 interface Stages {
   listsMs?: number;
   listsCpu?: number;
+  /** this process's CPU seconds (the test API server's) from the agent's start to the lists' end */
+  serverCpu?: number;
   listsFaults?: number;
   programmedFaults?: number;
   firstSyncMs?: number;
@@ -332,6 +338,8 @@ interface RunParams {
   debounce: number;
   timeoutMs: number;
   verbose: boolean;
+  /** ms the test API server waits before each list page of Services and EndpointSlices */
+  apiPageMs: number;
 }
 
 interface ProcResult {
@@ -377,10 +385,13 @@ async function runOne(p: RunParams): Promise<RunResult> {
         server.put(sliceObj(s));
       }
       kubeconfig = certKubeconfig(join(p.run, 'kubeconfig'), server.url);
+      // (pages of 500, kpng's default; a few more for a list started again)
+      if (p.apiPageMs > 0) for (const resource of ['services', 'endpointslices'] as const) server.failNext({ resource, watch: false }, { delayMs: p.apiPageMs }, Math.ceil(p.services / 500) + 4);
     }
     const agentTail = ['to-nft', '--node-name', NODE];
     const t0 = now();
     const t0Wall = Date.now();
+    const cpu0 = process.cpuUsage();
     const events: string[] = [];
     /** with --verbose: when the kube source's lists ended (the agent's CPU and page faults then), the first nft sync's ms, page faults to programmed */
     const stages: Stages = {};
@@ -390,7 +401,8 @@ async function runOne(p: RunParams): Promise<RunResult> {
           events.push(`${at.toFixed(0)} ${l}`);
           if (l.includes('kube source: initial state complete')) {
             const s = procStat(procs[0].pid);
-            Object.assign(stages, { listsMs: at, listsCpu: s.cpu, listsFaults: s.faults });
+            const u = process.cpuUsage(cpu0);
+            Object.assign(stages, { listsMs: at, listsCpu: s.cpu, listsFaults: s.faults, serverCpu: (u.user + u.system) / 1e6 });
           }
           const sync = / full=true ms=(\d+)/.exec(l);
           if (sync && stages.firstSyncMs === undefined) stages.firstSyncMs = Number(sync[1]);
@@ -560,6 +572,7 @@ export default async function main(args: string[]) {
   const pairs = against ? Math.max(1, Number(arg(args, 'pairs', '5'))) : 1;
   const [node, script] = args.includes('--tsx') ? [process.execPath, join(ROOT, 'bin/kpng.js')] : compile();
   const verbose = args.includes('--verbose');
+  const apiPageMs = Number(arg(args, 'api-page-ms', '0'));
   // --verbose: kpng's debug lines too (the kube source's list, each nft sync's time)
   const command = (nodeScript: string) => [node, ...nodeFlags, nodeScript, ...(verbose ? ['--log-level', 'debug'] : [])];
   const kpng = command(script);
@@ -581,6 +594,7 @@ export default async function main(args: string[]) {
   );
   console.log(`cluster: Services x 5 endpoints over ${NODES} nodes, node ${NODE} programmed with to-nft; file source --debounce ${debounce}; ${changes} endpoint changes per run, ${CHANGE_GAP_MS} ms apart`);
   if (against) console.log(`against: kpng as of ${against}, ${pairs} pairs, the two trees alternately`);
+  if (apiPageMs > 0) console.log(`the test API server answers each list page of Services and EndpointSlices ${apiPageMs} ms late`);
   const spaces = new BenchNamespaces('node-agent', 'kpng-agent');
   const results: RunResult[] = [];
   const failed: { way: string; services: number; why: string }[] = [];
@@ -621,7 +635,7 @@ export default async function main(args: string[]) {
         try {
           const r = await spaces.child<RunResult>(
             ns,
-            { way: way as Way, services, changes, targets, dir, run: join(work, `run-${way}-${services}`), kpng, debounce, timeoutMs, verbose } satisfies RunParams,
+            { way: way as Way, services, changes, targets, dir, run: join(work, `run-${way}-${services}`), kpng, debounce, timeoutMs, verbose, apiPageMs } satisfies RunParams,
             `${way} at ${services}`,
           );
           if (tree === trees[0] && !results.some((x) => x.way === r.way && x.services === r.services)) results.push(r);
@@ -629,7 +643,7 @@ export default async function main(args: string[]) {
           for (const e of r.events ?? []) console.error(`    ${e}`);
           const st = r.stages;
           const stages = st
-            ? `${st.listsMs !== undefined ? `, lists ended at ${f0(st.listsMs)} ms (agent CPU ${f1(st.listsCpu!)} s, ${f0(st.listsFaults! / 1000)}k page faults)` : ''}` +
+            ? `${st.listsMs !== undefined ? `, lists ended at ${f0(st.listsMs)} ms (agent CPU ${f1(st.listsCpu!)} s, the API server's ${f1(st.serverCpu!)} s, ${f0(st.listsFaults! / 1000)}k page faults)` : ''}` +
               `${st.firstSyncMs !== undefined ? `, first nft sync ${f0(st.firstSyncMs)} ms` : ''}, ${f0(st.programmedFaults! / 1000)}k page faults to programmed`
             : '';
           console.error(`  ${services} ${way}${who}: programmed in ${f0(r.programmedMs)} ms${stages}, agent RSS ${f0(r.agent.rssSteady)} / ${f0(r.agent.rssAfter)} / ${f0(r.agent.rssPeak)} MiB (run ${((Date.now() - t) / 1000).toFixed(0)} s)`);

@@ -22,7 +22,16 @@ export interface LocalDiffOptions {
    * ignored when not a valid bucket count.
    */
   held?: Uint8Array;
+  /**
+   * (one node's agent) make this node's views of what the store lists
+   * while the lists go on, between their pages: the first diff then finds
+   * them made (docs/benchmarks.md, seventeenth pass)
+   */
+  viewsWhileListing?: boolean;
 }
+
+/** how long one step of the views made while listing holds the thread (ms) */
+const LISTING_STEP_MS = 1;
 
 // Set ops of views read the value only when a sink asks for it (a getter:
 // `value` is not an own property): views keep values encoded, and a server
@@ -81,6 +90,8 @@ export class LocalDiff extends StoreFollower {
   private readonly wantNode: boolean;
   private readonly wantCIDRs: boolean;
   private held?: Uint8Array;
+  /** the Services listed whose views are still to be made before the first diff, and those made */
+  private listing?: { keys: string[]; at: number; made: Set<string>; scheduled: boolean };
 
   constructor(
     store: Store,
@@ -93,11 +104,20 @@ export class LocalDiff extends StoreFollower {
     this.wantCIDRs = opts.sets?.includes(LocalSet.ServiceCIDRsSet) ?? false;
     if (opts.held && heldBucketCount(opts.held)) this.held = opts.held;
     this.ctx = this.nodeContext();
+    if (opts.viewsWhileListing && !store.allSynced) this.listing = { keys: [], at: 0, made: new Set(), scheduled: false };
   }
 
   protected note(c: StoreChange) {
     // (looking at everything next: the keys would be 100k Set entries for nothing at a start)
     if (!this.allDirty) for (const k of c.services) this.dirty.add(k);
+    const l = this.listing;
+    if (l && !c.becameSynced) {
+      for (const k of c.services) l.keys.push(k);
+      if (!l.scheduled) {
+        l.scheduled = true;
+        setImmediate(() => this.makeListedViews());
+      }
+    }
     if (c.nodes.has(this.nodeName)) this.nodeDirty = true;
     if (c.serviceCIDRs) this.cidrsDirty = true;
   }
@@ -113,7 +133,51 @@ export class LocalDiff extends StoreFollower {
 
   override close() {
     super.close();
+    this.listing = undefined;
     this.forgetSent();
+  }
+
+  /**
+   * One step of making the views of the Services listed so far, for this
+   * node, between the lists' pages: the first diff then finds them made
+   * (they were 3-4 s of a 100k start after the lists). Each Service once,
+   * when it and some slice of it are stored (a view made before the rest of
+   * its slices came is made again by the first diff); only once the store
+   * has this node (its zone picks the views). Steps of a millisecond, so
+   * that a page waits little. Ends with the lists.
+   */
+  private makeListedViews(): void {
+    const l = this.listing;
+    if (!l) return;
+    l.scheduled = false;
+    if (this.store.allSynced || !this.first) {
+      this.listing = undefined;
+      return;
+    }
+    const node = this.store.getNode(this.nodeName)?.node;
+    if (!node) return; // the next store change tries again
+    const ctx: NodeContext = { name: this.nodeName, zone: node.Topology?.Zone ?? '' };
+    const end = performance.now() + LISTING_STEP_MS;
+    try {
+      while (l.at < l.keys.length) {
+        const key = l.keys[l.at++];
+        if (l.made.has(key) || !this.store.getService(key) || !this.store.hasSlices(key)) continue;
+        l.made.add(key);
+        this.views.view(key, ctx);
+        if ((l.at & 7) === 0 && performance.now() > end) break;
+      }
+    } catch {
+      // (a view that throws here would throw in the first diff too: left to it)
+      this.listing = undefined;
+      return;
+    }
+    if (l.at < l.keys.length) {
+      l.scheduled = true;
+      setImmediate(() => this.makeListedViews());
+    } else {
+      l.keys = [];
+      l.at = 0;
+    }
   }
 
   private forgetSent() {

@@ -444,6 +444,9 @@ export class Store {
   serviceKeys(): IterableIterator<string> { return this.services.keys(); }
   allServices(): IterableIterator<StoredService> { return this.services.values(); }
 
+  /** whether some slice of this Service is stored */
+  hasSlices(key: string): boolean { return this.slicesByService.has(key); }
+
   slicesOfService(key: string): StoredSlice[] {
     const keys = this.slicesByService.get(key);
     if (keys === undefined) return [];

@@ -246,3 +246,43 @@ test('view ids past 65,535: what a node was sent stays known (its array of ids w
   second.close();
   views.close();
 });
+
+test("a node agent's views are made while the store lists (viewsWhileListing): the first diff is the same, each view made once", async () => {
+  const immediate = () => new Promise<void>((r) => setImmediate(r));
+  const services = 60;
+  const objects = (i: number) => [
+    service('ns', `s${i}`, { clusterIP: `10.96.1.${i}` }),
+    slice('ns', `s${i}-a`, `s${i}`, [{ ip: `10.1.${i}.1`, node: 'a', pod: `p${i}-1`, zone: 'z1' }, { ip: `10.1.${i}.2`, node: 'b', pod: `p${i}-2`, zone: 'z2' }]),
+  ];
+  const listing = new Store();
+  const views = new ServiceViews(listing);
+  const diff = new LocalDiff(listing, views, 'a', { viewsWhileListing: true });
+  // the Services come before this node is known: no view is made for a zone not known yet
+  load(listing, objects(0));
+  await immediate();
+  await immediate();
+  assert.equal(views.computed, 0);
+  load(listing, [node('a', 'z1'), node('b', 'z2')]);
+  for (let i = 1; i < services; i++) {
+    load(listing, objects(i));
+    if (i % 7 === 0) await immediate();
+  }
+  // a Service whose view was made gets a second slice before the lists end; one without a slice yet gets none
+  for (let i = 0; i < 20; i++) await immediate();
+  const made = views.computed;
+  assert.ok(made >= services - 5, `views made while listing: ${made}`);
+  load(listing, [slice('ns', 's3-b', 's3', [{ ip: '10.2.3.1', node: 'a', pod: 'p3-3', zone: 'z1' }]), service('ns', 'late', { clusterIP: '10.96.2.1' })]);
+  await immediate();
+  listing.update((tx) => KINDS.forEach((k) => tx.setSynced(k)));
+  const ops = diff.next();
+  // made again by the first diff: s3 (its new slice), late (no slice when listed)
+  assert.equal(views.computed, made + 2);
+
+  // the same cluster loaded at once, no views made ahead
+  const whole = syncedStore([node('a', 'z1'), node('b', 'z2'), ...Array.from({ length: services }, (_, i) => objects(i)).flat(), slice('ns', 's3-b', 's3', [{ ip: '10.2.3.1', node: 'a', pod: 'p3-3', zone: 'z1' }]), service('ns', 'late', { clusterIP: '10.96.2.1' })]);
+  const plain = new LocalDiff(whole, new ServiceViews(whole), 'a').next();
+  const text = (o: LocalOp) => `${opText(o)} ${o.kind === 'set' ? Buffer.from(o.bytes).toString('hex') : ''}`;
+  assert.deepEqual(ops.map(text), plain.map(text));
+  assert.equal(ops.length, 2 + services + 1 + services * 2 + 1);
+  diff.close();
+});

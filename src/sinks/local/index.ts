@@ -40,7 +40,7 @@ registerSink({
         changedAt: (k) => since.get(k),
         async feed(sink, signal, b) {
           ctx.log.info({ node: b.nodeName, backends: backends.map((x) => x.name).join(',') }, 'to-local: starting');
-          const diff = new LocalDiff(ctx.store, ctx.views, b.nodeName, { sets: b.sets });
+          const diff = new LocalDiff(ctx.store, ctx.views, b.nodeName, { sets: b.sets, viewsWhileListing: true });
           // a one-shot run (--once) has nothing to serve for long
           const once = backends.some((x) => x.opts.once);
           const state = once ? undefined : await startStateSocket({ address: opts.stateSocket, store: ctx.store, views: ctx.views, log: ctx.log, defaultNode: b.nodeName });
