@@ -45,7 +45,12 @@ await describeBackends(
     it('the health check server answers through KUBE-NODEPORTS: 200 with one local endpoint', async () => {
       // from an external client's address (the world has no address of its own to pick)
       const get = `require('node:http').get({ host: '${NODE_IP}', port: 32000, path: '/', localAddress: '203.0.113.2' }, (r) => { let b = ''; r.on('data', (d) => (b += d)); r.on('end', () => console.log(r.statusCode, b)); })`;
-      const r = await kl.lab.exec('world', [process.execPath, '-e', get], { timeoutMs: 10_000 });
+      // the LB's traffic passing says the rules are in; the sync that put them there may still be starting its servers (a few ms)
+      let r = await kl.lab.exec('world', [process.execPath, '-e', get], { timeoutMs: 10_000 });
+      for (let i = 0; i < 10 && r.stderr.includes('ECONNREFUSED'); i++) {
+        await new Promise((ok) => setTimeout(ok, 200));
+        r = await kl.lab.exec('world', [process.execPath, '-e', get], { timeoutMs: 10_000 });
+      }
       assert.match(r.stdout, /^200 \{"service":\{"namespace":"demo","name":"lb"\},"localEndpoints":1,"serviceProxyHealthy":true\}/, r.stderr);
       const rules = await kl.lab.exec('node-a', [`iptables-${b.mode}-save`, '-t', 'filter']);
       assert.match(rules.stdout, /^-A KUBE-NODEPORTS -p tcp -m comment --comment "demo\/lb:http health check node port" -m tcp --dport 32000 -j ACCEPT$/m);

@@ -26,8 +26,9 @@ export class HealthCheckServers {
     private readonly addresses: readonly string[] = ['0.0.0.0', '::'],
   ) {}
 
-  /** The services to serve now; servers start and stop as needed. */
-  update(list: readonly HealthCheckService[]): void {
+  /** The services to serve now; servers start and stop as needed. Resolves once the new servers listen (or failed to). */
+  update(list: readonly HealthCheckService[]): Promise<void> {
+    const started: Promise<void>[] = [];
     const want = new Map(list.filter((s) => s.port > 0).map((s) => [s.port, s]));
     for (const [port, l] of this.listeners) {
       if (want.has(port)) continue;
@@ -57,10 +58,17 @@ export class HealthCheckServers {
           if (e.code === 'EAFNOSUPPORT' || e.code === 'EADDRNOTAVAIL') return;
           this.log.warn({ port, address: addr, err: e.message }, 'health check server failed');
         });
+        started.push(
+          new Promise<void>((r) => {
+            server.once('listening', r);
+            server.once('error', () => r());
+          }),
+        );
         server.listen({ port, host: addr, ipv6Only: addr.includes(':') });
         listener.servers.push(server);
       }
     }
+    return Promise.all(started).then(() => {});
   }
 
   ports(): number[] {

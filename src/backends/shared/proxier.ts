@@ -440,7 +440,7 @@ export abstract class ProxierBase implements DecoderHandler {
     }
   }
 
-  /** A sync succeeded: state, health, metrics, then conntrack cleanup and health-check servers. */
+  /** A sync succeeded: state, health, metrics, then health-check servers and conntrack cleanup. */
   private async succeeded(reason: SyncReason, full: boolean, t0: number, changes: number): Promise<SyncResult> {
     // (a cold start's 100k keys one by one: 40 ms before the node counts as programmed)
     if (this.held.size === 0) this.pending.clear();
@@ -463,11 +463,12 @@ export abstract class ProxierBase implements DecoderHandler {
     const flows = this.synced ? this.pendingFlows : this.pendingFlows.filter((f) => f.endpoint !== '');
     this.synced = true;
     this.pendingFlows = [];
-    await this.conntrack.clean(flows);
+    // the rules that let load balancers' health checks in are live: their servers listen before the sync counts as done
     if (this.healthCheckedChanged) {
       this.healthCheckedChanged = false;
-      this.health?.update([...this.healthChecked.values()]);
+      await this.health?.update([...this.healthChecked.values()]);
     }
+    await this.conntrack.clean(flows);
     return result;
   }
 
