@@ -140,7 +140,7 @@ export class LocalDiff extends StoreFollower {
   /**
    * One step of making the views of the Services listed so far, for this
    * node, between the lists' pages: the first diff then finds them made
-   * (they were 3-4 s of a 100k start after the lists). Each Service once,
+   * (about 3 s of a 100k start after the lists). Each Service once,
    * when it and some slice of it are stored (a view made before the rest of
    * its slices came is made again by the first diff); only once the store
    * has this node (its zone picks the views). Steps of a millisecond, so
