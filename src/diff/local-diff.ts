@@ -154,9 +154,8 @@ export class LocalDiff extends StoreFollower {
       this.listing = undefined;
       return;
     }
-    const node = this.store.getNode(this.nodeName)?.node;
-    if (!node) return; // the next store change tries again
-    const ctx: NodeContext = { name: this.nodeName, zone: node.Topology?.Zone ?? '' };
+    if (!this.store.getNode(this.nodeName)) return; // the next store change tries again
+    const ctx = this.nodeContext();
     const end = performance.now() + LISTING_STEP_MS;
     try {
       while (l.at < l.keys.length) {
