@@ -9,6 +9,7 @@
 import { spawn, execFileSync, spawnSync, type ChildProcess, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { Store, KINDS } from '../src/store/store.js';
 import { ServiceViews } from '../src/localstate/views.js';
@@ -29,6 +30,46 @@ export const median = (xs: number[]) => {
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 };
 export const now = () => Number(process.hrtime.bigint()) / 1e6;
+
+/**
+ * How fast this machine is, apart from kpng's code: results of two runs
+ * compare only on machines alike, and this kind of machine's speed varies
+ * twofold from one day to another. A fixed JS workload (a deterministic
+ * sort and a JSON round trip; best of 3); a first fill of 256 MiB of fresh
+ * memory against a second one (page faults: what a large heap's growth
+ * pays); and the CPU pressure other jobs put on the host
+ * (/proc/pressure/cpu, "some" avg10 / avg60).
+ */
+export function machineYardstick(): string {
+  let js = Infinity;
+  for (let run = 0; run < 3; run++) {
+    const t = now();
+    let x = 12345;
+    const xs = new Float64Array(1_000_000).map(() => (x = (Math.imul(x, 1103515245) + 12345) >>> 0));
+    xs.sort();
+    const objects = Array.from({ length: 50_000 }, (_, i) => ({ name: `svc-${i}`, port: i & 65535, ips: [`10.0.${(i >> 8) & 255}.${i & 255}`] }));
+    JSON.parse(JSON.stringify(objects));
+    js = Math.min(js, now() - t);
+  }
+  const fresh = Buffer.allocUnsafe(256 * 2 ** 20); // mapped, not yet touched
+  let t = now();
+  fresh.fill(1);
+  const first = now() - t;
+  t = now();
+  fresh.fill(2);
+  const again = now() - t;
+  return `a fixed JS workload ${js.toFixed(0)} ms; 256 MiB of fresh memory filled in ${first.toFixed(0)} ms, again ${again.toFixed(0)} ms; ${cpuPressure()}`;
+}
+
+/** the host's CPU pressure now: "some avg10 / avg60" of /proc/pressure/cpu */
+export function cpuPressure(): string {
+  try {
+    const m = /^some avg10=([\d.]+) avg60=([\d.]+)/.exec(readFileSync('/proc/pressure/cpu', 'utf8'));
+    return m ? `CPU pressure (some) avg10 ${m[1]}, avg60 ${m[2]}` : 'CPU pressure unknown';
+  } catch {
+    return 'CPU pressure unknown (no /proc/pressure/cpu)';
+  }
+}
 
 /** the probe Services' endpoint: a server on lo in each namespace (this kernel has no dummy links) */
 export const ENDPOINT = '10.255.0.1';

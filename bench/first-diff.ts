@@ -8,13 +8,14 @@
 // endpoint and where. It is the start's "diff" phase without the lists and
 // the dataplane around it; compare trees by running it in each, alternately.
 import { Session } from 'node:inspector/promises';
+import { cpus } from 'node:os';
 import { Store, KINDS } from '../src/store/store.js';
 import { ServiceViews } from '../src/localstate/views.js';
 import { LocalDiff } from '../src/diff/local-diff.js';
 import { convertObject } from '../src/sources/objects.js';
 import { applyObject, type ModelObject } from '../src/sources/apply.js';
 import { service, slice, node } from '../test/helpers/k8s.js';
-import { arg, vip } from './_scale.js';
+import { arg, vip, machineYardstick } from './_scale.js';
 
 const NODES = 100;
 const podIP = (s: number, e: number) => {
@@ -58,6 +59,7 @@ interface ProfileNode {
 export default async function (args: string[]): Promise<void> {
   const sizes = arg(args, 'sizes', '20000,100000').split(',').map(Number);
   const runs = Number(arg(args, 'runs', '3'));
+  console.log(`machine: ${cpus()[0]?.model ?? 'unknown CPU'}; ${machineYardstick()}`);
   for (const n of sizes) {
     const store = cluster(n);
     const times: string[] = [];

@@ -46,7 +46,7 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, statSync, 
 import { loadavg, tmpdir, totalmem, freemem, cpus } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { BenchNamespaces, arg, pct, now, vip } from './_scale.js';
+import { BenchNamespaces, arg, pct, now, vip, machineYardstick, cpuPressure } from './_scale.js';
 import { service, slice, node } from '../test/helpers/k8s.js';
 import { TestApiServer, certKubeconfig, type KubeObject } from '../test/helpers/apiserver.js';
 import { saveByRename } from '../test/file/util.js';
@@ -592,6 +592,7 @@ export default async function main(args: string[]) {
     `node-agent: kpng is ${kpng.map((x) => x.replace(ROOT, '')).join(' ')}; ${cpus().length} CPUs, ${(totalmem() / 2 ** 30).toFixed(1)} GiB; load average ${load0.map((x) => x.toFixed(2)).join(' ')}; ` +
       `node ${process.version}; ${execFileSync('nft', ['--version'], { encoding: 'utf8' }).trim()}`,
   );
+  console.log(`machine: ${cpus()[0]?.model ?? 'unknown CPU'}; ${machineYardstick()}`);
   console.log(`cluster: Services x 5 endpoints over ${NODES} nodes, node ${NODE} programmed with to-nft; file source --debounce ${debounce}; ${changes} endpoint changes per run, ${CHANGE_GAP_MS} ms apart`);
   if (against) console.log(`against: kpng as of ${against}, ${pairs} pairs, the two trees alternately`);
   if (apiPageMs > 0) console.log(`the test API server answers each list page of Services and EndpointSlices ${apiPageMs} ms late`);
@@ -763,6 +764,6 @@ function report(sizes: number[], ways: string[], results: RunResult[], toFiles: 
     }
   }
   for (const x of failed) console.log(`\n${x.way} at ${x.services}: ${x.why}`);
-  console.log(`\nload average before ${load0.map((x) => x.toFixed(2)).join(' ')}, after ${loadavg().map((x) => x.toFixed(2)).join(' ')}`);
+  console.log(`\nload average before ${load0.map((x) => x.toFixed(2)).join(' ')}, after ${loadavg().map((x) => x.toFixed(2)).join(' ')}; ${cpuPressure()}`);
   console.log(JSON.stringify({ nodeAgent: results.map((r) => ({ ...r, changeP50: pct(r.changeMs, 50), changeP99: pct(r.changeMs, 99) })), toFile: Object.fromEntries(toFiles) }));
 }
