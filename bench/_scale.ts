@@ -10,6 +10,7 @@ import { spawn, execFileSync, spawnSync, type ChildProcess, type ChildProcessWit
 import { createInterface } from 'node:readline';
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
+import { cpus } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { Store, KINDS } from '../src/store/store.js';
 import { ServiceViews } from '../src/localstate/views.js';
@@ -32,7 +33,7 @@ export const median = (xs: number[]) => {
 export const now = () => Number(process.hrtime.bigint()) / 1e6;
 
 /**
- * How fast this machine is, apart from kpng's code: results of two runs
+ * The machine's CPU, and how fast it is apart from kpng's code: results of two runs
  * compare only on machines alike, and this kind of machine's speed varies
  * twofold from one day to another. A fixed JS workload (a deterministic
  * sort and a JSON round trip; best of 3); a first fill of 256 MiB of fresh
@@ -58,7 +59,7 @@ export function machineYardstick(): string {
   t = now();
   fresh.fill(2);
   const again = now() - t;
-  return `a fixed JS workload ${js.toFixed(0)} ms; 256 MiB of fresh memory filled in ${first.toFixed(0)} ms, again ${again.toFixed(0)} ms; ${cpuPressure()}`;
+  return `machine: ${cpus()[0]?.model ?? 'unknown CPU'}; a fixed JS workload ${js.toFixed(0)} ms; 256 MiB of fresh memory filled in ${first.toFixed(0)} ms, again ${again.toFixed(0)} ms; ${cpuPressure()}`;
 }
 
 /** the host's CPU pressure now: "some avg10 / avg60" of /proc/pressure/cpu */

@@ -8,7 +8,6 @@
 // endpoint and where. It is the start's "diff" phase without the lists and
 // the dataplane around it; compare trees by running it in each, alternately.
 import { Session } from 'node:inspector/promises';
-import { cpus } from 'node:os';
 import { Store, KINDS } from '../src/store/store.js';
 import { ServiceViews } from '../src/localstate/views.js';
 import { LocalDiff } from '../src/diff/local-diff.js';
@@ -59,7 +58,7 @@ interface ProfileNode {
 export default async function (args: string[]): Promise<void> {
   const sizes = arg(args, 'sizes', '20000,100000').split(',').map(Number);
   const runs = Number(arg(args, 'runs', '3'));
-  console.log(`machine: ${cpus()[0]?.model ?? 'unknown CPU'}; ${machineYardstick()}`);
+  console.log(machineYardstick());
   for (const n of sizes) {
     const store = cluster(n);
     const times: string[] = [];

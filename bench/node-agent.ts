@@ -592,7 +592,7 @@ export default async function main(args: string[]) {
     `node-agent: kpng is ${kpng.map((x) => x.replace(ROOT, '')).join(' ')}; ${cpus().length} CPUs, ${(totalmem() / 2 ** 30).toFixed(1)} GiB; load average ${load0.map((x) => x.toFixed(2)).join(' ')}; ` +
       `node ${process.version}; ${execFileSync('nft', ['--version'], { encoding: 'utf8' }).trim()}`,
   );
-  console.log(`machine: ${cpus()[0]?.model ?? 'unknown CPU'}; ${machineYardstick()}`);
+  console.log(machineYardstick());
   console.log(`cluster: Services x 5 endpoints over ${NODES} nodes, node ${NODE} programmed with to-nft; file source --debounce ${debounce}; ${changes} endpoint changes per run, ${CHANGE_GAP_MS} ms apart`);
   if (against) console.log(`against: kpng as of ${against}, ${pairs} pairs, the two trees alternately`);
   if (apiPageMs > 0) console.log(`the test API server answers each list page of Services and EndpointSlices ${apiPageMs} ms late`);
