@@ -50,6 +50,7 @@ import { BenchNamespaces, arg, pct, now, vip, machineYardstick, cpuPressure } fr
 import { service, slice, node } from '../test/helpers/k8s.js';
 import { TestApiServer, certKubeconfig, type KubeObject } from '../test/helpers/apiserver.js';
 import { saveByRename } from '../test/file/util.js';
+import { DEFAULT_REFLECTOR_OPTIONS } from '../src/sources/kube/reflector.js';
 import { NETLINK_NETFILTER, NetlinkSocket, NetlinkWriter, NLM_F_DUMP, NLM_F_REQUEST } from '../src/backends/shared/kernel.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -385,8 +386,9 @@ async function runOne(p: RunParams): Promise<RunResult> {
         server.put(sliceObj(s));
       }
       kubeconfig = certKubeconfig(join(p.run, 'kubeconfig'), server.url);
-      // (pages of 500, kpng's default; a few more for a list started again)
-      if (p.apiPageMs > 0) for (const resource of ['services', 'endpointslices'] as const) server.failNext({ resource, watch: false }, { delayMs: p.apiPageMs }, Math.ceil(p.services / 500) + 4);
+      // (every page at kpng's page size; a few more for a list started again)
+      const pages = Math.ceil(p.services / DEFAULT_REFLECTOR_OPTIONS.pageSize) + 4;
+      if (p.apiPageMs > 0) for (const resource of ['services', 'endpointslices'] as const) server.failNext({ resource, watch: false }, { delayMs: p.apiPageMs }, pages);
     }
     const agentTail = ['to-nft', '--node-name', NODE];
     const t0 = now();

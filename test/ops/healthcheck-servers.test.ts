@@ -3,7 +3,7 @@
 // health check can be answered.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { connect } from 'node:net';
+import { connect, createServer } from 'node:net';
 import { HealthCheckServers } from '../../src/backends/shared/healthcheck.js';
 import { freePort } from '../helpers/port.js';
 import { createLogger } from '../../src/log.js';
@@ -34,7 +34,6 @@ test('update() resolves once the new health-check servers listen; answers with k
     assert.equal(await listening(port), false);
     // a port taken by someone else: update still resolves (the failure is logged), so the sync that awaits it does not hang
     const other = await freePort();
-    const { createServer } = await import('node:net');
     const taken = createServer();
     await new Promise<void>((r) => taken.listen(other, '127.0.0.1', r));
     try {
