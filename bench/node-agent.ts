@@ -51,7 +51,7 @@ import { service, slice, node } from '../test/helpers/k8s.js';
 import { TestApiServer, certKubeconfig, type KubeObject } from '../test/helpers/apiserver.js';
 import { saveByRename } from '../test/file/util.js';
 import { DEFAULT_REFLECTOR_OPTIONS } from '../src/sources/kube/reflector.js';
-import { NETLINK_NETFILTER, NetlinkSocket, NetlinkWriter, NLM_F_DUMP, NLM_F_REQUEST } from '../src/backends/shared/kernel.js';
+import { NETLINK_NETFILTER, NetlinkSocket, NetlinkWriter, NLM_F_DUMP, NLM_F_REQUEST } from '../src/kernel/netlink.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const NODES = 100;

@@ -13,4 +13,5 @@ export { registerSink, type SinkDefinition, type SinkContext } from './sinks/reg
 export { registerBackend, type BackendDefinition, type BackendContext, type BackendInstance } from './backends/registry.js';
 export { startBackend } from './backends/run.js';
 export { parseConfig, loadConfigFile, defaultConfig, type KubeProxyConfiguration } from './backends/shared/config.js';
-export { createLogger, log, type Logger } from './log.js';
+export { createLogger, log, type Logger } from './runtime/log.js';
+export { ConfigError } from './runtime/errors.js';

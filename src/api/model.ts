@@ -1,7 +1,7 @@
 // The kpng model: the generated protobuf types of localv1 and globalv1 under
 // kpng's names, plus small helpers that every stage uses.
 import { create, toBinary, fromBinary, type MessageInitShape } from '@bufbuild/protobuf';
-import { flat } from '../memory.js';
+import { flat } from '../runtime/memory.js';
 import {
   Set as LocalSet,
   Protocol,
@@ -22,6 +22,9 @@ import { decodeEndpointFastOnly, decodeServiceFastOnly } from './fast-decode.js'
 import { encodeServiceFast } from './fast-encode.js';
 
 export { LocalSet, Protocol };
+
+/** The label that hands a Service to another service proxy (kube-proxy's and kpng's ignore it unless named). */
+export const SERVICE_PROXY_NAME_LABEL = 'service.kubernetes.io/service-proxy-name';
 export type { Service, Endpoint, IPSet, PortMapping, LocalNode, ServiceCIDR };
 
 export function newIPSet(ips?: Iterable<string>): IPSet {

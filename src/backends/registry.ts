@@ -4,7 +4,7 @@
 // process registers every backend: a definition loads nothing heavy, its
 // create() and cleanup() import the implementation (see nft/index.ts).
 import type { Command } from 'commander';
-import type { Logger } from '../log.js';
+import type { Logger } from '../runtime/log.js';
 import type { LocalSink } from '../diff/ops.js';
 import type { LocalSet } from '../api/model.js';
 import type { KubeProxyConfiguration } from './shared/config.js';

@@ -6,13 +6,13 @@
 // the node is healthy while every one of them keeps up.
 import { hostname } from 'node:os';
 import type { Command } from 'commander';
-import type { Logger } from '../log.js';
+import type { Logger } from '../runtime/log.js';
 import type { LocalOp, LocalSink } from '../diff/ops.js';
 import { LocalSet, type LocalNode } from '../api/model.js';
 import { getBackend, registeredBackends, type BackendContext, type BackendDefinition, type BackendInstance, type SyncReporter } from './registry.js';
 import { addConfigFlags, configFromFlags, type KubeProxyConfiguration } from './shared/config.js';
-import { ProxyHealth, startProxyServers } from './shared/health.js';
-import { metrics, enableProcessMetrics } from './shared/metrics.js';
+import { ProxyHealth, startProxyServers } from '../runtime/health.js';
+import { metrics, enableProcessMetrics } from '../runtime/metrics.js';
 import type { SyncResult } from './shared/runner.js';
 
 /** The flags every backend command has, then the backend's own. */

@@ -1,6 +1,6 @@
 // kpng version, kpng demo and kpng cleanup.
 import { registerCommand } from './commands.js';
-import { version } from '../version.js';
+import { version } from '../runtime/version.js';
 import { registeredBackends, type CleanupReport } from '../backends/registry.js';
 
 registerCommand((program) => {

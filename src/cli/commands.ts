@@ -1,6 +1,6 @@
 // Top-level commands other than sources (version, demo, cleanup...).
 import type { Command } from 'commander';
-import type { Logger } from '../log.js';
+import type { Logger } from '../runtime/log.js';
 
 export type Runner = (fn: (log: Logger, signal: AbortSignal) => Promise<void>) => Promise<void>;
 export type CommandDefinition = (program: Command, run: Runner) => void;

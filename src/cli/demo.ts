@@ -7,8 +7,8 @@ import { mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync, mkdirSync
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { yaml } from '../lazy.js';
-import type { Logger } from '../log.js';
+import { yaml } from '../runtime/lazy.js';
+import type { Logger } from '../runtime/log.js';
 import { flattenObjects } from '../sources/objects.js';
 import { canonicalIP, ipFamily, ipToBig, parseCIDR } from '../api/ip.js';
 import { objGet } from '../backends/ebpf/libbpf.js';

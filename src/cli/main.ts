@@ -1,11 +1,11 @@
 // kpng's command line: `kpng <source> [flags] <sink> [flags] [to-<backend> [flags]]`,
 // built from the source, sink and backend registries.
 import { Command, Option } from 'commander';
-import { createLogger, setLogger, type Logger } from '../log.js';
+import { createLogger, setLogger, type Logger } from '../runtime/log.js';
 import { registeredSources, type SourceDefinition } from '../sources/registry.js';
 import { registeredSinks, type SinkDefinition } from '../sinks/registry.js';
 import { addBackendCommands, buildBackendsNamedIn, type BackendSpec } from '../backends/run.js';
-import { ConfigError } from '../backends/shared/config.js';
+import { ConfigError } from '../runtime/errors.js';
 import { registeredCommands } from './commands.js';
 import '../sources/index.js';
 import '../sinks/index.js';
@@ -13,8 +13,9 @@ import '../backends/index.js';
 import './builtin.js';
 import './trace.js';
 import './get.js';
+import './local.js';
 
-export { version } from '../version.js';
+export { version } from '../runtime/version.js';
 
 /** Runs a source into a sink until the sink finishes or a signal arrives. */
 export async function runPipeline(p: {
@@ -77,7 +78,7 @@ export function buildProgram(run: (fn: (log: Logger, signal: AbortSignal) => Pro
 
 /** Runs fn with a logger and a signal that SIGINT/SIGTERM abort, then exits. */
 export async function runMain(fn: (log: Logger, signal: AbortSignal) => Promise<void>): Promise<void> {
-  const { log } = await import('../log.js');
+  const { log } = await import('../runtime/log.js');
   const logger = log();
   const ac = new AbortController();
   const stop = (sig: string) => {

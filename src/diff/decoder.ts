@@ -3,7 +3,7 @@
 import { LocalSet, type Service, type Endpoint, type LocalNode, type ServiceCIDR } from '../api/model.js';
 import type { LocalOp, LocalSink } from './ops.js';
 import { splitEndpointPath } from './fullstate.js';
-import { flat } from '../memory.js';
+import { flat } from '../runtime/memory.js';
 
 export interface DecoderHandler {
   /** everything known so far is void; the full state follows */

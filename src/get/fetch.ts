@@ -4,7 +4,7 @@
 // node name, asking for the node set). A stream is read to its first Sync
 // and closed: kpng get is a client like any node, and changes nothing.
 import type * as grpc from '@grpc/grpc-js';
-import { grpcJs } from '../lazy.js';
+import { grpcJs } from '../runtime/lazy.js';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import * as G from '../api/gen/api/globalv1/api_pb.js';
 import { WatchReqSchema, type OpItem } from '../api/gen/api/localv1/api_pb.js';

@@ -3,7 +3,7 @@
 // reason each is in or out (src/localstate: portCandidates, categorize,
 // explainCategorized: what the node-local state, hence the dataplane, uses);
 // then kubectl-style tables, JSON or YAML.
-import { yaml } from '../lazy.js';
+import { yaml } from '../runtime/lazy.js';
 import { ipSetAll, ipSetOf, protocolName, type Service, type LocalNode } from '../api/model.js';
 import { portCandidates, trafficPolicies } from '../localstate/service-view.js';
 import { explainCategorized, type Use } from '../localstate/topology.js';

@@ -2,7 +2,7 @@
 // answered (DNAT), REJECT, DROP, or "" (not translated), and whether the
 // endpoint saw the client or the node (masquerade).
 import { canonicalIP } from '../api/ip.js';
-import { sleep } from '../backoff.js';
+import { sleep } from '../runtime/backoff.js';
 
 export { sleep };
 import type { Outcome } from './agent.js';

@@ -3,10 +3,10 @@
 import { hash } from 'node:crypto';
 import { type Service, type Endpoint, type EndpointScopes, type PortMapping, type PortName } from '../api/gen/api/localv1/api_pb.js';
 import { encodeEndpointFast, encodeEndpointsFast, encodeServiceFast } from '../api/fast-encode.js';
-import { sortSmall } from '../sort.js';
-import { flat } from '../memory.js';
+import { sortSmall } from '../runtime/sort.js';
+import { flat } from '../runtime/memory.js';
 import type { EndpointInfo } from '../api/gen/api/globalv1/api_pb.js';
-import { externallyAccessible, serviceKey } from '../api/model.js';
+import { externallyAccessible, serviceKey, SERVICE_PROXY_NAME_LABEL } from '../api/model.js';
 import { sharedPortNames } from '../api/compact.js';
 import { categorize, isReady, type Candidate, type Categorized, type EndpointFacts, type NodeContext } from './topology.js';
 import type { ScannedEndpoint } from '../api/fast-decode.js';
@@ -16,8 +16,6 @@ export interface SliceEndpoints {
   readonly endpoints: readonly EndpointInfo[];
   scanned?(): readonly ScannedEndpoint[] | undefined;
 }
-
-export const SERVICE_PROXY_NAME_LABEL = 'service.kubernetes.io/service-proxy-name';
 
 export interface EndpointView {
   /** Ref.Path: ns/svc/podName, or ns/svc/<hash> for an endpoint without pod name */

@@ -2,7 +2,7 @@
 // Every kpng process registers every sink: a definition loads nothing heavy,
 // its run() imports the implementation (see file/definition.ts).
 import type { Command } from 'commander';
-import type { Logger } from '../log.js';
+import type { Logger } from '../runtime/log.js';
 import type { Store } from '../store/store.js';
 import type { ServiceViews } from '../localstate/views.js';
 

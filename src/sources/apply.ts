@@ -1,7 +1,7 @@
 // Applying converted Kubernetes objects to the store, shared by sources.
 import { encodeSlice, type StoreTx } from '../store/store.js';
 import type { Converted } from './objects.js';
-import { flat } from '../memory.js';
+import { flat } from '../runtime/memory.js';
 import { encodeServiceFast } from '../api/fast-encode.js';
 
 /** an EndpointSlice already in the store's form (encodeSlice): what the file source's worker thread hands over */

@@ -3,7 +3,7 @@
 // process registers every source: a definition loads nothing heavy, its
 // start() imports the implementation (see file/definition.ts).
 import type { Command } from 'commander';
-import type { Logger } from '../log.js';
+import type { Logger } from '../runtime/log.js';
 import type { Store } from '../store/store.js';
 
 export interface SourceContext {

@@ -8,7 +8,7 @@ import { EndpointInfoSchema, NodeSchema, type EndpointInfo, type Node } from '..
 import { ServiceSchema, ServiceCIDRSchema, type PortMapping, type Service, type ServiceCIDR } from '../api/gen/api/localv1/api_pb.js';
 import { bytesEqual, serviceKey } from '../api/model.js';
 import { anyUnknownFields, compact, compactOne, pooled, sharedPorts } from '../api/compact.js';
-import { flat } from '../memory.js';
+import { flat } from '../runtime/memory.js';
 import { decodeEndpointInfoAt, decodeEndpointInfoFast, decodeServiceFastOnly, scanEndpointAt, type ScannedEndpoint } from '../api/fast-decode.js';
 import { encodeSlice, encodeSliceTransient, hasUnknownFields } from './encode-slice.js';
 import { Slabs, type Slab, type SlabRef } from './slabs.js';

@@ -10,7 +10,8 @@ import net from 'node:net';
 import tls from 'node:tls';
 import http2 from 'node:http2';
 import { readFileSync } from 'node:fs';
-import { metrics, registry } from '../../src/backends/shared/metrics.js';
+import { registry } from '../../src/runtime/metrics.js';
+import { apiMetrics } from '../../src/sinks/api/metrics.js';
 import { parseAddress } from '../../src/api/grpc/address.js';
 import { defaultMaxConnections, openFileLimit } from '../../src/sinks/api/listener.js';
 import { watchLocalApi, QuietResyncSink } from '../../src/sinks/local/remote.js';
@@ -67,10 +68,7 @@ function http2Session(address: string) {
 }
 
 async function rejected(reason: string): Promise<number> {
-  // (read defensively: the test must fail on the behaviour, also without the metric)
-  const m = (metrics as Partial<typeof metrics>).apiConnectionsRejected;
-  if (!m) return 0;
-  return (await m.get()).values.find((v) => v.labels.reason === reason)?.value ?? 0;
+  return (await apiMetrics.apiConnectionsRejected.get()).values.find((v) => v.labels.reason === reason)?.value ?? 0;
 }
 
 async function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {

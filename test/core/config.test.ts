@@ -1,7 +1,8 @@
 // kube-proxy's configuration file: defaults, values, and strict refusal.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { parseConfig, ConfigError, configFromFlags, parseDuration } from '../../src/backends/shared/config.js';
+import { parseConfig, configFromFlags, parseDuration } from '../../src/backends/shared/config.js';
+import { ConfigError } from '../../src/runtime/errors.js';
 
 function refused(doc: unknown): string {
   try {

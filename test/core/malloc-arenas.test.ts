@@ -3,10 +3,10 @@
 // heap the trimMemory tests (memory.test.ts) arrange.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { spawnSync } from 'node:child_process';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import ts from 'typescript';
 
 // glibc's malloc_stats() writes "Arena N:" per arena to stderr; worker threads
@@ -26,9 +26,16 @@ createRequire(${JSON.stringify(new URL('../../package.json', import.meta.url).pa
 test('limitMallocArenas keeps six more threads that malloc from taking arenas of their own', { skip: process.platform !== 'linux' }, (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'kpng-arenas-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const src = readFileSync(new URL('../../src/memory.ts', import.meta.url), 'utf8');
-  const memoryJs = join(dir, 'memory.mjs');
-  writeFileSync(memoryJs, ts.transpileModule(src, { compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 } }).outputText);
+  // memory.ts and the libc binding it imports, at the same relative places
+  const transpile = (from: string, to: string) => {
+    const src = readFileSync(new URL(`../../src/${from}`, import.meta.url), 'utf8');
+    mkdirSync(dirname(join(dir, to)), { recursive: true });
+    writeFileSync(join(dir, to), ts.transpileModule(src, { compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 } }).outputText);
+  };
+  writeFileSync(join(dir, 'package.json'), '{"type":"module"}');
+  transpile('runtime/memory.ts', 'runtime/memory.js');
+  transpile('kernel/libc.ts', 'kernel/libc.js');
+  const memoryJs = join(dir, 'runtime/memory.js');
   const arenas = (mode: string) => {
     // koffi found from the temporary directory as from src/
     const env: NodeJS.ProcessEnv = { ...process.env, NODE_PATH: new URL('../../node_modules', import.meta.url).pathname, KPNG_TEST_ARENAS: mode };

@@ -6,7 +6,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { PerformanceObserver, constants, type PerformanceEntry } from 'node:perf_hooks';
-import { trimMemory } from '../../src/memory.js';
+import { trimMemory } from '../../src/runtime/memory.js';
 
 test("trimMemory lets V8's memory reducer do its one collection while the process is quiet, not at the next burst", async () => {
   // V8 measures the allocation rate only at collections: after a trim its

@@ -6,7 +6,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { PerformanceObserver, constants } from 'node:perf_hooks';
-import { trimMemory } from '../../src/memory.js';
+import { trimMemory } from '../../src/runtime/memory.js';
 
 test('trimMemory takes no further step after a collection that paused the event loop longer than its limit, and gives back the young generation at once', async () => {
   // survivors first, then garbage on pages of its own: the first collection gives back far more than a step's minimum

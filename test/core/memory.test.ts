@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { readFileSync } from 'node:fs';
 import { getHeapSpaceStatistics } from 'node:v8';
-import { trimMemory } from '../../src/memory.js';
+import { trimMemory } from '../../src/runtime/memory.js';
 
 const peakRss = () => Number(/^VmHWM:\s+(\d+) kB/m.exec(readFileSync('/proc/self/status', 'utf8'))![1]) * 1024;
 const oldSpace = () => getHeapSpaceStatistics().find((s) => s.space_name === 'old_space')!;

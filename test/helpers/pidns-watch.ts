@@ -3,7 +3,7 @@
 // watch looks on, knowing kpng's own by pid only, or by netlink port too.
 // Prints the watch's verdict as JSON: { drift, nftPid }.
 import { pino } from 'pino';
-import { NftWatch } from '../../src/backends/shared/nft-watch.js';
+import { NftWatch } from '../../src/backends/shared/nftables/watch.js';
 import { SessionNft } from '../../src/backends/shared/nftables/nft.js';
 
 const [netns, nftPath, byPort] = process.argv.slice(2);

@@ -10,7 +10,7 @@ import { createNetns, type TestNetns } from '../helpers/netns.js';
 import { MODES, harness, iptablesUnsupported, kubeChains, overall, saveIn } from '../helpers/iptables.js';
 import { detectMode, parseSave, toolName, type IptablesMode } from '../../src/backends/iptables/iptables.js';
 import { endpointChain, serviceChains } from '../../src/backends/iptables/names.js';
-import { metrics } from '../../src/backends/shared/metrics.js';
+import { metrics } from '../../src/runtime/metrics.js';
 
 const cluster = () => [
   node('n1', undefined, ['192.168.0.2', '2001:db8::1']),

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { stringify } from 'yaml';
 import { resolveConnection } from '../../src/sources/kube/config.js';
 import { ExecCredentials, NoCredentials, StaticCredentials, TokenFileCredentials } from '../../src/sources/kube/credentials.js';
-import { ConfigError } from '../../src/backends/shared/config.js';
+import { ConfigError } from '../../src/runtime/errors.js';
 import { tlsFile } from '../helpers/apiserver.js';
 
 let dir: string;

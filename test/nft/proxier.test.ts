@@ -8,7 +8,7 @@ import { mkdtempSync, writeFileSync, chmodSync, rmSync, readFileSync } from 'nod
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
-import type { Logger } from '../../src/log.js';
+import type { Logger } from '../../src/runtime/log.js';
 import { syncedStore, load, service, slice, node, serviceCIDR } from '../helpers/k8s.js';
 import { ServiceViews } from '../../src/localstate/views.js';
 import { LocalDiff } from '../../src/diff/local-diff.js';

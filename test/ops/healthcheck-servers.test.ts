@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { connect, createServer } from 'node:net';
 import { HealthCheckServers } from '../../src/backends/shared/healthcheck.js';
 import { freePort } from '../helpers/port.js';
-import { createLogger } from '../../src/log.js';
+import { createLogger } from '../../src/runtime/log.js';
 
 /** whether something listens on 127.0.0.1:port right now (one attempt) */
 function listening(port: number): Promise<boolean> {

@@ -8,8 +8,8 @@ import { createServer, connect, type Server, type Socket } from 'node:net';
 import { createSocket, type Socket as UdpSocket } from 'node:dgram';
 import { spawn } from 'node:child_process';
 import { UserspaceEngine, type ListenerSpec } from '../../src/backends/shared/userspace/engine.js';
-import { registry } from '../../src/backends/shared/metrics.js';
-import { createLogger } from '../../src/log.js';
+import { registry } from '../../src/runtime/metrics.js';
+import { createLogger } from '../../src/runtime/log.js';
 
 const log = createLogger({ level: 'error' });
 const closers: (() => unknown)[] = [];

@@ -11,13 +11,13 @@
 // or the api source's own diff).
 import { createHash } from 'node:crypto';
 import type * as grpc from '@grpc/grpc-js';
-import { grpcJs } from '../../lazy.js';
-import type { Logger } from '../../log.js';
+import { grpcJs } from '../../runtime/lazy.js';
+import type { Logger } from '../../runtime/log.js';
 import type { OpItem } from '../gen/api/localv1/api_pb.js';
 import { grpcTarget, isLoopback, parseAddress, type ApiAddress } from './address.js';
 import { channelCredentials, type ClientTLS } from './tls.js';
 import { decodeOpItem, type WatchMethod } from './wire.js';
-import { backoffDelay, sleep } from '../../backoff.js';
+import { backoffDelay, sleep } from '../../runtime/backoff.js';
 
 export interface WatchClientOptions {
   /** a brain (unix:///path, tcp://host:port or host:port), or several, comma-separated */

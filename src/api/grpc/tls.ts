@@ -5,7 +5,7 @@ import { readFileSync } from 'node:fs';
 import type { TlsOptions } from 'node:tls';
 import type { Command } from 'commander';
 import type * as grpc from '@grpc/grpc-js';
-import { grpcJs } from '../../lazy.js';
+import { grpcJs } from '../../runtime/lazy.js';
 
 export interface TLSFiles {
   cert?: string;

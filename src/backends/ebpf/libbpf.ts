@@ -4,6 +4,7 @@
 // leave this file as raw pointers. Int-returning calls give -errno; pointer
 // calls give NULL and set errno.
 import { createRequire } from 'node:module';
+import { libc } from '../../kernel/libc.js';
 
 export class BpfError extends Error {
   constructor(
@@ -65,7 +66,7 @@ function L(): Lib {
   try {
     const koffi = createRequire(import.meta.url)('koffi');
     const b = koffi.load('libbpf.so.1');
-    const c = koffi.load('libc.so.6');
+    const c = libc();
     lib = {
       objectOpen: b.func('void *bpf_object__open_file(const char *path, void *opts)'),
       objectLoad: b.func('int bpf_object__load(void *obj)'),
@@ -98,11 +99,11 @@ function L(): Lib {
       btfFind: b.func('int btf__find_by_name_kind(void *btf, const char *name, uint32_t kind)'),
       btfType: b.func('void *btf__type_by_id(void *btf, uint32_t id)'),
       btfName: b.func('const char *btf__name_by_offset(void *btf, uint32_t off)'),
-      open: c.func('int open(const char *path, int flags)'),
-      socket: c.func('int socket(int domain, int type, int proto)'),
-      getsockopt: c.func('int getsockopt(int fd, int level, int name, void *value, void *len)'),
-      close: c.func('int close(int fd)'),
-      errno: () => koffi.errno() as number,
+      open: c.open,
+      socket: c.socket,
+      getsockopt: c.getsockopt,
+      close: c.close,
+      errno: c.errno,
       decodeU32: (p, offset, n) => koffi.decode(p, offset, 'uint32_t', n) as number[],
     };
     return lib;

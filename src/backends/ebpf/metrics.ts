@@ -1,7 +1,7 @@
 // to-ebpf's own metrics (kpng_ebpf_*), in the process's registry: map fill
 // levels, full maps, and what the programs counted (read when scraped).
 import { Counter, Gauge } from 'prom-client';
-import { registry } from '../shared/metrics.js';
+import { registry } from '../../runtime/metrics.js';
 import { COUNTERS } from './layout.js';
 import type { Counters } from './maps.js';
 

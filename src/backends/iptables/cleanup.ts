@@ -5,7 +5,7 @@
 // table: a table that fails stays as it was, and every other table and family
 // is still cleaned. KUBE-FIREWALL stays (see kept()); so do kubelet's chains.
 import type { Family } from '../../api/ip.js';
-import type { Logger } from '../../log.js';
+import type { Logger } from '../../runtime/log.js';
 import type { CleanupReport } from '../registry.js';
 import { isServiceChain } from './names.js';
 import { FILTER_CHAINS, NAT_CHAINS, KUBE_FIREWALL, KUBE_PROXY_CANARY } from './rules.js';

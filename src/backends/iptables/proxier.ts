@@ -10,13 +10,13 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { networkInterfaces } from 'node:os';
 import { parseCIDR, cidrContains, type Family } from '../../api/ip.js';
 import { externallyAccessible, ipSetOf } from '../../api/model.js';
-import { metrics } from '../shared/metrics.js';
+import { metrics } from '../../runtime/metrics.js';
 import { ProxierBase, sameRules, type ApplyRequest, type SyncStats } from '../shared/proxier.js';
 import type { DataplaneOptions } from '../shared/backend.js';
 import { servicePorts } from '../shared/service-ports.js';
 import { detectLocal, nodePortAddresses } from '../shared/node-facts.js';
-import { NftWatch } from '../shared/nft-watch.js';
-import { xtablesInfo } from '../shared/kernel.js';
+import { NftWatch } from '../shared/nftables/watch.js';
+import { xtablesInfo } from '../../kernel/xtables.js';
 import { isServiceChain, markHex } from './names.js';
 import {
   FILTER_CHAINS,

@@ -6,7 +6,8 @@
 // acknowledged on its own and the caller commits what succeeded.
 import { isIPv4 } from 'node:net';
 import { writeIPv6 } from '../../api/ip.js';
-import { KernelError, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkMessage, NetlinkSocket, NetlinkWriter } from '../shared/kernel.js';
+import { KernelError } from '../../kernel/libc.js';
+import { NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkMessage, NetlinkSocket, NetlinkWriter } from '../../kernel/netlink.js';
 
 const NETLINK_GENERIC = 16;
 const GENL_ID_CTRL = 0x10;

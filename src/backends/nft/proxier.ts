@@ -9,7 +9,7 @@
 // elements over netlink where it can (shared/nftables/netlink.ts).
 import type { Family } from '../../api/ip.js';
 import { ipSetOf } from '../../api/model.js';
-import { metrics } from '../shared/metrics.js';
+import { metrics } from '../../runtime/metrics.js';
 import { ProxierBase, sameRules, type ApplyRequest, type SyncStats } from '../shared/proxier.js';
 import type { DataplaneOptions } from '../shared/backend.js';
 import { servicePorts, normalizeCIDRs } from '../shared/service-ports.js';
@@ -17,12 +17,12 @@ import { detectLocal, nodePortAddresses, serviceCIDRsOf } from '../shared/node-f
 import { podSourceMatches, singleAddress } from '../shared/nftables/match.js';
 import { ElementTable } from '../shared/nftables/elements.js';
 import { pooled } from '../../api/compact.js';
-import { flat } from '../../memory.js';
+import { flat } from '../../runtime/memory.js';
 import { portElements, type Element, type LbRequirement, type Slots } from './service-elements.js';
 import { TABLE, FAMILIES, BASE_CHAINS, setDeclarationList, staticChains, lbChain, affinitySetBody, AFFINITY_PREFIX, AFFINITY_SET, type FamilyNames, type StaticInputs } from './ruleset.js';
 import { ProcessNft, SessionNft, type Nft } from '../shared/nftables/nft.js';
 import { Transaction, type TableRef } from '../shared/nftables/transaction.js';
-import { nftDrift, type DriftSource } from '../shared/nft-watch.js';
+import { nftDrift, type DriftSource } from '../shared/nftables/watch.js';
 import { availableParallelism } from 'node:os';
 import { LocalhostNodePorts, localhostNodePortFamilies, removeLocalhostTable, LOCALHOST_TABLE } from '../shared/userspace/localhost.js';
 

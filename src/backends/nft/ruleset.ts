@@ -8,7 +8,7 @@
 import type { Family } from '../../api/ip.js';
 // names every service port refers to are one pooled copy, not one per service
 import { pooled } from '../../api/compact.js';
-import { flat } from '../../memory.js';
+import { flat } from '../../runtime/memory.js';
 
 export const TABLE = 'kpng';
 

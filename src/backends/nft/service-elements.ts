@@ -5,7 +5,7 @@ import type { ServicePort, Target } from '../shared/service-ports.js';
 import { rangesContain } from '../shared/service-ports.js';
 import { safeComment, NFT_COMMENT_MAX } from '../shared/comment.js';
 import { createHash } from 'node:crypto';
-import { flat } from '../../memory.js';
+import { flat } from '../../runtime/memory.js';
 import { AFFINITY_PREFIX, endpointsMapOf, lbChainName, type LbKind, type Proto } from './ruleset.js';
 import { pooled } from '../../api/compact.js';
 

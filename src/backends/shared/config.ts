@@ -4,8 +4,9 @@
 // ignored (upstream #98302). Flags given on the command line override the file.
 import { readFileSync } from 'node:fs';
 import { Option, type Command } from 'commander';
-import { yaml } from '../../lazy.js';
+import { yaml } from '../../runtime/lazy.js';
 import { parseCIDR, formatCIDR } from '../../api/ip.js';
+import { ConfigError } from '../../runtime/errors.js';
 
 export type DetectLocalMode = 'ClusterCIDR' | 'NodeCIDR' | 'BridgeInterface' | 'InterfaceNamePrefix';
 
@@ -50,15 +51,6 @@ export interface KubeProxyConfiguration {
   udpIdleTimeoutMs: number;
   /** kpng: only Services labelled service.kubernetes.io/service-proxy-name=<this> */
   serviceProxyName: string;
-}
-
-export class ConfigError extends Error {
-  constructor(
-    readonly field: string,
-    readonly reason: string,
-  ) {
-    super(`${field}: ${reason}`);
-  }
 }
 
 export function defaultConfig(): KubeProxyConfiguration {

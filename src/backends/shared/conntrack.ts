@@ -3,9 +3,9 @@
 // out; delete exactly those. Nothing is flushed wholesale, and nothing at
 // start-up (upstream #122740: a restart must not break UDP flows).
 import { spawn } from 'node:child_process';
-import type { Logger } from '../../log.js';
+import type { Logger } from '../../runtime/log.js';
 import type { Family } from '../../api/ip.js';
-import { metrics } from './metrics.js';
+import { metrics } from '../../runtime/metrics.js';
 import type { ServicePort } from './service-ports.js';
 
 export interface StaleFlow {

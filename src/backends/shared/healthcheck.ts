@@ -3,7 +3,7 @@
 // the proxy is healthy), 503 otherwise, with kube-proxy's JSON body and
 // headers, so cloud load balancers send traffic only to nodes that can take it.
 import { createServer, type Server } from 'node:http';
-import type { Logger } from '../../log.js';
+import type { Logger } from '../../runtime/log.js';
 
 export interface HealthCheckService {
   readonly namespace: string;

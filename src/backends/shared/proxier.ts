@@ -12,12 +12,12 @@
 // find the Services the dataplane refuses, by halves. Those are left out, at
 // the version last applied, with one log line each, until they change again;
 // everything else is applied.
-import type { Logger } from '../../log.js';
+import type { Logger } from '../../runtime/log.js';
 import { serviceKey, type Endpoint, type LocalNode, type Service, type ServiceCIDR } from '../../api/model.js';
 import type { DecoderHandler } from '../../diff/decoder.js';
 import { ConntrackCleaner, StaleFlowTracker, type StaleFlow } from './conntrack.js';
 import { HealthCheckServers, type HealthCheckService } from './healthcheck.js';
-import { metrics } from './metrics.js';
+import { metrics } from '../../runtime/metrics.js';
 import { SyncRunner, type Clock, type SyncReason, type SyncResult } from './runner.js';
 import { PackedEndpoints } from './packed-endpoints.js';
 

@@ -4,7 +4,7 @@
 // retry with jittered exponential backoff (a change arriving meanwhile waits
 // for it); and every period, a reconcile that asks the backend whether its
 // dataplane drifted and repairs it. The clock is injected, for tests.
-import { backoffDelay } from '../../backoff.js';
+import { backoffDelay } from '../../runtime/backoff.js';
 
 export interface Clock {
   now(): number;

@@ -3,8 +3,8 @@
 // backends so they all read the node-local state the same way.
 import { ipFamily, parseCIDR, formatCIDR, cidrContains, type Family } from '../../api/ip.js';
 import { Protocol, endpointPort, ipSetOf, type Endpoint, type PortMapping, type Service } from '../../api/model.js';
-import { sortSmall } from '../../sort.js';
-import { flat } from '../../memory.js';
+import { sortSmall } from '../../runtime/sort.js';
+import { flat } from '../../runtime/memory.js';
 
 export interface Target {
   readonly ip: string;

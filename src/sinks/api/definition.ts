@@ -3,7 +3,7 @@
 import { DEFAULT_API } from '../../api/grpc/address.js';
 import { tlsFromOpts } from '../../api/grpc/tls.js';
 import { registerSink } from '../registry.js';
-import { ConfigError } from '../../backends/shared/config.js';
+import { ConfigError } from '../../runtime/errors.js';
 import { DEFAULT_HANDSHAKE_TIMEOUT_MS, DEFAULT_MAX_CONNECTIONS, RESERVED_FDS } from './listener.js';
 import { DEFAULT_BRAIN_SOCKET, DEFAULT_HEAP_GROWTH_PERCENT, STATE_SOCKET_HELP } from './defaults.js';
 
@@ -46,9 +46,9 @@ registerSink({
     // the server loads when the sink runs
     const [{ ApiServer, tuneHeapForFanOut }, { closeServers, listenHttp, metricsHandler }, { enableProcessMetrics }, { TRIM_AFTER_BURST_MS, trimMemory }, { startStateSocket }] = await Promise.all([
       import('./server.js'),
-      import('../../backends/shared/health.js'),
-      import('../../backends/shared/metrics.js'),
-      import('../../memory.js'),
+      import('../../runtime/health.js'),
+      import('../../runtime/metrics.js'),
+      import('../../runtime/memory.js'),
       import('./state-socket.js'),
     ]);
     tuneHeapForFanOut(growth);

@@ -11,8 +11,9 @@ import net from 'node:net';
 import tls from 'node:tls';
 import { lookup } from 'node:dns/promises';
 import { readFileSync } from 'node:fs';
-import type { Logger } from '../../log.js';
-import { metrics } from '../../backends/shared/metrics.js';
+import type { Logger } from '../../runtime/log.js';
+import { metrics } from '../../runtime/metrics.js';
+import { apiMetrics } from './metrics.js';
 import { formatAddress, type ApiAddress } from '../../api/grpc/address.js';
 
 /** the client's HTTP/2 connection preface (24 bytes) and the header of the SETTINGS frame that must follow it (9 bytes) */
@@ -141,15 +142,15 @@ export class ConnectionGate {
     socket.on('error', () => {}); // followed by 'close'; the HTTP/2 session reports what matters
     if (this.closing) return void socket.destroy();
     if (this.sockets.size >= this.opts.maxConnections) {
-      metrics.apiConnectionsRejected.inc({ reason: 'max_connections' });
+      apiMetrics.apiConnectionsRejected.inc({ reason: 'max_connections' });
       this.refused.note();
       return void socket.destroy();
     }
     this.sockets.add(socket);
-    metrics.apiConnections.inc();
+    apiMetrics.apiConnections.inc();
     socket.once('close', () => {
       this.sockets.delete(socket);
-      metrics.apiConnections.dec();
+      apiMetrics.apiConnections.dec();
     });
     if (this.tlsServer) this.tlsServer.emit('connection', socket);
     else this.handOver(socket);
@@ -169,7 +170,7 @@ export class ConnectionGate {
   }
 
   private noteTimeout(): void {
-    metrics.apiConnectionsRejected.inc({ reason: 'handshake_timeout' });
+    apiMetrics.apiConnectionsRejected.inc({ reason: 'handshake_timeout' });
     this.timedOut.note();
   }
 

@@ -14,7 +14,7 @@ import { connect } from 'node:net';
 import { dirname } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
 import { fromBinary } from '@bufbuild/protobuf';
-import type { Logger } from '../../log.js';
+import type { Logger } from '../../runtime/log.js';
 import type { Store } from '../../store/store.js';
 import type { ServiceViews } from '../../localstate/views.js';
 import { LocalDiff } from '../../diff/local-diff.js';
@@ -22,7 +22,8 @@ import type { LocalOp } from '../../diff/ops.js';
 import { LocalSet } from '../../api/model.js';
 import { WatchReqSchema, type WatchReq } from '../../api/gen/api/localv1/api_pb.js';
 import { GlobalWatchReqSchema } from '../../api/gen/api/globalv1/api_pb.js';
-import { metrics } from '../../backends/shared/metrics.js';
+import { metrics } from '../../runtime/metrics.js';
+import { apiMetrics } from './metrics.js';
 import { formatAddress, isLoopback, parseAddress, type ApiAddress } from '../../api/grpc/address.js';
 import { serverTLSOptions, type TLSFiles } from '../../api/grpc/tls.js';
 import { StreamWriter } from '../../api/grpc/server-stream.js';
@@ -305,7 +306,7 @@ export class ApiServer {
       done = true;
       this.active.delete(finish);
       this.stats.streams--;
-      metrics.watchers.dec({ api });
+      apiMetrics.watchers.dec({ api });
       writer.close();
       requests.end();
       onClose();
@@ -314,7 +315,7 @@ export class ApiServer {
     };
     this.active.add(finish);
     this.stats.streams++;
-    metrics.watchers.inc({ api });
+    apiMetrics.watchers.inc({ api });
     call.listen({
       message: (bytes) => {
         let req: Req;
@@ -340,8 +341,8 @@ export class ApiServer {
       if (!framed) sharedFrames.set(ops, (framed = grpcFrames(ops.map(frameOf))));
       this.stats.messages += ops.length;
       this.stats.bytes += framed.length;
-      metrics.apiMessages.inc({ api }, ops.length);
-      metrics.apiBytes.inc({ api }, framed.length);
+      apiMetrics.apiMessages.inc({ api }, ops.length);
+      apiMetrics.apiBytes.inc({ api }, framed.length);
       const wait = writer.writeFramed(framed, ops.length);
       if (wait) await wait;
       return;
@@ -358,8 +359,8 @@ export class ApiServer {
     }
     const wait = writer.flush();
     if (wait) await wait;
-    metrics.apiMessages.inc({ api }, ops.length);
-    metrics.apiBytes.inc({ api }, bytes);
+    apiMetrics.apiMessages.inc({ api }, ops.length);
+    apiMetrics.apiBytes.inc({ api }, bytes);
   }
 
   private serveLocal(call: ServerCall) {
@@ -443,7 +444,7 @@ export class ApiServer {
         const ops = build();
         if (ops.length === 0) continue;
         await this.send(api, writer, ops, frameOf);
-        metrics.apiDiffDuration.observe({ api }, (performance.now() - t0) / 1000);
+        apiMetrics.apiDiffDuration.observe({ api }, (performance.now() - t0) / 1000);
         this.stats.diffs++;
         return;
       } finally {

@@ -4,7 +4,7 @@
 // default. It is the API server (localv1/globalv1 Watch, read-only by
 // nature) on a unix socket of mode 0600. Best effort: a path in use (another
 // kpng on this host) or not writable costs one log line, never the process.
-import type { Logger } from '../../log.js';
+import type { Logger } from '../../runtime/log.js';
 import type { Store } from '../../store/store.js';
 import type { ServiceViews } from '../../localstate/views.js';
 import { ApiServer } from './server.js';

@@ -6,13 +6,11 @@
 import { writeFileSync, renameSync, openSync, closeSync, rmSync } from 'node:fs';
 import { FdWriter } from './fd-writer.js';
 import { toJson, type DescMessage, type MessageShape } from '@bufbuild/protobuf';
-import { yaml } from '../../lazy.js';
+import { yaml } from '../../runtime/lazy.js';
 import * as L from '../../api/gen/api/localv1/api_pb.js';
 import * as G from '../../api/gen/api/globalv1/api_pb.js';
 import type { FullState, ServiceEndpoints } from '../../diff/fullstate.js';
 import type { Store } from '../../store/store.js';
-// the definition registers when this module is imported, as before
-import './definition.js';
 import { documentChunks, type Format } from './stream.js';
 import { endpointToJson } from '../../api/fast-json.js';
 import type { NodeStateOnce } from './once.js';

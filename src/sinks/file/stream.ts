@@ -10,7 +10,7 @@
 // rendered by the library itself (remembered per value), and a value this
 // cannot lay out for sure (a string across lines, a key not plain) is
 // rendered whole by it.
-import { yaml } from '../../lazy.js';
+import { yaml } from '../../runtime/lazy.js';
 
 export type Format = 'yaml' | 'json';
 

@@ -4,14 +4,14 @@
 // (closed on exit), and kubeproxy_network_programming_duration_seconds for
 // each Service a diff carried once the sync that applied it succeeded (the
 // first diff, the state at start, is not a change: not timed).
-import type { Logger } from '../../log.js';
+import type { Logger } from '../../runtime/log.js';
 import { LocalSet } from '../../api/model.js';
 import { splitEndpointPath } from '../../diff/fullstate.js';
 import type { LocalOp, LocalSink } from '../../diff/ops.js';
 import { startBackends, type BackendSpec, type StartedBackend } from '../../backends/run.js';
 import type { SyncResult } from '../../backends/shared/runner.js';
-import { metrics } from '../../backends/shared/metrics.js';
-import { TRIM_AFTER_BURST_MS, trimMemory } from '../../memory.js';
+import { metrics } from '../../runtime/metrics.js';
+import { TRIM_AFTER_BURST_MS, trimMemory } from '../../runtime/memory.js';
 
 export interface NodeAgentOptions {
   /** one backend, or several on the same stream (each gets every op) */

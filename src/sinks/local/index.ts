@@ -3,8 +3,6 @@
 import type { LocalOp } from '../../diff/ops.js';
 import { registerSink } from '../registry.js';
 import { DEFAULT_NODE_SOCKET, STATE_SOCKET_HELP } from '../api/defaults.js';
-// kpng local: its command only (remote.ts loads when it runs)
-import './command.js';
 
 registerSink({
   name: 'to-local',
@@ -18,7 +16,7 @@ registerSink({
     // loaded when the sink runs: a brain or kpng get does not need them
     const [{ LocalDiff }, { metrics }, { runNodeAgent, serviceOfOp }, { startStateSocket }] = await Promise.all([
       import('../../diff/local-diff.js'),
-      import('../../backends/shared/metrics.js'),
+      import('../../runtime/metrics.js'),
       import('./agent.js'),
       import('../api/state-socket.js'),
     ]);

@@ -18,9 +18,7 @@ import type { BackendSpec } from '../../backends/run.js';
 import { runNodeAgent } from './agent.js';
 import { NodeStateMirror, serveMirror } from './state-mirror.js';
 import { HeldState } from './held-state.js';
-// the `kpng local` command registers when this module is imported, as before
-import './command.js';
-import type { Logger } from '../../log.js';
+import type { Logger } from '../../runtime/log.js';
 
 const DECODERS: Partial<Record<LocalSet, (b: Uint8Array) => LocalValue>> = {
   [LocalSet.ServicesSet]: decodeService,
@@ -232,6 +230,3 @@ export async function runLocal(localOpts: Record<string, any>, backends: readonl
     },
   });
 }
-
-// kept here for those who import them from this module
-export { addApiClientOptions } from './client-options.js';

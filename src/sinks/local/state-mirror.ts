@@ -7,7 +7,7 @@
 import { chmodSync, unlinkSync } from 'node:fs';
 import net from 'node:net';
 import { create, fromBinary } from '@bufbuild/protobuf';
-import type { Logger } from '../../log.js';
+import type { Logger } from '../../runtime/log.js';
 import { LocalSet, encodeLocalNode } from '../../api/model.js';
 import { NodeSchema, WatchReqSchema, type WatchReq } from '../../api/gen/api/localv1/api_pb.js';
 import type { LocalOp, LocalSink } from '../../diff/ops.js';

@@ -1,7 +1,7 @@
 // The api source's definition (name, flags): registered at start for the
 // command line; the implementation (index.ts) loads when the source runs.
 import { clientTLSFromOpts } from '../../api/grpc/tls.js';
-import { addApiClientOptions } from '../../sinks/local/client-options.js';
+import { addApiClientOptions } from '../../api/grpc/client-options.js';
 import { registerSource } from '../registry.js';
 
 registerSource({

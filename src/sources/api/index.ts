@@ -17,9 +17,7 @@ import { runWatch } from '../../api/grpc/client.js';
 import type { ClientTLS } from '../../api/grpc/tls.js';
 import { GLOBAL_SETS_HEADER, globalWatchMethod } from '../../api/grpc/wire.js';
 import { KINDS, type Store } from '../../store/store.js';
-import type { Logger } from '../../log.js';
-// the definition registers when this module is imported, as before
-import './definition.js';
+import type { Logger } from '../../runtime/log.js';
 
 interface MirrorSlice {
   namespace: string;

@@ -1,6 +1,6 @@
 // The file source's definition (name, flags): registered at start for the
 // command line; the reader (index.ts) loads when the source runs.
-import { ConfigError } from '../../backends/shared/config.js';
+import { ConfigError } from '../../runtime/errors.js';
 import { registerSource } from '../registry.js';
 
 const message = (e: unknown) => (e instanceof Error ? e.message : String(e));

@@ -12,12 +12,10 @@ import { open, readdir, stat } from 'node:fs/promises';
 import { dirname, extname, join, resolve, sep } from 'node:path';
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { availableParallelism } from 'node:os';
-import type { Logger } from '../../log.js';
+import type { Logger } from '../../runtime/log.js';
 import type { Store, StoreTx } from '../../store/store.js';
 import { KINDS } from '../../store/store.js';
 import { applyObject, deleteByKey, type ModelObject } from '../apply.js';
-// the definition registers when this module is imported, as before
-import './definition.js';
 import { ParseFailed, parseObjects, type ParsedItem } from './parse.js';
 import { ParserThread } from '../parser-thread.js';
 

@@ -2,7 +2,7 @@
 // thread for small files and in a worker thread for large ones (worker.ts),
 // so what it returns must survive structured cloning.
 import { hash as digest } from 'node:crypto';
-import { yaml } from '../../lazy.js';
+import { yaml } from '../../runtime/lazy.js';
 import { convertObject, flattenObjects, InvalidObject, objectRef } from '../objects.js';
 import { encodedObject, modelKey, type ModelObject } from '../apply.js';
 import { encodeServiceFast } from '../../api/fast-encode.js';

@@ -5,8 +5,8 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { delimiter, dirname, isAbsolute, join, resolve } from 'node:path';
-import { yaml } from '../../lazy.js';
-import { ConfigError } from '../../backends/shared/config.js';
+import { yaml } from '../../runtime/lazy.js';
+import { ConfigError } from '../../runtime/errors.js';
 import { ExecCredentials, NoCredentials, StaticCredentials, TokenFileCredentials, type Credentials, type ExecConfig } from './credentials.js';
 
 export const SERVICEACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount';

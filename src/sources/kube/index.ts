@@ -1,13 +1,11 @@
 // The kube source: lists and watches a real Kubernetes API server (Services,
 // EndpointSlices, Nodes, ServiceCIDRs) with our own reflector, and keeps the
 // store equal to what the server has. See docs/kube-source.md.
-import type { Logger } from '../../log.js';
+import type { Logger } from '../../runtime/log.js';
 import type { Store } from '../../store/store.js';
 import { HEADLESS_LABEL, SERVICE_NAME_LABEL } from '../objects.js';
-import { SERVICE_PROXY_NAME_LABEL } from '../../localstate/service-view.js';
-import { version } from '../../version.js';
-// the definition registers when this module is imported, as before
-import './definition.js';
+import { SERVICE_PROXY_NAME_LABEL } from '../../api/model.js';
+import { version } from '../../runtime/version.js';
 import { KubeClient } from './client.js';
 import { resolveConnection, type Connection } from './config.js';
 import { DEFAULT_REFLECTOR_OPTIONS, Reflector, StoreWriter, type ReflectorOptions, type Resource } from './reflector.js';

@@ -5,8 +5,10 @@
 // parse-worker.ts), so what it returns must survive structured cloning.
 import { convertObject, InvalidObject, objectRef } from '../objects.js';
 import { encodedObject, type ModelObject } from '../apply.js';
-import { flat } from '../../memory.js';
-import type { KubeKind } from './reflector.js';
+import { flat } from '../../runtime/memory.js';
+
+/** The kinds the kube source lists and watches. */
+export type KubeKind = 'Service' | 'EndpointSlice' | 'Node' | 'ServiceCIDR';
 
 /** what a list item is taken as: enough of a Resource to take it */
 export interface ItemResource {
@@ -30,7 +32,7 @@ export function keyOf(obj: any, namespaced: boolean): string | undefined {
   const md = obj?.metadata;
   const name = md?.name;
   if (typeof name !== 'string' || !name) return undefined;
-  // kept for the object's life (known): flat, not a rope (src/memory.ts)
+  // kept for the object's life (known): flat, not a rope (src/runtime/memory.ts)
   return namespaced ? flat(md.namespace || 'default', '/', name) : name;
 }
 

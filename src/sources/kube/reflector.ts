@@ -3,15 +3,16 @@
 // (bookmarks move it); relist and reconcile on 410 Gone; an idle watchdog;
 // jittered exponential backoff on errors, each retry logged with its cause.
 // It keeps only key -> resourceVersion; the store holds the converted model.
-import type { Logger } from '../../log.js';
+import type { Logger } from '../../runtime/log.js';
 import type { Kind, StoreTx } from '../../store/store.js';
 import { objectRef } from '../objects.js';
 import { applyObject } from '../apply.js';
 import type { ParserThread } from '../parser-thread.js';
 import { formatBytes, IdleTimeout, readBody, statusError, StatusError, TooLarge, watchLines, type KubeClient } from './client.js';
-import { keyOf, listItem, pageHead, PageFailed, parseListPage, type ListItem, type PageMeta } from './list-item.js';
+import { keyOf, listItem, pageHead, PageFailed, parseListPage, type ListItem, type PageMeta, type KubeKind } from './list-item.js';
 
-export type KubeKind = 'Service' | 'EndpointSlice' | 'Node' | 'ServiceCIDR';
+export type { KubeKind };
+
 
 export interface Resource {
   kind: KubeKind;

@@ -6,7 +6,7 @@
 import { NftError, type Nft, type TableListing } from './nft.js';
 import type { ElementValue } from './transaction.js';
 import type { Operation, TableFamily, TableRef, Transaction } from './transaction.js';
-import type { DriftSource } from '../nft-watch.js';
+import type { DriftSource } from '../drift.js';
 
 interface FakeChain {
   hook?: string;

@@ -9,7 +9,8 @@
 // addresses, protocols, ports and numgen values qualify: no intervals, no
 // timeouts. Whatever does not qualify, or fails here, goes to nft as text.
 import { endianness } from 'node:os';
-import { KernelError, NETLINK_NETFILTER, NetlinkSocket, NetlinkWriter, type NetlinkMessage } from '../kernel.js';
+import { KernelError } from '../../../kernel/libc.js';
+import { NETLINK_NETFILTER, NetlinkSocket, NetlinkWriter, type NetlinkMessage } from '../../../kernel/netlink.js';
 import { writeIPv6 } from '../../../api/ip.js';
 import type { ElementData, TableFamily, Transaction } from './transaction.js';
 

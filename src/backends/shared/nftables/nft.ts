@@ -12,8 +12,8 @@ import { join } from 'node:path';
 import { ToolError, firstLines, runTool } from '../tool.js';
 import type { ElementValue } from './transaction.js';
 import type { TableFamily, Transaction } from './transaction.js';
-import type { DriftSource } from '../nft-watch.js';
-import { KernelError } from '../kernel.js';
+import type { DriftSource } from '../drift.js';
+import { KernelError } from '../../../kernel/libc.js';
 import { NetlinkElements, NetlinkRefused } from './netlink.js';
 
 export class NftError extends ToolError {}

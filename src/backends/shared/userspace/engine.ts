@@ -13,8 +13,9 @@ import { createServer, connect, type Server, type Socket } from 'node:net';
 import { createSocket, type Socket as UdpSocket, type RemoteInfo } from 'node:dgram';
 import { networkInterfaces } from 'node:os';
 import type { Family } from '../../../api/ip.js';
-import type { Logger } from '../../../log.js';
-import { metrics } from '../metrics.js';
+import type { Logger } from '../../../runtime/log.js';
+import { metrics } from '../../../runtime/metrics.js';
+import { userspaceMetrics } from './metrics.js';
 
 export interface EngineTarget {
   readonly ip: string;
@@ -354,7 +355,7 @@ export class UserspaceEngine {
   private onTcp(l: Listener, client: Socket): void {
     const s = l.spec;
     const labels = { service: s.service, protocol: 'tcp' };
-    metrics.userspaceConnections.inc(labels);
+    userspaceMetrics.userspaceConnections.inc(labels);
     const clientIP = client.remoteAddress ?? '';
     const local = this.isLocalClient(clientIP);
     client.on('error', () => {}); // errors end in close, handled below
@@ -362,7 +363,7 @@ export class UserspaceEngine {
     const attempt = () => {
       const t = l.pick(clientIP, local, tried);
       if (!t) {
-        metrics.userspaceErrors.inc({ ...labels, reason: tried.size ? 'endpoint_refused' : 'no_endpoints' });
+        userspaceMetrics.userspaceErrors.inc({ ...labels, reason: tried.size ? 'endpoint_refused' : 'no_endpoints' });
         // refused: the client sees a reset, as from a REJECT
         if (!client.destroyed) client.resetAndDestroy();
         return;
@@ -387,7 +388,7 @@ export class UserspaceEngine {
         if (client.destroyed) return;
         if (tried.size < this.attempts) attempt();
         else {
-          metrics.userspaceErrors.inc({ ...labels, reason: 'endpoint_refused' });
+          userspaceMetrics.userspaceErrors.inc({ ...labels, reason: 'endpoint_refused' });
           client.resetAndDestroy();
         }
       });
@@ -411,7 +412,7 @@ export class UserspaceEngine {
     up.pipe(client);
     let done = false;
     const reset = (other: Socket) => (e: NodeJS.ErrnoException) => {
-      if (e.code !== 'ECONNRESET' && e.code !== 'EPIPE') metrics.userspaceErrors.inc({ ...labels, reason: 'io' });
+      if (e.code !== 'ECONNRESET' && e.code !== 'EPIPE') userspaceMetrics.userspaceErrors.inc({ ...labels, reason: 'io' });
       if (!other.destroyed) other.resetAndDestroy();
     };
     client.on('error', reset(up));
@@ -420,8 +421,8 @@ export class UserspaceEngine {
       if (done || !client.destroyed || !up.destroyed) return;
       done = true;
       l.tcp.delete(client);
-      metrics.userspaceBytes.inc({ ...labels, direction: 'to_endpoint' }, client.bytesRead);
-      metrics.userspaceBytes.inc({ ...labels, direction: 'to_client' }, up.bytesRead);
+      userspaceMetrics.userspaceBytes.inc({ ...labels, direction: 'to_endpoint' }, client.bytesRead);
+      userspaceMetrics.userspaceBytes.inc({ ...labels, direction: 'to_client' }, up.bytesRead);
     };
     // a side fully closed without error: end the other once it has written everything
     client.on('close', (hadError) => {
@@ -451,7 +452,7 @@ export class UserspaceEngine {
       if (!s) return;
       l.sessions.set(id, s);
     }
-    metrics.userspaceBytes.inc({ service: l.spec.service, protocol: 'udp', direction: 'to_endpoint' }, msg.length);
+    userspaceMetrics.userspaceBytes.inc({ service: l.spec.service, protocol: 'udp', direction: 'to_endpoint' }, msg.length);
     if (s.queue) {
       if (s.queue.length < UDP_QUEUE) s.queue.push(msg);
       return;
@@ -464,27 +465,27 @@ export class UserspaceEngine {
     const t = l.pick(rinfo.address, this.isLocalClient(rinfo.address));
     if (!t) {
       // no ICMP from userspace: kpng's rules reject a Service without endpoints before it gets here
-      metrics.userspaceErrors.inc({ ...labels, reason: 'no_endpoints' });
+      userspaceMetrics.userspaceErrors.inc({ ...labels, reason: 'no_endpoints' });
       return undefined;
     }
     while (l.sessions.size >= this.udpMax) {
       const [oldId, old] = l.sessions.entries().next().value as [string, UdpSession];
       l.sessions.delete(oldId);
       closeQuietly(old.sock);
-      metrics.userspaceErrors.inc({ ...labels, reason: 'udp_session_evicted' });
+      userspaceMetrics.userspaceErrors.inc({ ...labels, reason: 'udp_session_evicted' });
     }
-    metrics.userspaceConnections.inc(labels);
+    userspaceMetrics.userspaceConnections.inc(labels);
     const sock = createSocket({ type: l.spec.family === 4 ? 'udp4' : 'udp6' });
     const s: UdpSession = { sock, via, client: rinfo, last: Date.now(), queue: [] };
-    sock.on('error', () => metrics.userspaceErrors.inc({ ...labels, reason: 'io' }));
+    sock.on('error', () => userspaceMetrics.userspaceErrors.inc({ ...labels, reason: 'io' }));
     sock.on('message', (reply) => {
       s.last = Date.now();
-      metrics.userspaceBytes.inc({ ...labels, direction: 'to_client' }, reply.length);
+      userspaceMetrics.userspaceBytes.inc({ ...labels, direction: 'to_client' }, reply.length);
       try {
         via.send(reply, rinfo.port, rinfo.address);
       } catch {
         // its address went away with the listener socket
-        metrics.userspaceErrors.inc({ ...labels, reason: 'io' });
+        userspaceMetrics.userspaceErrors.inc({ ...labels, reason: 'io' });
       }
     });
     sock.connect(t.port, t.ip, () => {

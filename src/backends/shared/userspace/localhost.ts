@@ -11,7 +11,7 @@
 // (beta: on unless turned off) and nodePortAddresses naming localhost (the
 // keyword, or a CIDR holding 127.0.0.1 / ::1); the default, "primary", does not.
 import { cidrContains, parseCIDR, type Family } from '../../../api/ip.js';
-import type { Logger } from '../../../log.js';
+import type { Logger } from '../../../runtime/log.js';
 import type { KubeProxyConfiguration } from '../config.js';
 import { runNft, type Nft } from '../nftables/nft.js';
 import type { ServicePort } from '../service-ports.js';

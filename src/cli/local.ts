@@ -1,9 +1,9 @@
-// kpng local (remote.ts)'s command and flags: registered at start for the
+// kpng local (src/sinks/local/remote.ts)'s command and flags: registered at start for the
 // command line; the implementation loads when the command runs.
-import { addBackendCommands } from '../../backends/run.js';
-import { registerCommand } from '../../cli/commands.js';
-import { DEFAULT_NODE_SOCKET, STATE_SOCKET_HELP } from '../api/defaults.js';
-import { addApiClientOptions } from './client-options.js';
+import { addBackendCommands } from '../backends/run.js';
+import { registerCommand } from './commands.js';
+import { DEFAULT_NODE_SOCKET, STATE_SOCKET_HELP } from '../sinks/api/defaults.js';
+import { addApiClientOptions } from '../api/grpc/client-options.js';
 
 registerCommand((program, run) => {
   const lc = program
@@ -17,7 +17,7 @@ registerCommand((program, run) => {
   // the client, the reset filter and the mirror load when the command runs
   addBackendCommands(lc, (backends) =>
     run(async (log, signal) => {
-      const { runLocal } = await import('./remote.js');
+      const { runLocal } = await import('../sinks/local/remote.js');
       await runLocal(lc.opts(), backends, log, signal);
     }),
   );

@@ -1,9 +1,9 @@
 // The flags of a kpng API client (kpng local, the api source), apart from
 // the client so that registering those commands loads none of it.
 import type { Command } from 'commander';
-import { DEFAULT_API } from '../../api/grpc/address.js';
-import { DEFAULT_FAILBACK_MS, DEFAULT_WATCHDOG_MS } from '../../api/grpc/client.js';
-import { addClientTLSOptions } from '../../api/grpc/tls.js';
+import { DEFAULT_API } from './address.js';
+import { DEFAULT_FAILBACK_MS, DEFAULT_WATCHDOG_MS } from './client.js';
+import { addClientTLSOptions } from './tls.js';
 
 const ms = (v: string) => {
   const n = Number(v);

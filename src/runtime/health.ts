@@ -3,9 +3,8 @@
 // unhealthy while the Node is going away (deletionTimestamp or the cluster
 // autoscaler's ToBeDeletedByClusterAutoscaler taint).
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { Logger } from '../../log.js';
+import type { Logger } from './log.js';
 import { metrics, registry } from './metrics.js';
-import type { SyncResult } from './runner.js';
 
 export class ProxyHealth {
   /** per backend: since when an update waits to be applied by it (0: none waits) */
@@ -30,7 +29,7 @@ export class ProxyHealth {
   }
 
   /** what a backend's sync did: a good one applied everything queued before it */
-  observe(r: SyncResult, backend = 0): void {
+  observe(r: { readonly ok: boolean }, backend = 0): void {
     if (!r.ok) return;
     this.oldestPending[backend] = 0;
     if (!this.applied) return;

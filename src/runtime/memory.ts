@@ -11,30 +11,15 @@ import type { Session } from 'node:inspector';
 import { createRequire } from 'node:module';
 import { getHeapSpaceStatistics, setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
-
-interface Libc {
-  func(signature: string): (...args: number[]) => number;
-}
-let libc: Libc | undefined | null;
-
-/** glibc through koffi; null where there is none (musl, no koffi) */
-function glibc(): Libc | null {
-  if (libc !== undefined) return libc;
-  try {
-    libc = createRequire(import.meta.url)('koffi').load('libc.so.6') as Libc;
-  } catch {
-    libc = null;
-  }
-  return libc;
-}
+import { libcIfAny } from '../kernel/libc.js';
 
 let trim: (() => void) | undefined | null;
 
 /** glibc's malloc_trim(0); null where there is none */
 function mallocTrim(): (() => void) | null {
   if (trim !== undefined) return trim;
-  const f = glibc()?.func('int malloc_trim(size_t)');
-  trim = f ? () => void f(0) : null;
+  const c = libcIfAny();
+  trim = c ? () => void c.mallocTrim(0) : null;
   return trim;
 }
 
@@ -50,7 +35,7 @@ const M_ARENA_MAX = -8;
  */
 export function limitMallocArenas(arenas = 2): void {
   if (process.env.MALLOC_ARENA_MAX) return;
-  glibc()?.func('int mallopt(int, int)')(M_ARENA_MAX, arenas);
+  libcIfAny()?.mallopt(M_ARENA_MAX, arenas);
 }
 
 /** the process's peak RSS (VmHWM), bytes; undefined where /proc has none */

@@ -1,68 +1,10 @@
-// The few kernel interfaces kpng reads directly, through koffi (FFI to libc):
-// the nftables generation and change events (netlink, NETLINK_NETFILTER), and
-// the size of an iptables-legacy table (getsockopt IPT_SO_GET_INFO). They make
-// the periodic drift check cheap: no tool to run and nothing to list while
-// nobody else changed anything. The boundary is small and typed on purpose
-// (a wrong pointer crashes the process instead of throwing); anything that
-// fails here throws a KernelError and the caller falls back.
-import { closeSync, openSync } from 'node:fs';
-import { createRequire } from 'node:module';
+// Raw netlink: a socket of one protocol, the messages it receives (header,
+// family header, attributes) and a writer that builds messages into one
+// buffer. Used for nftables (generations, change events, element batches),
+// IPVS (generic netlink) and conntrack.
+import { KernelError, libc, type Libc } from './libc.js';
+import { inNetns } from './netns.js';
 
-export class KernelError extends Error {}
-
-interface Libc {
-  socket(domain: number, type: number, protocol: number): number;
-  bind(fd: number, addr: Buffer, len: number): number;
-  send(fd: number, buf: Buffer, len: number, flags: number): number | bigint;
-  /** send on libuv's thread pool: the kernel's work on a big batch does not block this thread */
-  sendAsync(fd: number, buf: Buffer, len: number, flags: number): Promise<number>;
-  recv(fd: number, buf: Buffer, len: number, flags: number): number | bigint;
-  setsockopt(fd: number, level: number, name: number, val: Buffer, len: number): number;
-  getsockopt(fd: number, level: number, name: number, val: Buffer, len: Buffer): number;
-  getsockname(fd: number, addr: Buffer, len: Buffer): number;
-  setns(fd: number, nstype: number): number;
-  close(fd: number): number;
-  errno(): number;
-}
-
-let libc: Libc | undefined;
-let loadError: string | undefined;
-
-/** koffi's asynchronous call of a function (on libuv's thread pool) as a promise */
-function asyncCall(f: { async: (...args: unknown[]) => void }) {
-  return (...args: unknown[]) =>
-    new Promise<number>((resolve, reject) => f.async(...args, (err: unknown, r: number | bigint) => (err ? reject(err as Error) : resolve(Number(r)))));
-}
-
-/** libc through koffi, loaded on first use; throws KernelError where that cannot work. */
-function lib(): Libc {
-  if (libc) return libc;
-  if (loadError) throw new KernelError(loadError);
-  try {
-    const koffi = createRequire(import.meta.url)('koffi');
-    const c = koffi.load('libc.so.6');
-    libc = {
-      socket: c.func('int socket(int, int, int)'),
-      bind: c.func('int bind(int, void *, uint32_t)'),
-      send: c.func('long send(int, void *, size_t, int)'),
-      sendAsync: asyncCall(c.func('long send(int, void *, size_t, int)')),
-      recv: c.func('long recv(int, _Out_ void *, size_t, int)'),
-      setsockopt: c.func('int setsockopt(int, int, int, void *, uint32_t)'),
-      getsockopt: c.func('int getsockopt(int, int, int, _Inout_ void *, _Inout_ void *)'),
-      getsockname: c.func('int getsockname(int, _Inout_ void *, _Inout_ void *)'),
-      setns: c.func('int setns(int, int)'),
-      close: c.func('int close(int)'),
-      errno: () => koffi.errno() as number,
-    };
-    return libc;
-  } catch (e) {
-    loadError = `no FFI to libc (koffi): ${(e as Error).message}`;
-    throw new KernelError(loadError);
-  }
-}
-
-const AF_INET = 2;
-const AF_INET6 = 10;
 const AF_NETLINK = 16;
 const SOCK_RAW = 3;
 const SOCK_NONBLOCK = 0o4000;
@@ -77,33 +19,6 @@ const NETLINK_DROP_MEMBERSHIP = 2;
 const MSG_DONTWAIT = 0x40;
 const EAGAIN = 11;
 const ENOBUFS = 105;
-const CLONE_NEWNET = 0x40000000;
-const IPPROTO_RAW = 255;
-
-/**
- * Runs fn with this thread in another network namespace (a name under
- * /run/netns, or a path); sockets made there stay there. Without netns, in
- * this process's own.
- */
-function inNetns<T>(netns: string | undefined, fn: () => T): T {
-  if (!netns) return fn();
-  const c = lib();
-  const own = openSync('/proc/thread-self/ns/net', 'r');
-  const target = openSync(netns.includes('/') ? netns : `/run/netns/${netns}`, 'r');
-  try {
-    if (c.setns(target, CLONE_NEWNET) !== 0) throw new KernelError(`setns ${netns}: errno ${c.errno()}`);
-    try {
-      return fn();
-    } finally {
-      if (c.setns(own, CLONE_NEWNET) !== 0) throw new KernelError(`setns back: errno ${c.errno()}`); // cannot happen: the thread was there
-    }
-  } finally {
-    closeSync(own);
-    closeSync(target);
-  }
-}
-
-// --- netlink
 
 const NLMSG_ERROR = 2;
 const NLMSG_DONE = 3;
@@ -210,7 +125,7 @@ export class NetlinkSocket {
   lost = false;
 
   constructor(protocol: number, netns?: string, receiveBuffer = 4 << 20) {
-    this.c = lib();
+    this.c = libc();
     const c = this.c;
     this.fd = inNetns(netns, () => c.socket(AF_NETLINK, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, protocol));
     if (this.fd < 0) throw new KernelError(`netlink socket: errno ${c.errno()}`);
@@ -418,124 +333,5 @@ export class NetlinkWriter {
     const next = Buffer.allocUnsafe(Math.max(this.buf.length * 2, this.at + n));
     this.buf.copy(next, 0, 0, this.at);
     this.buf = next;
-  }
-}
-
-// --- nftables over netlink
-
-const NFNL_SUBSYS_NFTABLES = 10;
-const NFT_MSG_NEWGEN = 15;
-const NFT_MSG_GETGEN = 16;
-const NFNLGRP_NFTABLES = 7;
-
-/** A change event: which table (and, for rules and chains, which chain) it touched. */
-export interface NftEvent {
-  /** nfgenmsg family: 2 ip, 10 ip6, 1 inet, ... */
-  readonly family: number;
-  readonly table: string;
-  /** the chain of a rule or chain event; '' otherwise */
-  readonly chain: string;
-}
-
-/** The end of a committed transaction: its generation and the process that committed it. */
-export interface NftGeneration {
-  readonly id: number;
-  /** the committing thread's pid, as the kernel's own pid namespace numbers it */
-  readonly pid: number;
-  readonly process: string;
-  /** the netlink port of the socket that committed it */
-  readonly portid: number;
-}
-
-/** A netlink socket to nftables: the generation id, and (subscribed) the change events of every transaction. */
-export class NftNetlink {
-  private readonly nl: NetlinkSocket;
-  private seq = 0;
-  private subscribed = false;
-  /** events read while waiting for an answer, for the next read() */
-  private queued: ({ e: NftEvent } | { g: NftGeneration })[] = [];
-
-  constructor(netns?: string) {
-    // room for a burst of events between two checks
-    this.nl = new NetlinkSocket(NETLINK_NETFILTER, netns, 32 << 20);
-  }
-
-  /** Receive every transaction's change events (or stop). */
-  subscribe(on: boolean): void {
-    if (on === this.subscribed) return;
-    this.nl.membership(NFNLGRP_NFTABLES, on);
-    this.subscribed = on;
-  }
-
-  /** The ruleset's current generation (every committed transaction adds one). */
-  generation(): number {
-    const seq = ++this.seq;
-    this.nl.send(new NetlinkWriter().begin((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN, NLM_F_REQUEST, seq, [0, 0, 0]).end().take());
-    // the answer (a NEWGEN to this port) comes at once; events may be queued before it
-    let id: number | undefined;
-    this.nl.await(
-      () => id !== undefined,
-      (m) => {
-        if (m.pid === this.nl.port && m.seq === seq) {
-          if (m.isError) throw new KernelError(`GETGEN refused: errno ${m.errno}`);
-          if ((m.type & 0xff) === NFT_MSG_NEWGEN) id = m.u32BE(m.attrs().get(1));
-          return;
-        }
-        this.queue(m);
-      },
-    );
-    return id!;
-  }
-
-  /**
-   * Reads what is queued: change events and generations, in order. Returns
-   * 'lost' when the kernel dropped events (the buffer was full).
-   */
-  read(onEvent: (e: NftEvent) => void, onGeneration: (g: NftGeneration) => void): 'ok' | 'lost' {
-    this.nl.drain((m) => (m.pid === this.nl.port ? undefined : this.queue(m)));
-    const list = this.queued;
-    this.queued = [];
-    for (const x of list) ('e' in x ? onEvent(x.e) : onGeneration(x.g));
-    const lost = this.nl.lost;
-    this.nl.lost = false;
-    return lost ? 'lost' : 'ok';
-  }
-
-  close(): void {
-    this.nl.close();
-  }
-
-  private queue(m: NetlinkMessage): void {
-    if (m.isError || m.type >> 8 !== NFNL_SUBSYS_NFTABLES) return;
-    const type = m.type & 0xff;
-    const a = m.attrs();
-    if (type === NFT_MSG_NEWGEN) this.queued.push({ g: { id: m.u32BE(a.get(1)) ?? 0, pid: m.u32BE(a.get(2)) ?? 0, process: m.string(a.get(3)) ?? '', portid: m.pid } });
-    // table: attribute 1 of every kind; chain: 3 of a chain event (3-5), 2 of a rule event (6-8)
-    else this.queued.push({ e: { family: m.head0, table: m.string(a.get(1)) ?? '', chain: type >= 3 && type <= 8 ? (m.string(a.get(type <= 5 ? 3 : 2)) ?? '') : '' } });
-  }
-}
-
-// --- iptables-legacy
-
-/** The number of rules and the size of an iptables-legacy table: they move with any change to it. */
-export function xtablesInfo(family: 4 | 6, table: string, netns?: string): { entries: number; size: number } | undefined {
-  const c = lib();
-  const fd = inNetns(netns, () => c.socket(family === 4 ? AF_INET : AF_INET6, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW));
-  if (fd < 0) throw new KernelError(`raw socket: errno ${c.errno()}`);
-  try {
-    // struct ipt_getinfo: name[32], valid_hooks, hook_entry[5], underflow[5], num_entries, size
-    const info = Buffer.alloc(84);
-    info.write(table, 0, 31, 'latin1');
-    const len = Buffer.alloc(4);
-    len.writeUInt32LE(84);
-    // IPT_SO_GET_INFO / IP6T_SO_GET_INFO (64) at SOL_IP (0) / SOL_IPV6 (41)
-    if (c.getsockopt(fd, family === 4 ? 0 : 41, 64, info, len) !== 0) {
-      const e = c.errno();
-      if (e === 2 /* ENOENT: no such table */) return undefined;
-      throw new KernelError(`getsockopt IPT_SO_GET_INFO ${table}: errno ${e}`);
-    }
-    return { entries: info.readUInt32LE(76), size: info.readUInt32LE(80) };
-  } finally {
-    c.close(fd);
   }
 }

@@ -5,7 +5,7 @@ import { Registry, Histogram, Counter, Gauge, collectDefaultMetrics } from 'prom
 
 export const registry = new Registry();
 
-const exp = (start: number, factor: number, n: number) => Array.from({ length: n }, (_, i) => start * factor ** i);
+export const exp = (start: number, factor: number, n: number) => Array.from({ length: n }, (_, i) => start * factor ** i);
 const lin = (start: number, width: number, n: number) => Array.from({ length: n }, (_, i) => start + width * i);
 /** upstream's: 0.25s, 0.5s, 1..59s, 60..115s by 5s, 2..5min by 30s */
 const PROGRAMMING_BUCKETS = [...lin(0.25, 0.25, 2), ...lin(1, 1, 59), ...lin(60, 5, 12), ...lin(120, 30, 7)];
@@ -66,23 +66,6 @@ export const metrics = {
   apiEvents: new Gauge({ name: 'kpng_api_events_total', help: 'Writes received from sources (Kubernetes events, file objects), changed or not', registers: [registry] }),
   revisions: new Gauge({ name: 'kpng_store_revisions_total', help: 'Store revisions: updates that really changed the global state', registers: [registry] }),
   opsSent: new Counter({ name: 'kpng_node_local_ops_total', help: 'Node-local diff-stream ops delivered to a backend or a watcher', labelNames: ['op'] as const, registers: [registry] }),
-  watchers: new Gauge({ name: 'kpng_api_watchers', help: 'Open Watch streams of to-api, by API (local: nodes, global: chained brains)', labelNames: ['api'] as const, registers: [registry] }),
-  apiDiffDuration: new Histogram({
-    name: 'kpng_api_diff_duration_seconds',
-    help: 'to-api: time to compute a diff for a watcher and write it to its stream',
-    buckets: exp(0.0001, 2, 18),
-    labelNames: ['api'] as const,
-    registers: [registry],
-  }),
-  apiMessages: new Counter({ name: 'kpng_api_messages_total', help: 'to-api: OpItems sent to watchers', labelNames: ['api'] as const, registers: [registry] }),
-  apiBytes: new Counter({ name: 'kpng_api_bytes_total', help: 'to-api: bytes sent to watchers, with gRPC framing', labelNames: ['api'] as const, registers: [registry] }),
-  apiConnections: new Gauge({ name: 'kpng_api_connections', help: 'Open connections to the to-api server (in handshake or serving)', registers: [registry] }),
-  apiConnectionsRejected: new Counter({
-    name: 'kpng_api_connections_rejected_total',
-    help: 'Connections to the to-api server refused at --max-connections (reason max_connections) or closed for not completing the TLS and HTTP/2 handshake in time (handshake_timeout)',
-    labelNames: ['reason'] as const,
-    registers: [registry],
-  }),
   stageDuration: new Histogram({
     name: 'kpng_stage_duration_seconds',
     help: 'Time per sync stage: compute (node-local diff), render (backend transaction), apply (kernel)',
@@ -92,24 +75,6 @@ export const metrics = {
   }),
   skippedServices: new Gauge({ name: 'kpng_sync_skipped_services', help: 'Services left out of the dataplane because it refuses them (each logged once; retried when they change)', registers: [registry] }),
   repairs: new Counter({ name: 'kpng_dataplane_repairs_total', help: 'Times the periodic check found the dataplane changed by someone else and repaired it', registers: [registry] }),
-  userspaceConnections: new Counter({
-    name: 'kpng_userspace_connections_total',
-    help: 'Userspace proxy: connections (TCP) and sessions (UDP) accepted, per Service',
-    labelNames: ['service', 'protocol'] as const,
-    registers: [registry],
-  }),
-  userspaceBytes: new Counter({
-    name: 'kpng_userspace_bytes_total',
-    help: 'Userspace proxy: bytes relayed per Service, to_endpoint or to_client (TCP: counted when a connection ends)',
-    labelNames: ['service', 'protocol', 'direction'] as const,
-    registers: [registry],
-  }),
-  userspaceErrors: new Counter({
-    name: 'kpng_userspace_errors_total',
-    help: 'Userspace proxy: connections refused or broken per Service (no_endpoints, endpoint_refused, io, udp_session_evicted)',
-    labelNames: ['service', 'protocol', 'reason'] as const,
-    registers: [registry],
-  }),
   elementChanges: new Counter({ name: 'kpng_nftables_element_changes_total', help: 'nftables map/set elements added or deleted', registers: [registry] }),
 };
 

@@ -8,9 +8,12 @@
 // big transaction of kpng's own (a cold start) the subscription is paused;
 // then the generation counter says whether anyone else committed meanwhile
 // (the generation moves by one per transaction).
-import type { Logger } from '../../log.js';
-import { NftNetlink, type NftEvent, type NftGeneration } from './kernel.js';
-import type { Nft } from './nftables/nft.js';
+import type { Logger } from '../../../runtime/log.js';
+import { NftNetlink, type NftEvent, type NftGeneration } from '../../../kernel/nftables.js';
+import type { Nft } from './nft.js';
+import type { DriftSource } from '../drift.js';
+
+export type { DriftSource };
 
 export interface NftWatchOptions {
   /** the objects that are kpng's: an event about them, from another process, is drift */
@@ -22,18 +25,6 @@ export interface NftWatchOptions {
   /** the network namespace, when not this process's (tests) */
   readonly netns?: string;
   readonly log: Logger;
-}
-
-/** What the periodic check asks of a drift detector. */
-export interface DriftSource {
-  /** before the dataplane is read back: what changes after this is seen */
-  start(): void;
-  /** around a big transaction of kpng's own */
-  pause(): void;
-  resume(ownTransactions: number): void;
-  /** why the dataplane must be read back and repaired, or undefined */
-  check(): string | undefined;
-  close(): void;
 }
 
 export class NftWatch implements DriftSource {
