@@ -29,7 +29,7 @@ const MAX_BACKENDS = 3;
 
 // The command line names at most a few backends; the full tree of
 // `to-<backend>` commands (each with the others under it) is hundreds of
-// commands: half a second and megabytes at every start. Once the words of
+// commands, built at every start for nothing. Once the words of
 // the command line are known, only the named backends get their subtrees;
 // the others are listed (for help) without theirs.
 let namedBackends: ReadonlySet<string> | undefined;

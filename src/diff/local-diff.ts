@@ -25,7 +25,7 @@ export interface LocalDiffOptions {
   /**
    * (one node's agent) make this node's views of what the store lists
    * while the lists go on, between their pages: the first diff then finds
-   * them made (docs/benchmarks.md, seventeenth pass)
+   * them made, and the node is programmed sooner after the last page
    */
   viewsWhileListing?: boolean;
 }
@@ -56,8 +56,8 @@ const NO_OPS: readonly LocalOp[] = Object.freeze([]);
  * A later diff compares a view with the one sent by their encodings, which a
  * first diff never reads (nothing was sent): one view's encoding is made
  * now, so that the first change after a start does not meet the encoders
- * uncompiled (its diff at 30k Services: about 5 ms without, 0.65 ms with;
- * docs/benchmarks.md). The view keeps its bytes, a few hundred.
+ * uncompiled (its diff would take several times as long as the next ones).
+ * The view keeps its bytes, a few hundred.
  */
 function warmEncoders(view: ServiceView): void {
   void view.bytes;
@@ -108,7 +108,7 @@ export class LocalDiff extends StoreFollower {
   }
 
   protected note(c: StoreChange) {
-    // (looking at everything next: the keys would be 100k Set entries for nothing at a start)
+    // (looking at everything next: the keys would be a Set entry per Service for nothing at a start)
     if (!this.allDirty) for (const k of c.services) this.dirty.add(k);
     const l = this.listing;
     if (l && !c.becameSynced) {
@@ -140,7 +140,7 @@ export class LocalDiff extends StoreFollower {
   /**
    * One step of making the views of the Services listed so far, for this
    * node, between the lists' pages: the first diff then finds them made
-   * (about 3 s of a 100k start after the lists). Each Service once,
+   * instead of making them all after the last page. Each Service once,
    * when it and some slice of it are stored (a view made before the rest of
    * its slices came is made again by the first diff); only once the store
    * has this node (its zone picks the views). Steps of a millisecond, so
@@ -199,8 +199,8 @@ export class LocalDiff extends StoreFollower {
     const id = view ? this.views.ref(view) : 0;
     const wider = id > 0xffff && !(this.sent instanceof Int32Array);
     if (beyond || wider) {
-      // by an eighth at least: a first diff meets a new slot at every Service
-      // (by 16 it copied the array 6,000 times at 100k Services)
+      // by an eighth at least: a first diff meets a new slot at every Service,
+      // and growing by a constant would copy the array once per few Services
       const length = beyond ? Math.max(slot + 1, this.views.slotLimit + 16, this.sent.length + (this.sent.length >> 3)) : this.sent.length;
       const grown = wider || this.sent instanceof Int32Array ? new Int32Array(length) : new Uint16Array(length);
       grown.set(this.sent);

@@ -458,9 +458,9 @@ export class Store {
   getSlice(key: string): StoredSlice | undefined { return this.slices.get(key); }
   /**
    * A slice's endpoints decoded for one use, straight from its packed bytes,
-   * and not kept among the recent decodes (a pass over every Service, as
+   * and not kept among the recent decodes (a walk over every Service, as
    * `to-file --once` makes, would make them live long enough to reach V8's
-   * old generation: hundreds of MB of garbage at 30k Services)
+   * old generation, garbage that grows with the cluster)
    */
   sliceEndpointsOnce(slice: StoredSlice): readonly EndpointInfo[] {
     return slice instanceof SliceRecord && !(slice instanceof DecodedSliceRecord) ? slice.decode() : slice.endpoints;

@@ -322,8 +322,8 @@ export class NftProxier extends ProxierBase {
   /**
    * One Service computed again the way a change is, with nothing to apply:
    * the code a cold start made fast for loading in bulk is made again for a
-   * single change here, not when the first change waits for it (the first
-   * change at 100k Services took 15-28 ms, the next ones 4 ms).
+   * single change here, not when the first change waits for it (it would
+   * take several times as long as the changes after it).
    */
   private warmUp(key: string): void {
     this.recompute([key], false);

@@ -442,7 +442,7 @@ export abstract class ProxierBase implements DecoderHandler {
 
   /** A sync succeeded: state, health, metrics, then health-check servers and conntrack cleanup. */
   private async succeeded(reason: SyncReason, full: boolean, t0: number, changes: number): Promise<SyncResult> {
-    // (a cold start's 100k keys one by one: 40 ms before the node counts as programmed)
+    // (a cold start's keys one by one would delay the moment the node counts as programmed)
     if (this.held.size === 0) this.pending.clear();
     else for (const k of [...this.pending.keys()]) if (!this.held.has(k)) this.pending.delete(k);
     this.needFull = false;

@@ -14,7 +14,7 @@ import { BucketDigests, bucketCountFor, bucketOf, entryDigest, keyHash, serviceK
 const CHUNK_BYTES = 256 << 10;
 /** a value above this gets a chunk of its own (a chunk's tail is not wasted on it) */
 const BIG_BYTES = CHUNK_BYTES >> 2;
-/** compaction once dead bytes pass both the live ones and this */
+/** compaction once dead bytes exceed both the live ones and this */
 const MIN_GARBAGE = 1 << 20;
 
 const LIVE = 1;
@@ -24,8 +24,8 @@ const HAS_HASH = 4;
 /**
  * The node's entries (set, path, value) by slot number, a slot's number
  * staying while it lives. Paths and values are bytes in shared chunks, found
- * through an open-addressing index of typed arrays: 60k paths as strings
- * in Maps cost more than the values.
+ * through an open-addressing index of typed arrays: a node's paths as
+ * strings in Maps would cost more than the values.
  */
 export class EntryTable {
   private chunks: Buffer[] = [];
@@ -275,7 +275,7 @@ export class HeldState implements LocalSink {
 
   /**
    * Wraps the backend's sink; Sets that do not reach it were refused. The
-   * sinks in between pass or drop an op before they return (ValidatingSink).
+   * sinks in between forward or drop an op before they return (ValidatingSink).
    */
   backend(inner: LocalSink): LocalSink {
     this.tracking = true;
