@@ -7,6 +7,7 @@
 // container arguments its CLI accepts.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { dirname, join, posix } from 'node:path';
 import { parse } from 'yaml';
 import type { Command } from 'commander';
@@ -15,6 +16,7 @@ import { parseConfig } from '../../src/backends/shared/config.js';
 import { parseBindAddress } from '../../src/runtime/health.js';
 import { parseBrains } from '../../src/api/grpc/client.js';
 import { DEFAULT_BPFFS } from '../../src/backends/ebpf/defaults.js';
+import { ROOT } from '../helpers/cli.js';
 import { KUSTOMIZE, OVERLAYS, kustomize, kustomizeMissing, renderOverlay, topKustomization } from '../helpers/deploy.js';
 
 type Obj = Record<string, any>;
@@ -319,4 +321,18 @@ test("every container's arguments are accepted by the CLI", { skip }, async () =
   // and the check does refuse what the CLI refuses
   assert.notEqual(await accepted(['kube', 'to-local', 'to-nft', '--no-such-flag']), undefined);
   assert.notEqual(await accepted(['kube', 'to-local', 'to-bogus']), undefined);
+});
+
+test('the image: kpng on PATH, with the tools every backend and init container runs', () => {
+  const text = readFileSync(join(ROOT, 'deploy/Dockerfile'), 'utf8');
+  const final = text.slice(text.lastIndexOf('\nFROM '));
+  assert.match(final, /^ENTRYPOINT \["kpng"\]$/m);
+  assert.match(final, /ln -s \/kpng\/bin\/kpng\.js \/usr\/local\/bin\/kpng/);
+  const packages = new Set(/apt-get install -y --no-install-recommends ([^\n&]+)/.exec(final)![1]!.trim().split(/\s+/));
+  // nft (to-nft, to-ipvs), iptables-restore and ipset (to-iptables), conntrack (cleanup), modprobe, ip and sysctl (to-ipvs), libbpf (to-ebpf)
+  for (const p of ['nftables', 'iptables', 'ipset', 'conntrack', 'kmod', 'iproute2', 'procps', 'libbpf1']) assert.ok(packages.has(p), p);
+  for (const overlay of OVERLAYS) {
+    if (skip) break;
+    for (const w of workloads(resources(overlay))) for (const c of podSpec(w).initContainers ?? []) assert.ok(['modprobe', 'sh'].includes(c.command[0]), `${overlay} ${c.name}: ${c.command[0]} is in the image`);
+  }
 });
