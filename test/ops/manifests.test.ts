@@ -34,7 +34,8 @@ const WORKLOADS = ['DaemonSet', 'Deployment'];
 const workloads = (docs: Obj[]) => docs.filter((d) => WORKLOADS.includes(d.kind));
 const podSpec = (w: Obj): Obj => w.spec.template.spec;
 const containersOf = (w: Obj): Obj[] => [...(podSpec(w).initContainers ?? []), ...podSpec(w).containers];
-const configMap = (docs: Obj[], name: string) => docs.find((d) => d.kind === 'ConfigMap' && d.metadata.name === name);
+/** the ConfigMap of that name (undefined when it is not rendered) */
+const configMap = (docs: Obj[], name: string) => docs.find((d) => d.kind === 'ConfigMap' && d.metadata.name === name) as Obj;
 const env = (c: Obj, name: string): Obj | undefined => (c.env ?? []).find((e: Obj) => e.name === name);
 const flag = (args: string[], name: string) => args.find((a) => a.startsWith(`${name}=`))?.slice(name.length + 1);
 const mebibytes = (q: string) => {
@@ -272,7 +273,7 @@ test('split: the cert-manager example makes the Secrets both sides mount, for th
   assert.deepEqual(nodeCert.spec.usages, ['client auth']);
   // one CA signs both, so each side's ca.crt checks the other
   assert.equal(brainCert.spec.issuerRef.name, nodeCert.spec.issuerRef.name);
-  const ca = certs.find((c) => c.kind === 'Issuer' && c.metadata.name === brainCert.spec.issuerRef.name);
+  const ca = certs.find((c) => c.kind === 'Issuer' && c.metadata.name === brainCert.spec.issuerRef.name)!;
   assert.ok(certs.some((c) => c.kind === 'Certificate' && c.spec.isCA && c.spec.secretName === ca.spec.ca.secretName));
   // the brains' certificate names every address the nodes dial
   const key = env(nodeAgent('split').c, 'KPNG_BRAINS')!.valueFrom.configMapKeyRef;
