@@ -4,7 +4,8 @@
 // a sync that failed), a brain (its source, what it holds, the nodes
 // watching), and a split-mode agent (which brain it follows, and that it
 // has none once the brain is gone); the text screen and -o json. Every
-// process and namespace is removed, also on failure.
+// process and namespace is removed, also on failure. And how it reads
+// /metrics: quantiles as PromQL computes them, the aggregator's tenants.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -12,6 +13,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { kpngSync } from '../helpers/cli.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
+import { formatStatus, metricFigures } from '../../src/get/status.js';
 import { brain, nodeAgent, splitAgent, writeCluster, type Kpng, type Served } from '../helpers/running-kpng.js';
 
 type Obj = Record<string, any>;
@@ -143,4 +145,45 @@ test('kpng status with no kpng there says so in one line', () => {
   const r = kpngSync(['status', '--socket', join(tmpdir(), 'kpng-no-such.sock')]);
   assert.equal(r.status, 1);
   assert.match(r.stderr, /no kpng is running here \(looked at .*kpng-no-such\.sock\); start one or use --socket/);
+});
+
+test('kpng status reads /metrics as Prometheus does, and shows the aggregator\'s tenants once they are served', () => {
+  const text = [
+    '# HELP kubeproxy_network_programming_duration_seconds x',
+    'kubeproxy_network_programming_duration_seconds_bucket{le="0.25",ip_family="IPv4"} 1',
+    'kubeproxy_network_programming_duration_seconds_bucket{le="0.5",ip_family="IPv4"} 2',
+    'kubeproxy_network_programming_duration_seconds_bucket{le="1",ip_family="IPv4"} 4',
+    'kubeproxy_network_programming_duration_seconds_bucket{le="+Inf",ip_family="IPv4"} 4',
+    'kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"} 4',
+    'kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"} 2',
+    'kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv6"} 1',
+    'kpng_tenant_elements{tenant="calico"} 12',
+    'kpng_tenant_changes_total{tenant="calico"} 3',
+    'kpng_tenant_refusals_total{tenant="calico"} 1',
+    'kpng_tenant_elements{tenant="kube-network-policies"} 15',
+  ].join('\n');
+  const f = metricFigures(text);
+  // histogram_quantile's interpolation: p50 at the top of the 0.5 bucket, p99 within the 1 s bucket
+  assert.deepEqual(f.programming, { count: 4, p50: 0.5, p99: 0.99 });
+  assert.equal(f.syncFailures, 3);
+  assert.equal(f.repairs, undefined, 'not served: not zero');
+  assert.deepEqual(f.tenants, [
+    { tenant: 'calico', elements: 12, changes: 3, refusals: 1 },
+    { tenant: 'kube-network-policies', elements: 15, changes: undefined, refusals: undefined },
+  ]);
+  const now = Date.parse('2026-01-01T00:10:00Z');
+  const screen = formatStatus(
+    {
+      socket: 'unix:///run/kpng/node.sock',
+      report: { role: 'node', version: '0.1.0', pid: 7, startedAt: '2026-01-01T00:00:00Z', node: 'n1', backends: [{ name: 'nft', proxyMode: 'nftables' }], metricsAddress: '127.0.0.1:10249' },
+      metrics: { address: '127.0.0.1:10249', figures: f },
+    },
+    now,
+  );
+  assert.match(screen, /^KPNG:\s+node agent 0\.1\.0, pid 7, up 10m 0s \(\/run\/kpng\/node\.sock\)$/m);
+  assert.match(screen, /^Last sync:\s+none yet$/m);
+  assert.match(screen, /^Sync failures:\s+3$/m);
+  assert.match(screen, /^Programming:\s+p50 500 ms, p99 990 ms over 4 changes$/m);
+  assert.match(screen, /^Tenant calico:\s+12 elements, 3 changes, 1 refused$/m);
+  assert.match(screen, /^Tenant kube-network-policies:\s+15 elements, 0 changes, 0 refused$/m);
 });
