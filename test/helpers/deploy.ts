@@ -25,8 +25,8 @@ export function topKustomization(): { text: string; doc: Record<string, any> } {
   return { text, doc: parse(text) };
 }
 
-/** the overlay line of the top kustomization's bases ("- overlays/nft") */
-const OVERLAY_LINE = /^- overlays\/[\w-]+$/m;
+/** the overlay line of the top kustomization's bases ("- overlays/nft", or "- cleanup" on the way back) */
+const OVERLAY_LINE = /^- (overlays\/[\w-]+|cleanup)$/m;
 
 /** Renders a kustomization directory; throws with kubectl's message. */
 export function kustomize(dir: string): Record<string, any>[] {
@@ -35,13 +35,13 @@ export function kustomize(dir: string): Record<string, any>[] {
   return parseAllDocuments(r.stdout).map((d) => d.toJS() as Record<string, any>);
 }
 
-/** The top kustomization with its overlay replaced by `overlay`, rendered. */
-export function renderOverlay(overlay: string): Record<string, any>[] {
+/** The top kustomization with its overlay replaced by `overlay` (or `under`, a kustomization of deploy/kustomize: cleanup), rendered. */
+export function renderOverlay(overlay: string, under = join('overlays', overlay)): Record<string, any>[] {
   const { text } = topKustomization();
   if (!OVERLAY_LINE.test(text)) throw new Error('deploy/kustomize/kustomization.yaml names no overlay');
   const dir = mkdtempSync(join(tmpdir(), `kpng-kustomize-${overlay}-`));
   try {
-    writeFileSync(join(dir, 'kustomization.yaml'), text.replace(OVERLAY_LINE, `- ${relative(dir, join(KUSTOMIZE, 'overlays', overlay))}`));
+    writeFileSync(join(dir, 'kustomization.yaml'), text.replace(OVERLAY_LINE, `- ${relative(dir, join(KUSTOMIZE, under))}`));
     copyFileSync(join(KUSTOMIZE, 'config.yaml'), join(dir, 'config.yaml'));
     return kustomize(dir);
   } finally {

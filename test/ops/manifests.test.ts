@@ -337,3 +337,23 @@ test('the image: kpng on PATH, with the tools every backend and init container r
     for (const w of workloads(resources(overlay))) for (const c of podSpec(w).initContainers ?? []) assert.ok(['modprobe', 'sh'].includes(c.command[0]), `${overlay} ${c.name}: ${c.command[0]} is in the image`);
   }
 });
+
+test('the way back: cleanup runs `kpng cleanup` once on every node, then idles', { skip }, async () => {
+  const docs = renderOverlay('cleanup', 'cleanup');
+  const ds = docs.find((d) => d.kind === 'DaemonSet')!;
+  const { doc: top } = topKustomization();
+  const spec = podSpec(ds);
+  assert.equal(spec.hostNetwork, true);
+  assert.ok(spec.tolerations.some((t: Obj) => t.operator === 'Exists' && !t.key), 'on every node');
+  const [init] = spec.initContainers;
+  assert.deepEqual(init.args, ['cleanup']);
+  assert.equal(await accepted(init.args), undefined, 'kpng cleanup');
+  assert.equal(init.image, `${top.images[0].newName}:${top.images[0].newTag}`);
+  assert.equal(init.securityContext.privileged, true);
+  // to-ebpf's pins are on the host's bpffs
+  const bpffs = init.volumeMounts.find((m: Obj) => DEFAULT_BPFFS.startsWith(`${m.mountPath}/`));
+  assert.equal(spec.volumes.find((v: Obj) => v.name === bpffs.name).hostPath.path, '/sys/fs/bpf');
+  const [c] = spec.containers;
+  assert.deepEqual(c.command, ['sleep', 'infinity']);
+  for (const f of ['args', 'ports', 'startupProbe', 'readinessProbe', 'livenessProbe']) assert.equal(c[f], undefined, `no ${f}: kpng does not run`);
+});
