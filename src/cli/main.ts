@@ -37,8 +37,7 @@ export async function runPipeline(p: {
   const stopStats = p.sourceOpts.stats ? startStats(store) : undefined;
   const source = await p.source.start(p.sourceOpts, { store, log: p.log, signal: p.signal });
   try {
-    const sourceInfo = { name: p.source.name, origin: source.origin };
-    await p.sink.run(p.sinkOpts, { store, views, log: p.log, signal: p.signal, nodeName: p.sourceOpts.nodeName, source: sourceInfo }, p.backends ?? []);
+    await p.sink.run(p.sinkOpts, { store, views, log: p.log, signal: p.signal, nodeName: p.sourceOpts.nodeName, source: { name: p.source.name, origin: source.origin } }, p.backends ?? []);
   } finally {
     stopStats?.();
     await source.stop();

@@ -43,14 +43,14 @@ export interface StatusView {
   programmed?: { services: number; endpoints: number } | { error: string };
 }
 
-export interface Sample {
+interface Sample {
   readonly name: string;
   readonly labels: Readonly<Record<string, string>>;
   readonly value: number;
 }
 
 /** Prometheus' text format, the samples only (comments and types skipped). */
-export function parseMetrics(text: string): Sample[] {
+function parseMetrics(text: string): Sample[] {
   const out: Sample[] = [];
   for (const line of text.split('\n')) {
     const m = /^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)/.exec(line);
@@ -69,7 +69,7 @@ function total(samples: readonly Sample[], name: string): number | undefined {
 }
 
 /** A quantile of a histogram over its whole life, as PromQL's histogram_quantile interpolates within a bucket. */
-export function histogramQuantile(samples: readonly Sample[], name: string, q: number): number | undefined {
+function histogramQuantile(samples: readonly Sample[], name: string, q: number): number | undefined {
   const buckets = new Map<number, number>();
   for (const s of samples) if (s.name === `${name}_bucket`) buckets.set(Number(s.labels.le), (buckets.get(Number(s.labels.le)) ?? 0) + s.value);
   const sorted = [...buckets].sort(([a], [b]) => a - b);
