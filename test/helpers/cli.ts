@@ -5,14 +5,21 @@ import { fileURLToPath } from 'node:url';
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 export const KPNG = [process.execPath, '--import', 'tsx', `${ROOT}src/cli/index.ts`];
 
-export function kpngSync(args: string[], opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv } = {}) {
-  const r = spawnSync(KPNG[0], [...KPNG.slice(1), ...args], { cwd: ROOT, encoding: 'utf8', timeout: opts.timeoutMs ?? 30_000, env: { ...process.env, ...opts.env } });
+/** the command line running kpng with args, in a network namespace when given (`ip netns exec` execs it: same pid) */
+function commandLine(args: string[], netns?: string): [string, ...string[]] {
+  return netns ? ['ip', 'netns', 'exec', netns, ...KPNG, ...args] : [KPNG[0]!, ...KPNG.slice(1), ...args];
+}
+
+export function kpngSync(args: string[], opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv; netns?: string } = {}) {
+  const [cmd, ...rest] = commandLine(args, opts.netns);
+  const r = spawnSync(cmd, rest, { cwd: ROOT, encoding: 'utf8', timeout: opts.timeoutMs ?? 30_000, env: { ...process.env, ...opts.env } });
   return { status: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
-/** A running kpng; always stop() it in a finally/after hook. */
-export function kpngSpawn(args: string[], opts: { env?: NodeJS.ProcessEnv } = {}) {
-  const p: ChildProcess = spawn(KPNG[0], [...KPNG.slice(1), ...args], { cwd: ROOT, env: { ...process.env, ...opts.env } });
+/** A running kpng (in the network namespace netns, when given); always stop() it in a finally/after hook. */
+export function kpngSpawn(args: string[], opts: { env?: NodeJS.ProcessEnv; netns?: string } = {}) {
+  const [cmd, ...rest] = commandLine(args, opts.netns);
+  const p: ChildProcess = spawn(cmd, rest, { cwd: ROOT, env: { ...process.env, ...opts.env } });
   let stdout = '';
   let stderr = '';
   p.stdout!.on('data', (d) => (stdout += d));
