@@ -3,7 +3,10 @@
 // machine lacks, so the README's two commands work as written.
 //  - npm packages, when node_modules is missing (npm ci);
 //  - nftables, iptables, ipset, conntrack, iproute2, procps from Debian;
-//    for to-ebpf clang, llvm, libbpf-dev (libbpf1) and bpftool (debugging); and
+//    for to-ebpf clang, llvm, libbpf-dev (libbpf1) and bpftool (debugging);
+//    for the deployment's tests kubectl (kubernetes-client: `kubectl
+//    kustomize` renders deploy/kustomize) and promtool (prometheus: checks
+//    and tests deploy/monitoring's alert rules); and
 //    on x86-64 the kernel lab's qemu-system-x86, busybox-static, cpio, kmod,
 //    python3 and ipvsadm (docs/kernel-lab.md), when running as root on a machine with
 //    apt-get and one of them is missing;
@@ -19,7 +22,7 @@ const sh = (cmd, args, opts = {}) => spawnSync(cmd, args, { stdio: 'inherit', cw
 const has = (tool) => ['/usr/sbin', '/sbin', '/usr/bin', '/bin'].some((d) => existsSync(join(d, tool)));
 
 const kernelLab = process.platform === 'linux' && process.arch === 'x64';
-const tools = { nft: 'nftables', iptables: 'iptables', 'iptables-legacy': 'iptables', ipset: 'ipset', conntrack: 'conntrack', ip: 'iproute2', ps: 'procps', clang: 'clang', 'llvm-objdump': 'llvm', bpftool: 'bpftool' };
+const tools = { nft: 'nftables', iptables: 'iptables', 'iptables-legacy': 'iptables', ipset: 'ipset', conntrack: 'conntrack', ip: 'iproute2', ps: 'procps', clang: 'clang', 'llvm-objdump': 'llvm', bpftool: 'bpftool', kubectl: 'kubernetes-client', promtool: 'prometheus' };
 if (kernelLab) Object.assign(tools, { 'qemu-system-x86_64': 'qemu-system-x86', cpio: 'cpio', depmod: 'kmod', modprobe: 'kmod', python3: 'python3', ipvsadm: 'ipvsadm' });
 const missing = [...new Set(Object.entries(tools).filter(([t]) => !has(t)).map(([, p]) => p))];
 // the initrd needs a static busybox; Debian's busybox package is not

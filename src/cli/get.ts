@@ -28,7 +28,8 @@ Examples:
   kpng get endpoints --api unix:///run/kpng/kpng.sock --node node-b -o json
 `;
 
-function defaultSocket(): string {
+/** The state socket asked by default: a node agent's, else a brain's (the node agent's when neither is there). */
+export function defaultSocket(): string {
   for (const s of [DEFAULT_NODE_SOCKET, DEFAULT_BRAIN_SOCKET]) if (existsSync(s.slice('unix://'.length))) return s;
   return DEFAULT_NODE_SOCKET;
 }

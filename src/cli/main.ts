@@ -13,6 +13,7 @@ import '../backends/index.js';
 import './builtin.js';
 import './trace.js';
 import './get.js';
+import './status.js';
 import './local.js';
 
 export { version } from '../runtime/version.js';
@@ -36,7 +37,7 @@ export async function runPipeline(p: {
   const stopStats = p.sourceOpts.stats ? startStats(store) : undefined;
   const source = await p.source.start(p.sourceOpts, { store, log: p.log, signal: p.signal });
   try {
-    await p.sink.run(p.sinkOpts, { store, views, log: p.log, signal: p.signal, nodeName: p.sourceOpts.nodeName }, p.backends ?? []);
+    await p.sink.run(p.sinkOpts, { store, views, log: p.log, signal: p.signal, nodeName: p.sourceOpts.nodeName, source: { name: p.source.name, origin: source.origin } }, p.backends ?? []);
   } finally {
     stopStats?.();
     await source.stop();

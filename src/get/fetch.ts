@@ -27,19 +27,18 @@ export interface ClusterState {
 
 const TIMEOUT_MS = 10_000;
 
-/** Reads one stream up to its first Sync. */
-function snapshot(client: grpc.Client, path: string, request: Buffer, deadline: number): Promise<OpItem[]> {
+/** Reads one stream up to its first Sync, each op to onOp. */
+export function readToSync(client: grpc.Client, path: string, request: Buffer, deadline: number, onOp: (op: OpItem) => void): Promise<void> {
   return new Promise((resolve, reject) => {
-    const ops: OpItem[] = [];
     const call = client.makeBidiStreamRequest<Buffer, OpItem>(path, (b) => b, decodeOpItem, new (grpcJs().Metadata)(), { deadline });
     let done = false;
     call.on('data', (op: OpItem) => {
       if (done) return;
-      ops.push(op);
+      onOp(op);
       if (op.Op.case === 'Sync') {
         done = true;
         call.cancel();
-        resolve(ops);
+        resolve();
       }
     });
     call.on('error', (e: grpc.ServiceError) => {
@@ -50,6 +49,13 @@ function snapshot(client: grpc.Client, path: string, request: Buffer, deadline: 
     });
     call.write(request);
   });
+}
+
+/** Reads one stream up to its first Sync. */
+async function snapshot(client: grpc.Client, path: string, request: Buffer, deadline: number): Promise<OpItem[]> {
+  const ops: OpItem[] = [];
+  await readToSync(client, path, request, deadline, (op) => ops.push(op));
+  return ops;
 }
 
 export class GetError extends Error {}

@@ -14,6 +14,8 @@ export interface SinkContext {
   readonly signal: AbortSignal;
   /** --node-name given at the source (`kpng file --node-name N to-local ...`) */
   readonly nodeName?: string;
+  /** the source filling the store (kube, file, api) and where it reads from */
+  readonly source?: { readonly name: string; readonly origin?: string };
 }
 
 /** a backend chosen below a sink like to-local, with its flags */

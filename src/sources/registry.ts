@@ -14,6 +14,8 @@ export interface SourceContext {
 }
 
 export interface SourceHandle {
+  /** where it reads from, for kpng status: the API server's URL, the input path, the brains */
+  readonly origin?: string;
   stop(): Promise<void>;
 }
 

@@ -7,18 +7,26 @@ import { until, type UntilOptions } from './until.js';
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 export const KPNG = [process.execPath, '--import', 'tsx', `${ROOT}src/cli/index.ts`];
 
-export function kpngSync(args: string[], opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv } = {}) {
-  const r = spawnSync(KPNG[0], [...KPNG.slice(1), ...args], { cwd: ROOT, encoding: 'utf8', timeout: opts.timeoutMs ?? 30_000, env: { ...process.env, ...opts.env } });
+/**
+ * the command line running kpng with args: from the sources through tsx, or
+ * with bin as a user runs it (node bin/kpng.js); in a network namespace when
+ * given (`ip netns exec` execs it: same pid)
+ */
+function commandLine(args: string[], netns?: string, bin?: boolean): [string, ...string[]] {
+  const kpng = bin ? [process.execPath, join(ROOT, 'bin/kpng.js')] : KPNG;
+  return netns ? ['ip', 'netns', 'exec', netns, ...kpng, ...args] : [kpng[0]!, ...kpng.slice(1), ...args];
+}
+
+export function kpngSync(args: string[], opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv; netns?: string } = {}) {
+  const [cmd, ...rest] = commandLine(args, opts.netns);
+  const r = spawnSync(cmd, rest, { cwd: ROOT, encoding: 'utf8', timeout: opts.timeoutMs ?? 30_000, env: { ...process.env, ...opts.env } });
   return { status: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
-/**
- * A running kpng; always stop() it in a finally/after hook. From the sources
- * through tsx, or with bin as a user runs it (node bin/kpng.js).
- */
-export function kpngSpawn(args: string[], opts: { env?: NodeJS.ProcessEnv; bin?: boolean } = {}) {
-  const command = opts.bin ? [process.execPath, join(ROOT, 'bin/kpng.js')] : KPNG;
-  const p: ChildProcess = spawn(command[0], [...command.slice(1), ...args], { cwd: ROOT, env: { ...process.env, ...opts.env } });
+/** A running kpng (see commandLine); always stop() it in a finally/after hook. */
+export function kpngSpawn(args: string[], opts: { env?: NodeJS.ProcessEnv; netns?: string; bin?: boolean } = {}) {
+  const [cmd, ...rest] = commandLine(args, opts.netns, opts.bin);
+  const p: ChildProcess = spawn(cmd, rest, { cwd: ROOT, env: { ...process.env, ...opts.env } });
   let stdout = '';
   let stderr = '';
   p.stdout!.setEncoding('utf8').on('data', (d) => (stdout += d));
@@ -30,7 +38,7 @@ export function kpngSpawn(args: string[], opts: { env?: NodeJS.ProcessEnv; bin?:
     get stderr() { return stderr; },
     exited,
     /** until() that also gives up when kpng exits, and shows what it printed */
-    until(what: string, cond: () => boolean, o: UntilOptions = {}) {
+    until(what: string, cond: () => boolean | Promise<boolean>, o: UntilOptions = {}) {
       return until(what, cond, {
         timeoutMs: 15_000,
         everyMs: 25,

@@ -42,6 +42,8 @@ export interface WatchClientOptions {
   readonly watchdogMs?: number;
   /** on another brain than its own: how often it checks whether its own answers again (default 30 s) */
   readonly failbackMs?: number;
+  /** told of each stream: opened to a brain, that brain's state complete (each Sync), the stream gone */
+  readonly onStream?: (brain: string, event: 'open' | 'synced' | 'closed') => void;
 }
 
 export const DEFAULT_WATCHDOG_MS = 60_000;
@@ -127,10 +129,12 @@ export async function runWatch<Req>(opts: WatchClientOptions, method: WatchMetho
       let retryMs: number | undefined;
       // away from its own brain: go back as soon as it answers again
       const probing = at > 0 ? probeOwnBrain(clientOf(brains[0]), opts, method, handler, stream.signal, () => stream.leave()) : undefined;
+      opts.onStream?.(brain, 'open');
       try {
         await watchOnce(clientOf(brain), opts, method, handler, stream, watchdogMs, () => {
           synced = true;
           failures = 0;
+          opts.onStream?.(brain, 'synced');
         });
       } catch (e) {
         if (opts.signal.aborted) break;
@@ -148,6 +152,7 @@ export async function runWatch<Req>(opts: WatchClientOptions, method: WatchMetho
         }
       } finally {
         stream.close();
+        opts.onStream?.(brain, 'closed');
         await probing;
       }
       if (retryMs !== undefined) {

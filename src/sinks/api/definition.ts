@@ -44,14 +44,29 @@ registerSink({
     const maxConnections = opts.maxConnections === undefined ? undefined : wholeNumber('--max-connections', opts.maxConnections, 1, 1_000_000, 'connections');
     const handshakeTimeoutMs = wholeNumber('--handshake-timeout', opts.handshakeTimeout, 100, 600_000, 'milliseconds');
     // the server loads when the sink runs
-    const [{ ApiServer, tuneHeapForFanOut }, { closeServers, listenHttp, metricsHandler }, { enableProcessMetrics }, { TRIM_AFTER_BURST_MS, trimMemory }, { startStateSocket }] = await Promise.all([
+    const [{ ApiServer, tuneHeapForFanOut }, { closeServers, listenHttp, metricsHandler }, { enableProcessMetrics }, { TRIM_AFTER_BURST_MS, trimMemory }, { sourceStatus, startStateSocket }, { processStatus }, { version }] = await Promise.all([
       import('./server.js'),
       import('../../runtime/health.js'),
       import('../../runtime/metrics.js'),
       import('../../runtime/memory.js'),
       import('./state-socket.js'),
+      import('../../api/grpc/status.js'),
+      import('../../runtime/version.js'),
     ]);
     tuneHeapForFanOut(growth);
+    let listening = opts.listen;
+    const count = (it: Iterable<unknown>) => {
+      let n = 0;
+      for (const _ of it) n++;
+      return n;
+    };
+    const status = () => ({
+      ...processStatus('brain', version()),
+      source: sourceStatus(ctx),
+      api: { listen: listening, streams: server.stats.streams, connections: server.connections },
+      metricsAddress: opts.metricsBindAddress || undefined,
+      cluster: { services: count(ctx.store.serviceKeys()), slices: count(ctx.store.allSlices()), nodes: count(ctx.store.allNodes()) },
+    });
     const server = new ApiServer({
       store: ctx.store,
       views: ctx.views,
@@ -63,10 +78,11 @@ registerSink({
       globalApi: opts.globalApi !== false,
       maxConnections,
       handshakeTimeoutMs,
+      // the listener may be the state socket itself (then it answers kpng status too)
+      status: opts.listen === opts.stateSocket ? status : undefined,
     });
-    const listening = await server.start();
-    // the listener may be that socket already
-    const state = listening === opts.stateSocket ? undefined : await startStateSocket({ address: opts.stateSocket, store: ctx.store, views: ctx.views, log: ctx.log });
+    listening = await server.start();
+    const state = listening === opts.stateSocket ? undefined : await startStateSocket({ address: opts.stateSocket, store: ctx.store, views: ctx.views, log: ctx.log, status });
     enableProcessMetrics();
     const metricsServer = await listenHttp(opts.metricsBindAddress, '/metrics', metricsHandler(), ctx.log);
     // the sources' first lists are the brain's burst (as a node agent's full sync is)

@@ -29,6 +29,7 @@ import { serverTLSOptions, type TLSFiles } from '../../api/grpc/tls.js';
 import { StreamWriter } from '../../api/grpc/server-stream.js';
 import { GrpcStatus, grpcFrames, StreamServer, type ServerCall } from '../../api/grpc/h2-server.js';
 import { encodeDeleteOp, encodeResumeOp, encodeSetOp, GLOBAL_SETS_HEADER, GLOBAL_WATCH_PATH, LOCAL_WATCH_PATH, RESET_FRAME, setOpFrame, SYNC_FRAME } from '../../api/grpc/wire.js';
+import { answerStatus, STATUS_PATH, type StatusReport } from '../../api/grpc/status.js';
 import { GlobalDiff, GlobalEncoder, type GlobalOp } from './global-diff.js';
 import { DEFAULT_HEAP_GROWTH_PERCENT } from './defaults.js';
 import { ConnectionGate, DEFAULT_HANDSHAKE_TIMEOUT_MS, defaultMaxConnections, openFileLimit, RESERVED_FDS } from './listener.js';
@@ -68,6 +69,8 @@ export interface ApiServerOptions {
   readonly socketMode?: number;
   /** what its start is logged as (default to-api) */
   readonly logName?: string;
+  /** answers kpng status (on a unix socket only) */
+  readonly status?: () => StatusReport;
 }
 
 type Api = 'local' | 'global';
@@ -214,6 +217,9 @@ export class ApiServer {
     const methods = new Map<string, (call: ServerCall) => void>();
     if (opts.localApi !== false) methods.set(LOCAL_WATCH_PATH, (call) => this.serveLocal(call));
     if (opts.globalApi !== false) methods.set(GLOBAL_WATCH_PATH, (call) => this.serveGlobal(call));
+    // what the process is: for whoever may open its socket (0600), not for a network listener's clients
+    const status = opts.status;
+    if (status && this.address.kind === 'unix') methods.set(STATUS_PATH, (call) => answerStatus(call, status));
     this.server = new StreamServer(methods, {
       // notice nodes that vanished without closing their connection
       keepaliveMs: 60_000,

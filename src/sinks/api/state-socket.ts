@@ -1,12 +1,15 @@
 // The read-only state socket every long-running kpng serves, so that
 // `kpng get` can ask it what it knows: a brain (to-api) its global state and
 // any node's, a node agent (to-local) the same with its own node as the
-// default. It is the API server (localv1/globalv1 Watch, read-only by
-// nature) on a unix socket of mode 0600. Best effort: a path in use (another
-// kpng on this host) or not writable costs one log line, never the process.
+// default; and `kpng status` what the process is and does. It is the API
+// server (localv1/globalv1 Watch, read-only by nature) with the status query,
+// on a unix socket of mode 0600. Best effort: a path in use (another kpng on
+// this host) or not writable costs one log line, never the process.
 import type { Logger } from '../../runtime/log.js';
 import type { Store } from '../../store/store.js';
 import type { ServiceViews } from '../../localstate/views.js';
+import type { SinkContext } from '../registry.js';
+import type { StatusReport } from '../../api/grpc/status.js';
 import { ApiServer } from './server.js';
 
 export { DEFAULT_BRAIN_SOCKET, DEFAULT_NODE_SOCKET, STATE_SOCKET_HELP } from './defaults.js';
@@ -24,14 +27,19 @@ export interface StateSocket {
   stop(): Promise<void>;
 }
 
-export async function startStateSocket(o: { address: string; store: Store; views: ServiceViews; log: Logger; defaultNode?: string }): Promise<StateSocket | undefined> {
+/** kpng status's line about the source a sink runs on */
+export function sourceStatus(ctx: Pick<SinkContext, 'source' | 'store'>): StatusReport['source'] {
+  return ctx.source && { kind: ctx.source.name, origin: ctx.source.origin ?? '', synced: ctx.store.allSynced };
+}
+
+export async function startStateSocket(o: { address: string; store: Store; views: ServiceViews; log: Logger; defaultNode?: string; status?: () => StatusReport }): Promise<StateSocket | undefined> {
   if (!o.address || o.address === 'none') return undefined;
   let server: ApiServer | undefined;
   const stop = async () => {
     await bounded(server!.stop(100), 'closing the state socket').catch((e) => o.log.info({ reason: (e as Error).message }, 'state socket: not closed cleanly'));
   };
   try {
-    server = new ApiServer({ store: o.store, views: o.views, log: o.log, listen: o.address, socketMode: 0o600, defaultNode: o.defaultNode, maxConnections: 64, logName: 'state socket' });
+    server = new ApiServer({ store: o.store, views: o.views, log: o.log, listen: o.address, socketMode: 0o600, defaultNode: o.defaultNode, maxConnections: 64, logName: 'state socket', status: o.status });
     // it logs "state socket: serving"
     await bounded(server.start(), 'opening the state socket');
     return { stop };

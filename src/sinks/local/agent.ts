@@ -9,6 +9,8 @@ import { LocalSet } from '../../api/model.js';
 import { splitEndpointPath } from '../../diff/fullstate.js';
 import type { LocalOp, LocalSink } from '../../diff/ops.js';
 import { startBackends, type BackendSpec, type StartedBackend } from '../../backends/run.js';
+import { getBackend } from '../../backends/registry.js';
+import type { StatusReport, SyncStatus } from '../../api/grpc/status.js';
 import type { SyncResult } from '../../backends/shared/runner.js';
 import { metrics } from '../../runtime/metrics.js';
 import { TRIM_AFTER_BURST_MS, trimMemory } from '../../runtime/memory.js';
@@ -26,8 +28,40 @@ export interface NodeAgentOptions {
   readonly changedAt?: (serviceKey: string) => number | undefined;
   /** BackendContext.packEndpoints */
   readonly packEndpoints?: boolean;
-  /** feeds the ops to sink until the signal aborts (or the backend is done, with --once) */
-  feed(sink: LocalSink, signal: AbortSignal, backend: StartedBackend): Promise<void>;
+  /** feeds the ops to sink until the signal aborts (or the backend is done, with --once); status: the node agent's part of kpng status */
+  feed(sink: LocalSink, signal: AbortSignal, backend: StartedBackend, status: () => NodeAgentStatus): Promise<void>;
+}
+
+/** What kpng status tells of a node agent: its node, its backends and their syncs, its servers. */
+export type NodeAgentStatus = Pick<StatusReport, 'node' | 'backends' | 'healthzAddress' | 'metricsAddress'>;
+
+function syncStatus(r: SyncResult): SyncStatus {
+  const { ok, full, reason, durationMs, changes, skipped, repaired, error } = r;
+  return { ok, full, reason, at: new Date(r.endedAt).toISOString(), durationMs, changes, skipped, repaired, ...(error ? { error } : {}) };
+}
+
+/** Follows each backend's syncs (the last one, the last good one) for kpng status. */
+function trackStatus(specs: readonly BackendSpec[], b: StartedBackend): { synced(r: SyncResult, backend: number): void; report(): NodeAgentStatus } {
+  const last: (SyncResult | undefined)[] = [];
+  const lastOk: (SyncResult | undefined)[] = [];
+  const modes = specs.map((s) => getBackend(s.name)?.proxyMode);
+  // startBackends serves /healthz and /metrics for a dataplane backend, unless it runs once
+  const serving = modes.some(Boolean) && !specs.some((s) => s.opts.once);
+  return {
+    synced(r, backend) {
+      last[backend] = r;
+      if (r.ok) lastOk[backend] = r;
+    },
+    report: () => ({
+      node: b.nodeName,
+      backends: specs.map((s, i) => {
+        const l = last[i];
+        const ok = lastOk[i];
+        return { name: s.name, proxyMode: modes[i], lastSync: l && syncStatus(l), lastSuccess: ok && ok !== l ? syncStatus(ok) : undefined };
+      }),
+      ...(serving ? { healthzAddress: b.config.healthzBindAddress, metricsAddress: b.config.metricsBindAddress } : {}),
+    }),
+  };
 }
 
 const SLASH = 47;
@@ -146,12 +180,14 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
   o.signal.addEventListener('abort', onAbort, { once: true });
   void b.done.then(() => stop.abort());
   const latency = new ProgrammingLatency(b.reporting, o.changedAt);
+  const status = trackStatus(o.backends, b);
   // a full sync (start-up, a reconnect) is the burst that grows the heap;
   // with --once the process ends right after it
   const once = o.backends.some((s) => s.opts.once);
   let cancelTrim = () => {};
   const unsubscribe = b.onResult((r, backend) => {
     latency.synced(r, backend);
+    status.synced(r, backend);
     if (r.ok && r.full && !once) {
       cancelTrim();
       cancelTrim = trimMemory(TRIM_AFTER_BURST_MS);
@@ -164,7 +200,7 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
     },
   };
   try {
-    await o.feed(sink, stop.signal, b);
+    await o.feed(sink, stop.signal, b, status.report);
   } finally {
     o.signal.removeEventListener('abort', onAbort);
     cancelTrim();

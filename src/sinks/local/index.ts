@@ -14,11 +14,13 @@ registerSink({
   async run(opts, ctx, backends) {
     if (!backends.length) throw new Error('to-local needs a backend: to-<backend>');
     // loaded when the sink runs: a brain or kpng get does not need them
-    const [{ LocalDiff }, { metrics }, { runNodeAgent, serviceOfOp }, { startStateSocket }] = await Promise.all([
+    const [{ LocalDiff }, { metrics }, { runNodeAgent, serviceOfOp }, { sourceStatus, startStateSocket }, { processStatus }, { version }] = await Promise.all([
       import('../../diff/local-diff.js'),
       import('../../runtime/metrics.js'),
       import('./agent.js'),
       import('../api/state-socket.js'),
+      import('../../api/grpc/status.js'),
+      import('../../runtime/version.js'),
     ]);
     // network programming latency starts when the store first sees a Service
     // change; the state at start (until the store is synced) is not a change
@@ -36,12 +38,13 @@ registerSink({
         log: ctx.log,
         signal: ctx.signal,
         changedAt: (k) => since.get(k),
-        async feed(sink, signal, b) {
+        async feed(sink, signal, b, agentStatus) {
           ctx.log.info({ node: b.nodeName, backends: backends.map((x) => x.name).join(',') }, 'to-local: starting');
           const diff = new LocalDiff(ctx.store, ctx.views, b.nodeName, { sets: b.sets, viewsWhileListing: true });
           // a one-shot run (--once) has nothing to serve for long
           const once = backends.some((x) => x.opts.once);
-          const state = once ? undefined : await startStateSocket({ address: opts.stateSocket, store: ctx.store, views: ctx.views, log: ctx.log, defaultNode: b.nodeName });
+          const status = () => ({ ...processStatus('node', version()), source: sourceStatus(ctx), ...agentStatus() });
+          const state = once ? undefined : await startStateSocket({ address: opts.stateSocket, store: ctx.store, views: ctx.views, log: ctx.log, defaultNode: b.nodeName, status });
           const onAbort = () => diff.close();
           signal.addEventListener('abort', onAbort, { once: true });
           try {

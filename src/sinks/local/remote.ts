@@ -9,7 +9,10 @@ import { create } from '@bufbuild/protobuf';
 import { WatchReqSchema, type OpItem } from '../../api/gen/api/localv1/api_pb.js';
 import { LocalSet, decodeEndpoint, decodeLocalNode, decodeService, decodeServiceCIDR, type Endpoint, type LocalNode, type Service, type ServiceCIDR } from '../../api/model.js';
 import { endpointProblem, localPathProblem, nodeProblem, serviceCIDRProblem, serviceProblem } from '../../api/validate.js';
-import { runWatch, type WatchClientOptions } from '../../api/grpc/client.js';
+import { brainOrder, parseBrains, runWatch, type WatchClientOptions } from '../../api/grpc/client.js';
+import { processStatus, type StatusReport } from '../../api/grpc/status.js';
+import { version } from '../../runtime/version.js';
+import { localMetrics } from './metrics.js';
 import { MAX_BUCKETS } from '../../diff/resume.js';
 import { clientTLSFromOpts } from '../../api/grpc/tls.js';
 import { localWatchMethod } from '../../api/grpc/wire.js';
@@ -192,6 +195,27 @@ export class ValidatingSink implements LocalSink {
   }
 }
 
+/**
+ * Which brain the node follows and whether it delivered the node's state,
+ * for kpng status and kpng_local_brain_connected (every brain's series
+ * exists from the start: a node that never reached one shows 0, not nothing).
+ */
+function followBrains(api: string, node: string): { onStream: NonNullable<WatchClientOptions['onStream']>; status(): StatusReport['brains'] } {
+  const order = brainOrder(parseBrains(api), node);
+  for (const brain of order) localMetrics.brainConnected.set({ brain }, 0);
+  let current: string | undefined;
+  let since: number | undefined;
+  return {
+    onStream(brain, event) {
+      if (event === 'open') (current = brain), (since = undefined);
+      else if (event === 'synced') since ??= Date.now();
+      else since = undefined;
+      localMetrics.brainConnected.set({ brain }, since === undefined ? 0 : 1);
+    },
+    status: () => ({ order, current, synced: since !== undefined, since: since === undefined ? undefined : new Date(since).toISOString() }),
+  };
+}
+
 export async function runLocal(localOpts: Record<string, any>, backends: readonly BackendSpec[], log: Logger, signal: AbortSignal): Promise<void> {
   await runNodeAgent({
     backends: backends.map((b, i) => (i === 0 ? { ...b, opts: { ...b.opts, nodeName: b.opts.nodeName ?? localOpts.nodeName } } : b)),
@@ -199,14 +223,16 @@ export async function runLocal(localOpts: Record<string, any>, backends: readonl
     signal,
     // the reset filter holds the endpoints' bytes; nothing here keeps them decoded
     packEndpoints: true,
-    async feed(sink, stop, b) {
+    async feed(sink, stop, b, agentStatus) {
       log.info({ node: b.nodeName, backends: backends.map((x) => x.name).join(','), api: localOpts.api }, 'local: starting');
+      const brains = followBrains(localOpts.api, b.nodeName);
+      const status = () => ({ ...processStatus('node', version()), brains: brains.status(), ...agentStatus() });
       // what the backend gets, served read-only for kpng get; the mirror
       // answers from the reset filter's state, which learns what the backend took
       let mirror!: NodeStateMirror;
       const quiet = new QuietResyncSink((held) => new ValidatingSink(held.backend((mirror = new NodeStateMirror(held)).wrap(sink)), log));
       const once = backends.some((x) => x.opts.once);
-      const served = once ? undefined : await serveMirror(localOpts.stateSocket ?? '', b.nodeName, mirror, log);
+      const served = once ? undefined : await serveMirror(localOpts.stateSocket ?? '', b.nodeName, mirror, log, status);
       try {
         await watchLocalApi(
           {
@@ -218,6 +244,7 @@ export async function runLocal(localOpts: Record<string, any>, backends: readonl
             maxBackoffMs: localOpts.maxErrorDelay,
             watchdogMs: localOpts.watchdog,
             failbackMs: localOpts.failback,
+            onStream: brains.onStream,
           },
           b.nodeName,
           b.sets ?? [],

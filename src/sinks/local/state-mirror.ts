@@ -1,7 +1,7 @@
 // The state socket of `kpng local` (split mode), which has no store: what
 // its backend received, as the reset filter holds it (held-state.ts),
 // served read-only as /localv1.Sets/Watch on a unix socket of mode 0600,
-// for kpng get. Each answer is the whole state (Reset, Sets in kpng's
+// for kpng get, and what kpng status asks. Each answer is the whole state (Reset, Sets in kpng's
 // order, Sync); the next request is answered when the state changed. A
 // watch for another node is refused: this process knows only its own.
 import { chmodSync, unlinkSync } from 'node:fs';
@@ -16,6 +16,7 @@ import { prepareUnixSocket } from '../api/server.js';
 import { encodeSetOp, LOCAL_WATCH_PATH, RESET_FRAME, SYNC_FRAME } from '../../api/grpc/wire.js';
 import { GrpcStatus, StreamServer, type ServerCall } from '../../api/grpc/h2-server.js';
 import { StreamWriter } from '../../api/grpc/server-stream.js';
+import { answerStatus, STATUS_PATH, type StatusReport } from '../../api/grpc/status.js';
 import type { HeldState } from './held-state.js';
 
 /** kpng's local op order for a full state: extra sets first, then services, then endpoints */
@@ -68,7 +69,7 @@ export class NodeStateMirror {
 }
 
 /** Serves the mirror on a unix socket; undefined (one log line) when it cannot. */
-export async function serveMirror(address: string, node: string, mirror: NodeStateMirror, log: Logger): Promise<{ stop(): Promise<void> } | undefined> {
+export async function serveMirror(address: string, node: string, mirror: NodeStateMirror, log: Logger, status?: () => StatusReport): Promise<{ stop(): Promise<void> } | undefined> {
   if (!address || address === 'none') return undefined;
   let path: string;
   try {
@@ -112,7 +113,9 @@ export async function serveMirror(address: string, node: string, mirror: NodeSta
     });
   };
   // no keepalive: a local socket, and kpng get's calls are short
-  const server = new StreamServer(new Map([[LOCAL_WATCH_PATH, serve]]), { keepaliveMs: 0, keepaliveTimeoutMs: 0, idleMs: 5 * 60_000 });
+  const methods = new Map([[LOCAL_WATCH_PATH, serve]]);
+  if (status) methods.set(STATUS_PATH, (call) => answerStatus(call, status));
+  const server = new StreamServer(methods, { keepaliveMs: 0, keepaliveTimeoutMs: 0, idleMs: 5 * 60_000 });
   const listener = net.createServer((socket) => server.injectConnection(socket));
   const old = process.umask(0o177);
   try {

@@ -22,6 +22,6 @@ registerSource({
       failbackMs: opts.failback,
     });
     src.start();
-    return { stop: () => src.stop() };
+    return { origin: opts.api, stop: () => src.stop() };
   },
 });

@@ -31,6 +31,7 @@ registerSource({
     // sinks wait for the store to be synced, which start() does once the input is loaded
     src.start().catch((e) => ctx.log.error({ err: message(e) }, 'file source: failed to start'));
     return {
+      origin: opts.input,
       stop: async () => {
         ctx.signal.removeEventListener('abort', stop);
         await src.stop();

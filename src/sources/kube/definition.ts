@@ -23,6 +23,6 @@ registerSource({
     });
     ctx.log.info({ server: connection.server.origin, origin: connection.origin }, `kube source: watching ${connection.server.origin}`);
     src.start();
-    return { stop: () => src.stop() };
+    return { origin: connection.server.origin, stop: () => src.stop() };
   },
 });
