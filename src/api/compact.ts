@@ -130,7 +130,7 @@ const portLists = new ListPool<PortMapping>();
 export function sharedPorts(ports: readonly PortMapping[]): readonly PortMapping[] {
   if (ports.length === 0) return ports;
   // the key by hand, each name after its length (no two lists have the
-  // same key): JSON of each port's values was a quarter of a Service's copy
+  // same key): JSON of each port's values would be a good part of a Service's copy
   let key = '';
   for (const p of ports) {
     if (Object.getPrototypeOf(p) !== Object.prototype || p.$unknown !== undefined) return ports;
