@@ -10,7 +10,8 @@
 import type { Family } from '../../api/ip.js';
 import { ipSetOf } from '../../api/model.js';
 import { metrics } from '../../runtime/metrics.js';
-import { ProxierBase, sameRules, type ApplyRequest, type SyncStats } from '../shared/proxier.js';
+import { ProxierBase, type ApplyRequest, type SyncStats } from '../shared/proxier.js';
+import { sameRules } from '../shared/chain-rules.js';
 import type { DataplaneOptions } from '../shared/backend.js';
 import { servicePorts, normalizeCIDRs } from '../shared/service-ports.js';
 import { detectLocal, nodePortAddresses, serviceCIDRsOf } from '../shared/node-facts.js';
