@@ -3,10 +3,10 @@
 // what it does. Nested functions count within the one that holds them.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { readdirSync, readFileSync } from 'node:fs';
-import { join, relative } from 'node:path';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import ts from 'typescript';
-import { ROOT } from '../helpers/cli.js';
+import { SRC, srcFiles } from '../helpers/src-files.js';
 
 const MAX_LINES = 120;
 
@@ -14,16 +14,6 @@ const MAX_LINES = 120;
 const EXCEPTIONS: Record<string, string> = {
   'backends/iptables/rules.ts:renderPort': "upstream's syncProxyRules loop body, kept whole to read beside it",
 };
-
-const SRC = join(ROOT, 'src');
-
-function sources(dir: string): string[] {
-  return readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
-    const p = join(dir, e.name);
-    if (e.isDirectory()) return sources(p);
-    return e.name.endsWith('.ts') ? [relative(SRC, p)] : [];
-  });
-}
 
 /** a function's name as a reader finds it: Class.method, the variable or property it is, or where it is */
 function nameOf(fn: ts.FunctionLikeDeclaration, sf: ts.SourceFile): string {
@@ -39,7 +29,7 @@ function nameOf(fn: ts.FunctionLikeDeclaration, sf: ts.SourceFile): string {
 /** every function of src/ (generated code aside) with its length in lines, from its first line to its last */
 function functionLengths(): Map<string, number> {
   const out = new Map<string, number>();
-  for (const file of sources(SRC).filter((f) => !f.startsWith('api/gen/'))) {
+  for (const file of srcFiles()) {
     const sf = ts.createSourceFile(file, readFileSync(join(SRC, file), 'utf8'), ts.ScriptTarget.Latest, true);
     const visit = (n: ts.Node) => {
       if (ts.isFunctionLike(n) && 'body' in n && n.body) {
