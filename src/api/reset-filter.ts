@@ -274,7 +274,7 @@ export class ResetFilter {
   }
 
   /**
-   * A Reset: true for the very first, which the receiver passes on (it
+   * A Reset: true for the very first, which the receiver forwards (it
    * starts from nothing); any later one begins a resend, of everything or,
    * with inScope (a Resume), of the held entries it says.
    */

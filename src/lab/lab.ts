@@ -7,7 +7,7 @@
 //
 // - node: the node kpng runs on, with the interfaces and addresses it is
 //   given; it routes between everything (forwarding on), so every reply
-//   passes through it again (un-DNAT, un-SNAT).
+//   goes through it again (un-DNAT, un-SNAT).
 // - pods: one namespace per pod, a /32 (/128) address behind its own veth, a
 //   default route to the node (like Calico). The node's side of every pod
 //   link carries the node's pod-network address (169.254.1.1 and
