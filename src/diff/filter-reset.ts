@@ -46,19 +46,21 @@ export class FilterResetSink implements LocalSink {
     return t.serviceHash(slot, () => keyHash(serviceKeyOf(set, t.path(slot)) ?? ''));
   }
 
+  /** during a Resume: whether a held entry is in a resent bucket (an entry in no bucket always is) */
+  private resumeScope(resume: { readonly buckets: number; readonly resent: readonly number[] }): (slot: number) => boolean {
+    const resent = new Set(resume.resent);
+    return (slot) => {
+      const h = this.hashOf(slot);
+      return h === undefined || resent.has(bucketOf(h, resume.buckets));
+    };
+  }
+
   async send(op: LocalOp): Promise<void> {
     const f = this.filter;
     switch (op.kind) {
-      case 'reset': {
-        const resume = op.resume;
-        const resent = resume && new Set(resume.resent);
-        const inScope = resent && ((slot: number) => {
-          const h = this.hashOf(slot);
-          return h === undefined || resent.has(bucketOf(h, resume.buckets));
-        });
-        if (f.reset(inScope)) await this.next.send(RESET);
+      case 'reset':
+        if (f.reset(op.resume && this.resumeScope(op.resume))) await this.next.send(RESET);
         return;
-      }
       case 'set': {
         const slot = f.saw(op.set, op.path);
         if (!f.isNews(slot, op.bytes)) return;
