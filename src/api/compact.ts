@@ -2,9 +2,9 @@
 //
 // protobuf-es builds a message as `{ $typeName }` and then adds its fields
 // one by one, so V8 keeps all but the first few of them outside the object,
-// in a separate property array: a third of the store's memory at 50k
-// endpoints (measured: 20 MB of property arrays out of 72 MB). A copy made
-// by one object literal naming every field keeps them inside the object.
+// in a separate property array, which makes a large part of what the store
+// keeps (docs/design/compact-store.md). A copy made by one object literal
+// naming every field keeps them inside the object.
 // The literal is compiled once per message type (like protobuf-es's own
 // create), lists get their exact length, and empty lists and maps are one
 // shared frozen value: nothing may change a stored message.
@@ -22,9 +22,9 @@ const copies = new WeakMap<DescMessage, Copy>();
 
 // Strings that repeat across objects (namespaces, service and node names,
 // zones) arrive as a fresh copy in every object a source decodes or a worker
-// thread clones: a third of the store's memory at 10k Services. Fields that
-// name such things share one copy. The pool is bounded: when full it starts
-// over (objects keep the copies they have).
+// thread clones, and held that way they are a large part of the store's
+// memory. Fields that name such things share one copy. The pool is
+// bounded: when full it starts over (objects keep the copies they have).
 const POOLED_FIELDS = new Set(['Namespace', 'Name', 'ServiceName', 'SourceName', 'NodeName', 'Node', 'Zone', 'Type', 'TargetPortName', 'Hostname']);
 const POOL_MAX = 1 << 16;
 let pool = new Map<string, string>();
@@ -105,9 +105,9 @@ function flagsMessage(c: Record<string, unknown>): Record<string, unknown> {
 
 // Services' port lists, one copy for the Services whose lists are the same:
 // most Services have one of a few (a ClusterIP Service's "http" 80 -> 8080),
-// and a list and each PortMapping in it were objects of their own per
-// Service (1 MiB at 10k Services). The pool is bounded: when full it starts
-// over (Services keep the lists they have).
+// and a list and each PortMapping in it would otherwise be objects of their
+// own per Service. The pool is bounded: when full it starts over (Services
+// keep the lists they have).
 const PORTS_POOL_MAX = 4096;
 
 /** frozen lists, one per key; bounded: when full it starts over (holders keep the lists they have) */
@@ -130,7 +130,7 @@ const portLists = new ListPool<PortMapping>();
 export function sharedPorts(ports: readonly PortMapping[]): readonly PortMapping[] {
   if (ports.length === 0) return ports;
   // the key by hand, each name after its length (no two lists have the
-  // same key): JSON of each port's values was a quarter of a Service's copy
+  // same key): JSON of each port's values would be a good part of a Service's copy
   let key = '';
   for (const p of ports) {
     if (Object.getPrototypeOf(p) !== Object.prototype || p.$unknown !== undefined) return ports;
@@ -141,8 +141,8 @@ export function sharedPorts(ports: readonly PortMapping[]): readonly PortMapping
 
 // Endpoints' PortOverrides likewise: almost every endpoint of a Service maps
 // the Service's ports the same way, and most Services map one of a few
-// ("http" -> 8080). A list and its PortName were 112 bytes per endpoint
-// kept by a proxier (5.3 MiB at 50k endpoints); shared, nothing.
+// ("http" -> 8080). A list and its PortName of their own cost 112 bytes per
+// endpoint a proxier keeps; shared, nothing.
 const portNameLists = new ListPool<PortName>();
 
 /** the pool's frozen copy of an endpoint's PortOverrides (compact PortNames: no unknown fields, no prototype chain) */
@@ -233,8 +233,8 @@ const NO_MEMO: Memo = {
 /**
  * compact() of one message that shares no part with itself or with others
  * (one just decoded or converted: each list and message made once), without
- * the memo that keeps shared parts shared: the memo's lookups were 40% of a
- * Service's copy (15k Services: 50-86 ms against 60-119 ms). A part that does
+ * the memo that keeps shared parts shared, whose lookups are a large part
+ * of a Service's copy (docs/design/compact-store.md). A part that does
  * appear twice is copied twice: the same values, less sharing.
  */
 export function compactOne<T extends Message>(schema: DescMessage, m: T): T {

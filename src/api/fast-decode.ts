@@ -112,7 +112,7 @@ class Reader {
 }
 
 // (a tag is read as one number where it is used: a [field, wire] pair
-// returned was an array allocated per field)
+// returned would be an array allocated per field)
 
 const VARINT = 0;
 const LEN = 2;

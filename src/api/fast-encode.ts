@@ -3,9 +3,9 @@
 // canonical bytes of each, and each node view's). Byte-identical to
 // toBinary(EndpointSchema) and toBinary(ServiceSchema)
 // (test/core/fast-encode.test.ts and encode-service.test.ts check it), and
-// 2-4 times faster: a cold sync encodes every endpoint and service once. One scratch writer is
-// reused, so encoding allocates only its result. The store's slice encoder
-// writes its endpoints with writeEndpoint too.
+// several times faster: a cold sync encodes every endpoint and service once.
+// One scratch writer is reused, so encoding allocates only its result. The
+// store's slice encoder writes its endpoints with writeEndpoint too.
 import { toBinary } from '@bufbuild/protobuf';
 import { ServiceSchema, type Endpoint, type IPSet, type Service } from './gen/api/localv1/api_pb.js';
 import { ProtoWriter } from './proto-writer.js';

@@ -1,6 +1,6 @@
 // A hand-written toJson(EndpointSchema, e): to-file writes one per endpoint
-// of the state (150k at 30k Services), and protobuf-es's reflective writer
-// was a seventh of a one-shot state's writing. The same JSON value, key
+// of the state, and protobuf-es's reflective writer would be a good part of
+// a one-shot state's writing. The same JSON value, key
 // for key and in the same order (test/core/fast-json.test.ts compares it
 // with toJson on random endpoints): proto3 JSON with its defaults, fields
 // at their default left out, enums by name (a number no name has as the

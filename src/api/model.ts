@@ -102,18 +102,17 @@ export const encodeServiceCIDR = (c: ServiceCIDR): Uint8Array => toBinary(Servic
 // decoded values are kept (by proxiers, for as long as they hold): compact
 // copies (compact.ts), a third smaller than what fromBinary builds
 export const decodeService = (b: Uint8Array): Service => {
-  // (the hand-written decoder first: 30k Services' bytes in about 150 ms
-  // instead of 240, compact's copy included)
+  // (the hand-written decoder first: it is faster than fromBinary and
+  // builds what compact copies with less to copy)
   const svc = compactOne(ServiceSchema, decodeServiceFastOnly(b) ?? fromBinary(ServiceSchema, b));
   // (a message compact hands back as it is, with a prototype chain, is not changed)
   if (Object.isFrozen(svc.Ports) || Object.getPrototypeOf(svc) !== Object.prototype) return svc;
   svc.Ports = sharedPorts(svc.Ports) as PortMapping[];
   return svc;
 };
-// (the hand-written decoder first: fromBinary was half of what a node agent
-// in split mode spent on each endpoint a brain sends; compact's copy kept:
-// without it that agent's peak RSS at 30k Services was 322-347 MiB, not
-// 271-278)
+// (the hand-written decoder first: fromBinary would be half of what a node
+// agent in split mode spends on each endpoint a brain sends; compact's copy
+// too, as the endpoints are kept: docs/design/compact-store.md)
 export const decodeEndpoint = (b: Uint8Array): Endpoint => compactOne(EndpointSchema, decodeEndpointFastOnly(b, 0, b.length) ?? fromBinary(EndpointSchema, b));
 export const decodeLocalNode = (b: Uint8Array): LocalNode => fromBinary(LocalNodeSchema, b);
 export const decodeServiceCIDR = (b: Uint8Array): ServiceCIDR => fromBinary(ServiceCIDRSchema, b);

@@ -29,7 +29,7 @@ const MAX_BACKENDS = 3;
 
 // The command line names at most a few backends; the full tree of
 // `to-<backend>` commands (each with the others under it) is hundreds of
-// commands: half a second and megabytes at every start. Once the words of
+// commands, built at every start for nothing. Once the words of
 // the command line are known, only the named backends get their subtrees;
 // the others are listed (for help) without theirs.
 let namedBackends: ReadonlySet<string> | undefined;
@@ -107,26 +107,8 @@ export async function startBackends(specs: readonly BackendSpec[], log: Logger, 
   const reporting = defs.map((d, i) => (d.proxyMode ? i : -1)).filter((i) => i >= 0);
   const timeout = 2 * Math.max(...defs.map((d, i) => d.syncPeriodMs?.(configs[i]) ?? configs[i].nftables.syncPeriodMs));
   const health = new ProxyHealth(timeout, Math.max(1, reporting.length));
-  let lastResult: SyncResult | undefined;
-  const listeners = new Set<(r: SyncResult, backend: number) => void>();
-  // changes received and not yet applied everywhere (kube-proxy's *_changes_pending)
-  let pendingEndpoints = 0;
-  let pendingServices = 0;
-  const reportOf =
-    (index: number): SyncReporter =>
-    (r) => {
-      lastResult = r;
-      health.observe(r, Math.max(0, reporting.indexOf(index)));
-      for (const l of listeners) l(r, index);
-      if (!r.ok) return;
-      if (health.applied) {
-        pendingEndpoints = pendingServices = 0;
-        metrics.endpointChangesPending.set(0);
-        metrics.serviceChangesPending.set(0);
-      }
-      metrics.syncDuration.observe({ ip_family: '' }, r.durationMs / 1000);
-      (r.full ? metrics.syncFullDuration : metrics.syncPartialDuration).observe({ ip_family: '' }, r.durationMs / 1000);
-    };
+  const changes = new ChangeMetrics();
+  const results = new SyncResults(health, reporting, changes);
   const instances: BackendInstance[] = [];
   const closeInstances = async () => {
     for (const i of [...instances].reverse()) await i.close?.();
@@ -134,7 +116,7 @@ export async function startBackends(specs: readonly BackendSpec[], log: Logger, 
   try {
     for (const [i, def] of defs.entries()) {
       const blog = log.child({ backend: def.name });
-      instances.push(await def.create({ ...specs[i].opts, nodeName }, { ...context, nodeName, config: configs[i], log: blog, signal, report: reportOf(i) }));
+      instances.push(await def.create({ ...specs[i].opts, nodeName }, { ...context, nodeName, config: configs[i], log: blog, signal, report: results.reportOf(i) }));
     }
   } catch (e) {
     await closeInstances();
@@ -153,75 +135,135 @@ export async function startBackends(specs: readonly BackendSpec[], log: Logger, 
   }
   let resolveDone!: () => void;
   const done = new Promise<void>((r) => (resolveDone = r));
-  let inDiff = false;
-  // what a diff's ops count for the metrics, told once at its Sync (prom-client's
-  // labelled inc per op was a tenth of a cold sync's delivery)
-  const tally = { endpoints: 0, services: 0, ops: { set: 0, delete: 0, reset: 0 } };
-  const flushTally = () => {
-    if (tally.endpoints) metrics.endpointChangesTotal.inc(tally.endpoints);
-    if (tally.services) metrics.serviceChangesTotal.inc(tally.services);
-    metrics.endpointChangesPending.set(pendingEndpoints);
-    metrics.serviceChangesPending.set(pendingServices);
-    for (const [op, n] of Object.entries(tally.ops)) if (n) metrics.opsSent.inc({ op }, n);
-    tally.endpoints = tally.services = tally.ops.set = tally.ops.delete = tally.ops.reset = 0;
-  };
-  const toInstances = async (op: LocalOp, from: number, pending: unknown): Promise<void> => {
-    await pending;
-    for (let i = from; i < instances.length; i++) await instances[i].sink.send(op);
-  };
-  const sink: LocalSink = {
-    // synchronous while the backends are: no promise per op
-    send(op: LocalOp) {
-      if (!inDiff && op.kind !== 'sync') {
-        inDiff = true;
-        health.queued();
-      }
-      if (op.kind === 'set' || op.kind === 'delete') {
-        if (op.set === LocalSet.EndpointsSet) {
-          tally.endpoints++;
-          pendingEndpoints++;
-        } else if (op.set === LocalSet.ServicesSet) {
-          tally.services++;
-          pendingServices++;
-        }
-        if (op.set === LocalSet.NodesSet) health.nodeEligible = op.kind === 'delete' || !(op.value as LocalNode).Deleting;
-      }
-      if (op.kind === 'sync') {
-        flushTally();
-        metrics.opsSent.inc({ op: 'sync' });
-      } else tally.ops[op.kind]++;
-      const ended = () => {
-        if (op.kind !== 'sync') return;
-        inDiff = false;
-        if (once) resolveDone();
-      };
-      for (let i = 0; i < instances.length; i++) {
-        const r = instances[i].sink.send(op);
-        if (r) return toInstances(op, i + 1, r).then(ended);
-      }
-      ended();
-      return undefined;
-    },
-  };
   return {
     instances,
     sets: [...new Set(instances.flatMap((i) => i.sets ?? []))],
     nodeName,
     config,
-    sink,
+    sink: fanOut(instances, health, changes, () => once && resolveDone()),
     done,
     health,
     reporting,
     get lastResult() {
-      return lastResult;
+      return results.last;
     },
-    onResult(l) {
-      listeners.add(l);
-      return () => listeners.delete(l);
-    },
+    onResult: (l) => results.listen(l),
     async close() {
       await closeInstances();
       await closeServers();
     },
   };
+}
+
+/**
+ * The sink every backend's ops go through: each backend gets each op, in
+ * order, synchronously while they are (no promise per op); the diff's
+ * changes are counted (metrics) and its start and the node's deletion told
+ * to health. ended: after a Sync went through every backend.
+ */
+function fanOut(instances: readonly BackendInstance[], health: ProxyHealth, changes: ChangeMetrics, ended: () => void): LocalSink {
+  let inDiff = false;
+  const toInstances = async (op: LocalOp, from: number, pending: unknown): Promise<void> => {
+    await pending;
+    for (let i = from; i < instances.length; i++) await instances[i].sink.send(op);
+  };
+  return {
+    send(op: LocalOp) {
+      if (!inDiff && op.kind !== 'sync') {
+        inDiff = true;
+        health.queued();
+      }
+      changes.count(op);
+      if ((op.kind === 'set' || op.kind === 'delete') && op.set === LocalSet.NodesSet) health.nodeEligible = op.kind === 'delete' || !(op.value as LocalNode).Deleting;
+      const through = () => {
+        if (op.kind !== 'sync') return;
+        inDiff = false;
+        ended();
+      };
+      for (let i = 0; i < instances.length; i++) {
+        const r = instances[i].sink.send(op);
+        if (r) return toInstances(op, i + 1, r).then(through);
+      }
+      through();
+      return undefined;
+    },
+  };
+}
+
+/**
+ * kube-proxy's change metrics: changes received (counted per diff, told
+ * once at its Sync: prom-client's labelled inc per op would be a good part of
+ * a cold sync's delivery) and not yet applied everywhere (*_changes_pending), and
+ * each sync's duration.
+ */
+class ChangeMetrics {
+  private pendingEndpoints = 0;
+  private pendingServices = 0;
+  private readonly tally = { endpoints: 0, services: 0, ops: { set: 0, delete: 0, reset: 0 } };
+
+  count(op: LocalOp): void {
+    const tally = this.tally;
+    if (op.kind === 'set' || op.kind === 'delete') {
+      if (op.set === LocalSet.EndpointsSet) {
+        tally.endpoints++;
+        this.pendingEndpoints++;
+      } else if (op.set === LocalSet.ServicesSet) {
+        tally.services++;
+        this.pendingServices++;
+      }
+    }
+    if (op.kind === 'sync') {
+      this.flush();
+      metrics.opsSent.inc({ op: 'sync' });
+    } else tally.ops[op.kind]++;
+  }
+
+  /** a good sync: every change received was applied if health says so */
+  synced(r: SyncResult, applied: boolean): void {
+    if (applied) {
+      this.pendingEndpoints = this.pendingServices = 0;
+      metrics.endpointChangesPending.set(0);
+      metrics.serviceChangesPending.set(0);
+    }
+    metrics.syncDuration.observe({ ip_family: '' }, r.durationMs / 1000);
+    (r.full ? metrics.syncFullDuration : metrics.syncPartialDuration).observe({ ip_family: '' }, r.durationMs / 1000);
+  }
+
+  private flush(): void {
+    const tally = this.tally;
+    if (tally.endpoints) metrics.endpointChangesTotal.inc(tally.endpoints);
+    if (tally.services) metrics.serviceChangesTotal.inc(tally.services);
+    metrics.endpointChangesPending.set(this.pendingEndpoints);
+    metrics.serviceChangesPending.set(this.pendingServices);
+    for (const [op, n] of Object.entries(tally.ops)) if (n) metrics.opsSent.inc({ op }, n);
+    tally.endpoints = tally.services = tally.ops.set = tally.ops.delete = tally.ops.reset = 0;
+  }
+}
+
+/** What the backends' syncs report: to health, to the change metrics, and to whoever listens. */
+class SyncResults {
+  /** the last sync's result of any backend */
+  last: SyncResult | undefined;
+  private readonly listeners = new Set<(r: SyncResult, backend: number) => void>();
+
+  constructor(
+    private readonly health: ProxyHealth,
+    /** the backends that report sync results (the dataplane ones), by index */
+    private readonly reporting: readonly number[],
+    private readonly changes: ChangeMetrics,
+  ) {}
+
+  reportOf(index: number): SyncReporter {
+    return (r) => {
+      this.last = r;
+      this.health.observe(r, Math.max(0, this.reporting.indexOf(index)));
+      for (const l of this.listeners) l(r, index);
+      if (r.ok) this.changes.synced(r, this.health.applied);
+    };
+  }
+
+  listen(l: (r: SyncResult, backend: number) => void): () => void {
+    this.listeners.add(l);
+    return () => this.listeners.delete(l);
+  }
 }

@@ -1,114 +1,105 @@
 // Makes a Reset invisible to the sink behind it, as kpng's filterreset does:
 // after a reconnect the server resends everything, and this turns the resend
 // into the minimal set of changes (unchanged Sets dropped, vanished paths
-// deleted at the next Sync), so a backend never sees a flush and refill.
+// deleted at the next Sync), so a backend never sees a flush and refill. The
+// filter itself is api/reset-filter.ts; this is it as a sink of the diff
+// stream.
 //
 // kpng-ts resume: it also knows what it holds as bucket digests
 // (heldDigests, sent in a new stream's first request), and a Reset that is a
 // Resume resends only some buckets: only what it held in those and did not
 // get again is deleted at the Sync.
-import { LocalSet, bytesEqual } from '../api/model.js';
+import { LocalSet } from '../api/model.js';
+import { ResetFilter } from '../api/reset-filter.js';
 import type { LocalOp, LocalSink } from './ops.js';
 import { BucketDigests, bucketCountFor, bucketOf, entryDigest, keyHash, serviceKeyOf } from './resume.js';
 
-interface Held {
-  readonly set: LocalSet;
-  readonly bytes: Uint8Array;
-  /** computed when first asked for (heldDigests), kept while the value stays */
-  digest?: [number, number];
-  /** the key hash of its service; undefined: in no bucket (a node, a ServiceCIDR) */
-  hash?: number;
-}
+const RESET: LocalOp = { kind: 'reset' };
 
 export class FilterResetSink implements LocalSink {
-  private readonly known = new Map<string, Held>();
-  private seen?: Set<string>;
-  /** during a Resume: whether a held entry is in a resent bucket */
-  private inScope?: (k: string, v: Held) => boolean;
-  private started = false;
+  protected readonly filter = new ResetFilter();
 
-  constructor(private readonly next: LocalSink) {}
+  constructor(protected readonly next: LocalSink) {}
 
   /**
    * What is held of ServicesSet and EndpointsSet as HeldDigests; empty when
    * nothing was received yet (a first stream asks for the full state).
    */
   heldDigests(): Uint8Array {
-    if (!this.started) return new Uint8Array(0);
-    let services = 0;
-    for (const v of this.known.values()) if (v.set === LocalSet.ServicesSet) services++;
-    const d = new BucketDigests(bucketCountFor(services));
-    for (const [k, v] of this.known) {
-      const h = this.hashOf(k, v);
+    const f = this.filter;
+    if (!f.started) return new Uint8Array(0);
+    const t = f.table;
+    const d = new BucketDigests(bucketCountFor(f.services));
+    for (let s = 0; s < t.slots; s++) {
+      const h = t.live(s) ? this.hashOf(s) : undefined;
       if (h === undefined) continue;
-      d.add(bucketOf(h, d.buckets), (v.digest ??= entryDigest(v.set, pathOf(k), v.bytes)));
+      d.add(bucketOf(h, d.buckets), t.digest(s, () => entryDigest(t.setOf(s), t.path(s), t.value(s))));
     }
     return d.toBytes();
   }
 
-  private hashOf(k: string, v: Held): number | undefined {
-    if (v.hash !== undefined) return v.hash;
-    const key = serviceKeyOf(v.set, pathOf(k));
-    return key === undefined ? undefined : (v.hash = keyHash(key));
+  /** the key hash of a held entry's Service; undefined: in no bucket (a node, a ServiceCIDR) */
+  private hashOf(slot: number): number | undefined {
+    const t = this.filter.table;
+    const set = t.setOf(slot);
+    if (set !== LocalSet.ServicesSet && set !== LocalSet.EndpointsSet) return undefined;
+    return t.serviceHash(slot, () => keyHash(serviceKeyOf(set, t.path(slot)) ?? ''));
+  }
+
+  /** during a Resume: whether a held entry is in a resent bucket (an entry in no bucket always is) */
+  private resumeScope(resume: { readonly buckets: number; readonly resent: readonly number[] }): (slot: number) => boolean {
+    const resent = new Set(resume.resent);
+    return (slot) => {
+      const h = this.hashOf(slot);
+      return h === undefined || resent.has(bucketOf(h, resume.buckets));
+    };
   }
 
   async send(op: LocalOp): Promise<void> {
-    const id = (set: LocalSet, path: string) => `${set}\0${path}`;
+    const f = this.filter;
     switch (op.kind) {
       case 'reset':
-        // the very first Reset goes through: the sink starts from nothing
-        if (!this.started) {
-          this.started = true;
-          await this.next.send({ kind: 'reset' });
-        }
-        this.seen = new Set();
-        this.inScope = undefined;
-        if (op.resume) {
-          const { buckets } = op.resume;
-          const resent = new Set(op.resume.resent);
-          this.inScope = (k, v) => {
-            const h = this.hashOf(k, v);
-            return h === undefined || resent.has(bucketOf(h, buckets));
-          };
-        }
+        if (f.reset(op.resume && this.resumeScope(op.resume))) await this.next.send(RESET);
         return;
       case 'set': {
-        const k = id(op.set, op.path);
-        this.seen?.add(k);
-        const prev = this.known.get(k);
-        if (prev && bytesEqual(prev.bytes, op.bytes)) return;
-        this.known.set(k, { set: op.set, bytes: op.bytes, hash: prev?.hash });
-        await this.next.send(op);
+        const slot = f.saw(op.set, op.path);
+        if (!f.isNews(slot, op.bytes)) return;
+        const r = this.forward(op, slot);
+        const held = f.hold(slot, op.set, op.path, op.bytes);
+        if (slot === undefined) this.added(held);
+        await r;
         return;
       }
       case 'delete': {
-        const k = id(op.set, op.path);
-        if (!this.known.delete(k)) return;
+        const slot = f.table.find(op.set, op.path);
+        if (slot === undefined) return;
+        this.forget(slot);
         await this.next.send(op);
         return;
       }
       case 'sync': {
-        if (this.seen) {
-          // endpoints first, services last: kpng's order for deletes
-          const inScope = this.inScope;
-          const stale = [...this.known.entries()].filter(([k, v]) => !this.seen!.has(k) && (!inScope || inScope(k, v)));
-          stale.sort(([, a], [, b]) => rank(a.set) - rank(b.set));
-          for (const [k, v] of stale) {
-            this.known.delete(k);
-            await this.next.send({ kind: 'delete', set: v.set, path: pathOf(k) });
-          }
-          this.seen = undefined;
-          this.inScope = undefined;
+        for (const [set, path] of f.stale()) {
+          const slot = f.table.find(set, path);
+          if (slot === undefined) continue;
+          this.forget(slot);
+          await this.next.send({ kind: 'delete', set, path });
         }
         await this.next.send(op);
         return;
       }
     }
   }
-}
 
-const pathOf = (k: string) => k.slice(k.indexOf('\0') + 1);
+  /** A Set that is news goes on, before its slot holds the new value (which slot: undefined for a new one). */
+  protected forward(op: Extract<LocalOp, { kind: 'set' }>, _slot: number | undefined): void | Promise<void> {
+    return this.next.send(op);
+  }
 
-function rank(set: LocalSet): number {
-  return set === LocalSet.EndpointsSet ? 0 : set === LocalSet.ServicesSet ? 1 : 2;
+  /** a new slot now holds a Set that went on */
+  protected added(_slot: number): void {}
+
+  /** a held entry goes (a Delete, or stale after a resend) */
+  protected forget(slot: number): void {
+    this.filter.release(slot);
+  }
 }

@@ -25,7 +25,7 @@ export interface LocalDiffOptions {
   /**
    * (one node's agent) make this node's views of what the store lists
    * while the lists go on, between their pages: the first diff then finds
-   * them made (docs/benchmarks.md, seventeenth pass)
+   * them made, and the node is programmed sooner after the last page
    */
   viewsWhileListing?: boolean;
 }
@@ -56,8 +56,8 @@ const NO_OPS: readonly LocalOp[] = Object.freeze([]);
  * A later diff compares a view with the one sent by their encodings, which a
  * first diff never reads (nothing was sent): one view's encoding is made
  * now, so that the first change after a start does not meet the encoders
- * uncompiled (its diff at 30k Services: about 5 ms without, 0.65 ms with;
- * docs/benchmarks.md). The view keeps its bytes, a few hundred.
+ * uncompiled (its diff would take several times as long as the next ones).
+ * The view keeps its bytes, a few hundred.
  */
 function warmEncoders(view: ServiceView): void {
   void view.bytes;
@@ -71,6 +71,37 @@ function warmEncoders(view: ServiceView): void {
  * the view objects, which are never reused for another value.
  */
 const transitions = new WeakMap<ServiceView, Map<ServiceView | undefined, readonly LocalOp[]>>();
+
+/** a change of one Service's view, whose ops the next node making it reuses */
+type Transition = { prev: ServiceView; view: ServiceView | undefined };
+
+const desc = (a: string, b: string) => (a < b ? 1 : a > b ? -1 : 0);
+const byPath = (a: EndpointView, b: EndpointView) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0);
+const byKey = (a: ServiceView, b: ServiceView) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0);
+
+/** What one diff found changed in the views, and its ops in kpng's order. */
+class ViewChanges {
+  readonly svcSets: ServiceView[] = [];
+  readonly svcDeletes: string[] = [];
+  readonly namedSets: EndpointView[] = [];
+  readonly namedDeletes: string[] = [];
+  readonly anonSets: EndpointView[] = [];
+  readonly anonDeletes: string[] = [];
+
+  endpointSet(ep: EndpointView): void {
+    (ep.named ? this.namedSets : this.anonSets).push(ep);
+  }
+
+  /** Services set, then endpoints (deletes of unnamed, named sets, named deletes, unnamed sets), then Services deleted. */
+  pushOps(ops: LocalOp[]): void {
+    for (const v of this.svcSets.sort(byKey)) ops.push(new ViewSetOp(LocalSet.ServicesSet, v.key, v));
+    for (const p of this.anonDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.EndpointsSet, path: p });
+    for (const e of this.namedSets.sort(byPath)) ops.push(new ViewSetOp(LocalSet.EndpointsSet, e.path, e));
+    for (const p of this.namedDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.EndpointsSet, path: p });
+    for (const e of this.anonSets.sort(byPath)) ops.push(new ViewSetOp(LocalSet.EndpointsSet, e.path, e));
+    for (const k of this.svcDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.ServicesSet, path: k });
+  }
+}
 
 export class LocalDiff extends StoreFollower {
   /**
@@ -108,7 +139,7 @@ export class LocalDiff extends StoreFollower {
   }
 
   protected note(c: StoreChange) {
-    // (looking at everything next: the keys would be 100k Set entries for nothing at a start)
+    // (looking at everything next: the keys would be a Set entry per Service for nothing at a start)
     if (!this.allDirty) for (const k of c.services) this.dirty.add(k);
     const l = this.listing;
     if (l && !c.becameSynced) {
@@ -140,7 +171,7 @@ export class LocalDiff extends StoreFollower {
   /**
    * One step of making the views of the Services listed so far, for this
    * node, between the lists' pages: the first diff then finds them made
-   * (about 3 s of a 100k start after the lists). Each Service once,
+   * instead of making them all after the last page. Each Service once,
    * when it and some slice of it are stored (a view made before the rest of
    * its slices came is made again by the first diff); only once the store
    * has this node (its zone picks the views). Steps of a millisecond, so
@@ -199,8 +230,8 @@ export class LocalDiff extends StoreFollower {
     const id = view ? this.views.ref(view) : 0;
     const wider = id > 0xffff && !(this.sent instanceof Int32Array);
     if (beyond || wider) {
-      // by an eighth at least: a first diff meets a new slot at every Service
-      // (by 16 it copied the array 6,000 times at 100k Services)
+      // by an eighth at least: a first diff meets a new slot at every Service,
+      // and growing by a constant would copy the array once per few Services
       const length = beyond ? Math.max(slot + 1, this.views.slotLimit + 16, this.sent.length + (this.sent.length >> 3)) : this.sent.length;
       const grown = wider || this.sent instanceof Int32Array ? new Int32Array(length) : new Uint16Array(length);
       grown.set(this.sent);
@@ -245,40 +276,13 @@ export class LocalDiff extends StoreFollower {
       if (ctx.zone !== this.ctx.zone) this.allDirty = true; // topology of every service may change
       this.ctx = ctx;
     }
-    let transition: { prev: ServiceView; view: ServiceView | undefined } | undefined;
-    if (!first && !this.allDirty && !this.nodeDirty && !this.cidrsDirty && this.dirty.size === 1) {
-      const key: string = this.dirty.values().next().value!;
-      const view = this.views.view(key, this.ctx);
-      const slot = view ? this.views.slot(key) : this.views.existingSlot(key);
-      const prev = this.sentView(slot);
-      if (view === prev) {
-        this.dirty.clear();
-        return NO_OPS;
-      }
-      const known = prev && transitions.get(prev)?.get(view);
-      if (known) {
-        this.dirty.clear();
-        this.setSent(slot!, view);
-        return known;
-      }
-      if (prev) transition = { prev, view };
-    }
+    const single = first ? undefined : this.singleChange();
+    if (single?.ops) return single.ops;
     const resuming = first && this.held !== undefined;
-    const svcSets: ServiceView[] = [];
+    const c = new ViewChanges();
     let keys: Set<string> = this.dirty;
     if (resuming) {
-      // a resume looks at every service, as a first diff does, but from the
-      // views shared by the nodes of its zone, looking up only the services
-      // this node is special to (thousands of nodes resume at once after a
-      // brain restart)
-      const g = this.views.generic(this.ctx.zone);
-      const own = new Map((g.special.get(this.nodeName) ?? []).map((i) => [i, this.views.view(g.keys[i], this.ctx)]));
-      for (let i = 0; i < g.keys.length; i++) {
-        const view = own.has(i) ? own.get(i) : g.views[i];
-        if (!view) continue;
-        this.setSent(this.views.slot(g.keys[i]), view);
-        svcSets.push(view);
-      }
+      this.takeGenericViews(c);
       keys = new Set();
     } else if (this.allDirty) {
       keys = new Set(this.store.serviceKeys());
@@ -286,88 +290,122 @@ export class LocalDiff extends StoreFollower {
     }
     this.dirty = new Set();
     this.allDirty = false;
-
-    const svcDeletes: string[] = [];
-    const namedSets: EndpointView[] = [];
-    const namedDeletes: string[] = [];
-    const anonSets: EndpointView[] = [];
-    const anonDeletes: string[] = [];
-
-    for (const key of keys) {
-      const view = this.views.view(key, this.ctx);
-      const slot = view ? this.views.slot(key) : this.views.existingSlot(key);
-      const prev = this.sentView(slot);
-      if (view === prev) continue;
-      this.setSent(slot!, view);
-      if (view && (!prev || !bytesEqual(prev.bytes, view.bytes))) svcSets.push(view);
-      if (!prev) {
-        // nothing sent before (a first diff): no lookup table to build
-        for (const ep of view!.endpoints) (ep.named ? namedSets : anonSets).push(ep);
-        continue;
-      }
-      const prevEps = new Map(prev.endpoints.map((e) => [e.path, e]));
-      for (const ep of view?.endpoints ?? []) {
-        const old = prevEps.get(ep.path);
-        prevEps.delete(ep.path);
-        if (old && (old === ep || bytesEqual(old.bytes, ep.bytes))) continue;
-        (ep.named ? namedSets : anonSets).push(ep);
-      }
-      for (const old of prevEps.values()) (old.named ? namedDeletes : anonDeletes).push(old.path);
-      if (!view && prev) svcDeletes.push(key);
-    }
+    for (const key of keys) this.compare(key, c);
 
     const ops: LocalOp[] = [];
-    if (resuming) {
-      // resume: what the node holds is what the views say for every bucket
-      // whose digest matches; only the others are sent, with their endpoints
-      // (and the node drops what it holds in them that is not resent)
-      const held = this.held!;
-      this.held = undefined;
-      const buckets = heldBucketCount(held)!;
-      const digests = new BucketDigests(buckets);
-      const bucketAt = new Int32Array(svcSets.length);
-      svcSets.forEach((v, i) => {
-        const { hash, digest } = viewDigest(v);
-        digests.add((bucketAt[i] = bucketOf(hash, buckets)), digest);
-      });
-      const resent = digests.differing(held);
-      const resend = new Uint8Array(buckets);
-      for (const b of resent) resend[b] = 1;
-      // keep the services of the buckets resent, in place
-      let kept = 0;
-      svcSets.forEach((v, i) => {
-        if (!resend[bucketAt[i]]) return;
-        svcSets[kept++] = v;
-        for (const ep of v.endpoints) (ep.named ? namedSets : anonSets).push(ep);
-      });
-      svcSets.length = kept;
-      ops.push({ kind: 'reset', resume: { buckets, resent } });
-    } else if (first) ops.push({ kind: 'reset' });
+    if (resuming) ops.push(this.resumeOnly(c));
+    else if (first) ops.push({ kind: 'reset' });
     const nodeOps = this.nodeDirty && this.wantNode ? this.diffNode() : { sets: [], deletes: [] };
     const cidrOps = this.cidrsDirty && this.wantCIDRs ? this.diffCIDRs() : { sets: [], deletes: [] };
     this.nodeDirty = this.cidrsDirty = false;
-
-    const desc = (a: string, b: string) => (a < b ? 1 : a > b ? -1 : 0);
-    const byPath = (a: EndpointView, b: EndpointView) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0);
     ops.push(...nodeOps.sets, ...cidrOps.sets);
-    for (const v of svcSets.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0))) {
-      ops.push(new ViewSetOp(LocalSet.ServicesSet, v.key, v));
-    }
-    for (const p of anonDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.EndpointsSet, path: p });
-    for (const e of namedSets.sort(byPath)) ops.push(new ViewSetOp(LocalSet.EndpointsSet, e.path, e));
-    for (const p of namedDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.EndpointsSet, path: p });
-    for (const e of anonSets.sort(byPath)) ops.push(new ViewSetOp(LocalSet.EndpointsSet, e.path, e));
-    for (const k of svcDeletes.sort(desc)) ops.push({ kind: 'delete', set: LocalSet.ServicesSet, path: k });
+    c.pushOps(ops);
     ops.push(...cidrOps.deletes, ...nodeOps.deletes);
 
-    if (!first && ops.length === 0) return this.remember(transition, NO_OPS);
-    if (first && svcSets.length) warmEncoders(svcSets[0]);
+    if (!first && ops.length === 0) return this.remember(single?.transition, NO_OPS);
+    if (first && c.svcSets.length) warmEncoders(c.svcSets[0]);
     ops.push({ kind: 'sync' });
-    return this.remember(transition, ops);
+    return this.remember(single?.transition, ops);
+  }
+
+  /**
+   * One Service changed and nothing else: its diff (nothing, or the ops
+   * another node made of the same transition), or the transition to
+   * remember once its ops are made; undefined when more than that changed.
+   */
+  private singleChange(): { ops?: readonly LocalOp[]; transition?: Transition } | undefined {
+    if (this.allDirty || this.nodeDirty || this.cidrsDirty || this.dirty.size !== 1) return undefined;
+    const key: string = this.dirty.values().next().value!;
+    const view = this.views.view(key, this.ctx);
+    const slot = view ? this.views.slot(key) : this.views.existingSlot(key);
+    const prev = this.sentView(slot);
+    if (view === prev) {
+      this.dirty.clear();
+      return { ops: NO_OPS };
+    }
+    const known = prev && transitions.get(prev)?.get(view);
+    if (known) {
+      this.dirty.clear();
+      this.setSent(slot!, view);
+      return { ops: known };
+    }
+    return prev ? { transition: { prev, view } } : {};
+  }
+
+  /**
+   * A resume looks at every service, as a first diff does, but from the
+   * views shared by the nodes of its zone, looking up only the services
+   * this node is special to (thousands of nodes resume at once after a
+   * brain restart).
+   */
+  private takeGenericViews(c: ViewChanges): void {
+    const g = this.views.generic(this.ctx.zone);
+    const own = new Map((g.special.get(this.nodeName) ?? []).map((i) => [i, this.views.view(g.keys[i], this.ctx)]));
+    for (let i = 0; i < g.keys.length; i++) {
+      const view = own.has(i) ? own.get(i) : g.views[i];
+      if (!view) continue;
+      this.setSent(this.views.slot(g.keys[i]), view);
+      c.svcSets.push(view);
+    }
+  }
+
+  /** One Service's view against the one sent: what changed, into c. */
+  private compare(key: string, c: ViewChanges): void {
+    const view = this.views.view(key, this.ctx);
+    const slot = view ? this.views.slot(key) : this.views.existingSlot(key);
+    const prev = this.sentView(slot);
+    if (view === prev) return;
+    this.setSent(slot!, view);
+    if (view && (!prev || !bytesEqual(prev.bytes, view.bytes))) c.svcSets.push(view);
+    if (!prev) {
+      // nothing sent before (a first diff): no lookup table to build
+      for (const ep of view!.endpoints) c.endpointSet(ep);
+      return;
+    }
+    const prevEps = new Map(prev.endpoints.map((e) => [e.path, e]));
+    for (const ep of view?.endpoints ?? []) {
+      const old = prevEps.get(ep.path);
+      prevEps.delete(ep.path);
+      if (old && (old === ep || bytesEqual(old.bytes, ep.bytes))) continue;
+      c.endpointSet(ep);
+    }
+    for (const old of prevEps.values()) (old.named ? c.namedDeletes : c.anonDeletes).push(old.path);
+    if (!view && prev) c.svcDeletes.push(key);
+  }
+
+  /**
+   * Resume: what the node holds is what the views say for every bucket
+   * whose digest matches; only the others are sent, with their endpoints
+   * (and the node drops what it holds in them that is not resent). Keeps
+   * in c the services of the buckets resent; the Reset that says which.
+   */
+  private resumeOnly(c: ViewChanges): LocalOp {
+    const held = this.held!;
+    this.held = undefined;
+    const svcSets = c.svcSets;
+    const buckets = heldBucketCount(held)!;
+    const digests = new BucketDigests(buckets);
+    const bucketAt = new Int32Array(svcSets.length);
+    svcSets.forEach((v, i) => {
+      const { hash, digest } = viewDigest(v);
+      digests.add((bucketAt[i] = bucketOf(hash, buckets)), digest);
+    });
+    const resent = digests.differing(held);
+    const resend = new Uint8Array(buckets);
+    for (const b of resent) resend[b] = 1;
+    // keep the services of the buckets resent, in place
+    let kept = 0;
+    svcSets.forEach((v, i) => {
+      if (!resend[bucketAt[i]]) return;
+      svcSets[kept++] = v;
+      for (const ep of v.endpoints) c.endpointSet(ep);
+    });
+    svcSets.length = kept;
+    return { kind: 'reset', resume: { buckets, resent } };
   }
 
   /** Keeps the ops of a one-service transition for the next node that makes it (frozen: shared from now on). */
-  private remember(t: { prev: ServiceView; view: ServiceView | undefined } | undefined, ops: readonly LocalOp[]): readonly LocalOp[] {
+  private remember(t: Transition | undefined, ops: readonly LocalOp[]): readonly LocalOp[] {
     if (!t) return ops;
     let m = transitions.get(t.prev);
     if (!m) transitions.set(t.prev, (m = new Map()));

@@ -218,7 +218,8 @@ export class NetlinkSocket {
 /**
  * Builds netlink messages into one growing buffer: a header, a 4-byte family
  * header, attributes (nested ones too). Nothing is allocated per attribute:
- * a cold start's element batches (nftables/netlink.ts) are 10k elements.
+ * a cold start's element batches (nftables/netlink.ts) hold thousands of
+ * elements each.
  */
 export class NetlinkWriter {
   /** the bytes so far (space() gives offsets into it) */
@@ -262,7 +263,7 @@ export class NetlinkWriter {
     b.writeUInt16LE(4 + n, this.at);
     b.writeUInt16LE(type, this.at + 2);
     // (a loop: an attribute's value is a few bytes, and each Buffer.fill call
-    // costs more than writing them; 40 ms of a 30k-Service cold load)
+    // costs more than writing them, once per attribute of a cold load)
     for (let i = this.at + 4, end = i + padded; i < end; i++) b[i] = 0;
     this.at += 4 + padded;
     return this.at - padded;

@@ -1,7 +1,7 @@
 // The lab's side of an agent: spawns it inside a namespace and sends it
 // requests; every request has a deadline.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { agentScript, type AgentRequest, type AgentResponse } from './agent.js';
+import { agentCommand, type AgentRequest, type AgentResponse } from './agent.js';
 
 type RequestBody = AgentRequest extends infer R ? (R extends { id: number } ? Omit<R, 'id'> : never) : never;
 
@@ -34,7 +34,8 @@ export class Agent {
   start(timeoutMs = AGENT_MARGIN_MS): Promise<void> {
     // its own process group: a Ctrl-C meant for the lab's owner must not kill
     // it under a running request (the owner stops it; it also exits on EOF)
-    const p = spawn('ip', ['netns', 'exec', this.ns, process.execPath, '-e', agentScript(), this.name], { stdio: ['pipe', 'pipe', 'pipe'], detached: true });
+    const agent = agentCommand(this.name);
+    const p = spawn('ip', ['netns', 'exec', this.ns, ...agent.args], { env: agent.env, stdio: ['pipe', 'pipe', 'pipe'], detached: true });
     this.proc = p;
     p.stdin!.on('error', () => {});
     p.stderr!.on('data', (d) => (this.stderr = (this.stderr + d).slice(-4000)));

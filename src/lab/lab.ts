@@ -7,7 +7,7 @@
 //
 // - node: the node kpng runs on, with the interfaces and addresses it is
 //   given; it routes between everything (forwarding on), so every reply
-//   passes through it again (un-DNAT, un-SNAT).
+//   goes through it again (un-DNAT, un-SNAT).
 // - pods: one namespace per pod, a /32 (/128) address behind its own veth, a
 //   default route to the node (like Calico). The node's side of every pod
 //   link carries the node's pod-network address (169.254.1.1 and
@@ -90,8 +90,8 @@ export interface KpngProcess {
   readonly exited: Promise<number | null>;
   /** waits for exit (for --once); throws on timeout */
   wait(timeoutMs?: number): Promise<number | null>;
-  /** polls cond until true; throws on timeout or if kpng exits first */
-  until(cond: () => boolean, what: string, timeoutMs?: number): Promise<void>;
+  /** polls cond until true; throws on timeout (default 20 s) or if kpng exits first */
+  until(what: string, cond: () => boolean, opts?: { timeoutMs?: number }): Promise<void>;
   /** sends signal (TERM by default), SIGKILL after graceMs */
   stop(signal?: NodeJS.Signals, graceMs?: number): Promise<number | null>;
 }
@@ -507,7 +507,7 @@ export class Lab {
         }
         return r;
       },
-      async until(cond, what, timeoutMs = 20_000) {
+      async until(what, cond, { timeoutMs = 20_000 } = {}) {
         const end = Date.now() + timeoutMs;
         while (!cond()) {
           if (done) throw new Error(`kpng exited (${p.exitCode ?? p.signalCode}) before ${what}\nstderr:\n${stderr.slice(-4000)}`);

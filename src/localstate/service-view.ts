@@ -276,8 +276,8 @@ function scanAll(slices: readonly SliceEndpoints[]): (readonly ScannedEndpoint[]
 /**
  * The endpoints of a Service with one port and IPv4 addresses only, each
  * address once (most Services): what anyEndpoints makes of them, in the
- * same order, without its records per address and per way of use (a third
- * of a first diff's allocations at 30k Services). Undefined otherwise.
+ * same order, without its records per address and per way of use (a good
+ * part of a first diff's allocations otherwise). Undefined otherwise.
  */
 function singlePortEndpoints(
   list: Mark[],

@@ -327,8 +327,9 @@ abstract class HeldView {
 /**
  * A node agent's view (one node, in the process: keepDecoded): the messages
  * only. Their encodings are made when asked for (a diff comparing a changed
- * Service's two versions, the state socket), not kept: the buffer each view
- * kept was about 600 bytes a Service with its wrappers (docs/benchmarks.md).
+ * Service's two versions, the state socket), not kept: a buffer per view,
+ * with its wrappers, would cost hundreds of bytes a Service for bytes
+ * rarely read.
  */
 class DecodedServiceView extends HeldView implements ServiceView {
   constructor(

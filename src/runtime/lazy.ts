@@ -1,7 +1,7 @@
 // Packages only some commands use, loaded on first use: a node agent fed by
 // the file or kube source never speaks gRPC, and needs YAML only for a
-// config file. Loaded at start-up, grpc-js and yaml cost every kpng process
-// their code and module objects (measured: docs/benchmarks.md, "Node agent").
+// config file. Loaded at start-up, grpc-js and yaml would cost every kpng
+// process their code and module objects.
 // Both are CommonJS, so a synchronous require does it.
 import { createRequire } from 'node:module';
 

@@ -4,8 +4,9 @@
 // node agent's RSS is multiplied by the cluster. After the burst: full
 // collections while they give pages back, glibc's malloc_trim for what
 // malloc kept of freed buffers (the kube source's list pages, TLS), and
-// later a scavenge that lets the young generation shrink (measured:
-// docs/benchmarks.md). And from the start, few malloc arenas.
+// later a scavenge that lets the young generation shrink. And from the
+// start, few malloc arenas. docs/design/memory-trimming.md tells what each
+// step gives back.
 import { readFileSync } from 'node:fs';
 import type { Session } from 'node:inspector';
 import { createRequire } from 'node:module';
@@ -29,9 +30,10 @@ const M_ARENA_MAX = -8;
 /**
  * At most `arenas` malloc arenas, unless MALLOC_ARENA_MAX says otherwise.
  * glibc gives each thread that mallocs (V8's GC helpers, libuv's pool) an
- * arena of its own up to 8 per CPU, and each keeps its own free fragments:
- * two cut the node agent's settled RSS by about 6 MB at 10k Services
- * (docs/benchmarks.md). Called first thing, before those threads malloc.
+ * arena of its own up to 8 per CPU, and each keeps its own free fragments
+ * that count in the node agent's settled RSS; two arenas leave few of them
+ * (docs/design/memory-trimming.md). Called first thing, before those
+ * threads malloc.
  */
 export function limitMallocArenas(arenas = 2): void {
   if (process.env.MALLOC_ARENA_MAX) return;
@@ -51,8 +53,8 @@ function peakRss(): number | undefined {
 /**
  * Bytes a compacting collection may copy: what is in use in the spaces it
  * evacuates. Large objects (a big array's backing store) and the young
- * generation are not moved, so heapUsed overstates the copy: by a third in
- * the trimMemory step test, which made its compaction miss the peak by 1 MB.
+ * generation are not moved, so heapUsed overstates the copy, enough to keep
+ * a compaction that fits under the peak from running.
  */
 function movableBytes(): number {
   let n = 0;
@@ -116,25 +118,25 @@ const STEP_BUDGET_MS = 1000;
 /**
  * a collection that stopped the event loop longer than this is the trim's
  * last step: a change that comes in waits it out, and on a heap that large
- * a step gives back little for it (at 100k Services each paused 0.63 s for
- * 13 MB, where the low-memory notification after them gave back 59 MB)
+ * a step gives back little for its pause, less than the low-memory
+ * notification after the steps does
  */
 const STEP_MAX_PAUSE_MS = 300;
 /**
  * after a full collection, V8's memory reducer runs this much later when
  * allocation is quiet: during a trim, and V8's default. (Only from a first
  * full collection: each later one while the reducer waits puts it 8 s after
- * itself, V8's fixed delay, so after a trim of several steps its collection
- * came 8.3 s after the trim's last at 30k Services, 8.8 s at 100k, with the
- * delay kept at 1 s or not: docs/benchmarks.md, fourteenth pass.)
+ * itself, V8's fixed delay, so after a trim of several steps the reducer
+ * comes about 8 s after the trim's last collection whatever this is;
+ * docs/design/memory-trimming.md.)
  */
 const REDUCER_DELAY_MS = 1000;
 const REDUCER_DEFAULT_MS = 8000;
 
 /**
  * How long V8 is told to favour memory after a trim: its memory reducer
- * starts 8 s after the last full collection (the trim's), 0.5 s of marking
- * at 100k Services
+ * starts 8 s after the last full collection (the trim's), and its marking
+ * steps on a large heap must fit in what is left
  */
 const FAVOUR_MEMORY_MS = 10_000;
 const FAVOURED_BY_OPERATOR = process.execArgv.some((a) => a === '--optimize-for-size' || a === '--optimize_for_size');
@@ -145,22 +147,19 @@ const FAVOURED_BY_OPERATOR = process.execArgv.some((a) => a === '--optimize-for-
  * what follows the burst (the node is programmed, the first changes come).
  *
  * One full collection frees the objects but keeps most of the pages they
- * were spread over (at 10k Services V8's heap stayed 111 MB for 80 MB in
- * use). Each further one moves the survivors of a few sparse pages
- * together and gives those pages back (about 16 MB at a time), without the
- * copy of the whole heap that forcing compaction costs. So collections
+ * were spread over. Each further one moves the survivors of a few sparse
+ * pages together and gives those pages back, without the copy of the
+ * whole heap that forcing compaction costs. So collections
  * follow one another, STEP_GAP_MS apart, while each gives back at least
  * STEP_MIN_GAIN and within STEP_BUDGET_MS, and none paused the event loop
  * longer than maxStepPauseMs. Then, collections being short, one
  * compacting collection moves what is left together, if copying it all
- * stays under the peak RSS the process already reached (at 30k Services it
- * did not before the steps), and V8's memory reducer, told at the first
+ * stays under the peak RSS the process already reached (on a large heap it
+ * does only after the steps), and V8's memory reducer, told at the first
  * step to come sooner, does the rest while the process is quiet.
- * youngAfterMs after the last,
- * V8's low-memory notification compacts in its way and gives back the
- * young generation (without an inspector, a scavenge). Measured:
- * docs/benchmarks.md, "The node agent's memory and start, second pass" and
- * "ninth pass".
+ * youngAfterMs after the last, V8's low-memory notification compacts in
+ * its way and gives back the young generation (without an inspector, a
+ * scavenge). docs/design/memory-trimming.md has what each step gives back.
  * Returns a canceller (a process on its way out has nothing to give back).
  */
 export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS, maxStepPauseMs = STEP_MAX_PAUSE_MS): () => void {
@@ -179,9 +178,9 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS, maxStepPa
     const gc = collector();
     if (first) {
       setFlagsFromString(`--gc-memory-reducer-start-delay-ms=${REDUCER_DELAY_MS}`);
-      // after a trim the reducer finds little (at 100k Services 599 -> 577
-      // MB committed), yet each of its up to three incremental collections
-      // paused the event loop 24-58 ms on that heap when a change came in
+      // after a trim the reducer finds little, yet each of its up to three
+      // incremental collections pauses the event loop on a large heap, and
+      // a change that comes in meanwhile waits
       setFlagsFromString('--memory-reducer-single-gc');
     }
     const t0 = performance.now();
@@ -218,20 +217,19 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS, maxStepPa
     // while. Later bursts' own collections are not followed by the reducer
     // so soon (its collections cost CPU). After a long collection, at once:
     // V8's memory reducer makes its one collection 8 s after the last full
-    // one, and a large heap's (0.6 s of marking steps at 100k Services)
-    // had better come before the changes do.
+    // one, and a large heap's marking steps had better come before the
+    // changes do.
     after = setTimeout(() => {
       const settled = () => {
         setFlagsFromString(`--gc-memory-reducer-start-delay-ms=${REDUCER_DEFAULT_MS}`);
         // V8 rates allocation only at its own collections, over the last
         // ten, and an idle agent makes none: after a trim its memory reducer
-        // kept seeing the burst and held its one collection of the whole
-        // heap until the changes' own scavenges (at 100k Services it came
-        // with the fifth change and made it take 43-83 ms). Told to favour
-        // memory (as for a process in the background), it collects at its
-        // next check, whatever rate it recorded, while the agent is quiet.
-        // Scavenges to record the quiet were tried: how many it takes
-        // depends on the heap (docs/benchmarks.md, seventh pass).
+        // keeps seeing the burst and holds its one collection of the whole
+        // heap until the changes' own scavenges, and a change then waits for
+        // it. Told to favour memory (as for a process in the background), it
+        // collects at its next check, whatever rate it recorded, while the
+        // agent is quiet. (Scavenges to record the quiet do not do: how many
+        // it takes depends on the heap; docs/design/memory-trimming.md.)
         // (not when node was started with it: it stays as the operator set it)
         if (FAVOURED_BY_OPERATOR) return;
         setFlagsFromString('--optimize-for-size');
@@ -255,9 +253,10 @@ export function trimMemory(delayMs = 0, youngAfterMs = YOUNG_AFTER_MS, maxStepPa
 /**
  * The parts as one flat string. A template literal or `+` makes a rope: a
  * 32-byte cell per join that a long-kept string (an nftables element key, a
- * map key) keeps for its life; 390k of them were 13 MiB at 10k Services.
+ * map key) keeps for its life, and a node keeps hundreds of thousands.
  * Array.prototype.join writes one sequential string instead (given two or
- * more non-empty parts: a single part comes back as it is, rope or not).
+ * more non-empty parts: a single part comes back as it is, rope or not;
+ * docs/design/flat-strings.md).
  */
 export function flat(...parts: (string | number)[]): string {
   return parts.join('');

@@ -92,7 +92,7 @@ function ip(v: unknown, field: string): string {
  * e, an InvalidObject naming a field of an item, renamed under the item's
  * own name (the item itself when its field is ''). Field names are made
  * only then: made for every field of every endpoint (about 15 strings),
- * they and the absent hints' lists were a fifth of a slice's conversion.
+ * they and the absent hints' lists would be a good part of a slice's conversion.
  */
 function within(e: unknown, item: string): unknown {
   return e instanceof InvalidObject ? new InvalidObject(e.field ? `${item}.${e.field}` : item, e.reason) : e;
@@ -156,7 +156,7 @@ export function convertService(o: Obj): Converted {
   if (!SERVICE_TYPES.has(type)) throw new InvalidObject('spec.type', `unknown type ${JSON.stringify(type)}`);
 
   // message literals, every field as create() sets it (test/core/objects-literal.test.ts):
-  // protobuf-es's reflective create() was a tenth of a cold start's conversion
+  // protobuf-es's reflective create() is slow enough to count in a cold start's conversion
   const ips: L.ServiceIPs = { $typeName: 'localv1.ServiceIPs', ClusterIPs: newIPSet(), ExternalIPs: newIPSet(), Headless: false, LoadBalancerIPs: newIPSet(), ProxyLoadBalancerIPs: newIPSet() };
   const svc: L.Service = {
     $typeName: 'localv1.Service',
@@ -329,7 +329,7 @@ function convertEndpoint(ev: unknown, family: 4 | 6, addressType: string, namesp
   const ipset = newIPSet();
   ipSetAdd(ipset, addr);
   // message literals, every field as create() sets it (test/core/objects-literal.test.ts):
-  // the reflective create() was a fifth of a large file's parse
+  // the reflective create() would be a good part of a large file's parse
   return {
     $typeName: 'globalv1.EndpointInfo',
     Hash: 0n,

@@ -1,4 +1,4 @@
-// A worker thread that parses for the sources (parse-worker.ts): a 50 MB
+// A worker thread that parses for the sources (parse-worker.ts): a large
 // YAML file never stalls the event loop, and a kube list page's slices are
 // parsed and converted beside the main thread. Started on first use, ended
 // once idle: the memory a big parse took goes with it.

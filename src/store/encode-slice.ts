@@ -2,9 +2,9 @@
 // as protobuf-es's toBinary of each EndpointInfo (fields by number,
 // proto3 defaults left out, a message field that is set written even when
 // empty), checked by test/core/encode-slice.test.ts. Sources encode every
-// slice they read; toBinary was most of a file source's parse (0.6 s of CPU
-// at 30k slices). An endpoint with anything this does not write (a Hash, a
-// negative number, unknown fields) goes through toBinary.
+// slice they read, and toBinary would be most of a file source's parse
+// (docs/design/slabs.md). An endpoint with anything this does not write (a
+// Hash, a negative number, unknown fields) goes through toBinary.
 import { toBinary } from '@bufbuild/protobuf';
 import { EndpointInfoSchema, type EndpointInfo } from '../api/gen/api/globalv1/api_pb.js';
 import { ProtoWriter } from '../api/proto-writer.js';

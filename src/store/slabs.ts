@@ -1,8 +1,8 @@
 // Byte strings packed into shared slabs: an ArrayBuffer of its own per
-// stored slice cost as much again as the bytes themselves (a Uint8Array, an
-// ArrayBuffer and V8's native bookkeeping for each: 5 MiB of buffers and
-// 3.5 MiB of wrappers at 10k slices). A record keeps its slab and where its
-// bytes start; a read is a subarray.
+// stored slice costs as much again as the bytes themselves (a Uint8Array,
+// an ArrayBuffer and V8's native bookkeeping for each;
+// docs/design/slabs.md). A record keeps its slab and where its bytes start;
+// a read is a subarray.
 //
 // A slab is only ever appended to: bytes once written never change, so a
 // subarray a caller got stays right for as long as it keeps it. Space a
@@ -39,7 +39,7 @@ export class Slabs {
   private liveBytes = 0;
   /** bytes written into slabs still holding a record (or the current one) */
   private heldBytes = 0;
-  /** compact when the dead bytes pass this */
+  /** compact when the dead bytes exceed this */
   private compactAt = SLAB_SIZE;
 
   /** counts for tests */
@@ -85,7 +85,7 @@ export class Slabs {
     this.liveBytes += r.len;
   }
 
-  /** whether dead bytes have grown enough since the last compaction to pay for one (a pass over every record) */
+  /** whether dead bytes have grown enough since the last compaction to pay for one (a walk over every record) */
   get wantsCompaction(): boolean {
     return this.heldBytes - this.liveBytes > this.compactAt;
   }
@@ -94,7 +94,7 @@ export class Slabs {
    * Moves the records of slabs at least a quarter dead to the current slab:
    * what stays is at most a third dead, and the copying is at most three
    * times the space it frees. The next compaction waits for a quarter of the
-   * live bytes (or a slab) more dead, so passes over the records are paid
+   * live bytes (or a slab) more dead, so walks over the records are paid
    * for by what they free: held bytes stay within 1.6 times the live ones.
    */
   compact(records: Iterable<SlabRef>): void {

@@ -223,208 +223,292 @@ export interface StoreOptions {
   readonly keepDecodedSlices?: boolean;
 }
 
-export class Store {
-  private readonly keepDecodedSlices: boolean;
+/** What the store holds, shared by the Store (its reads) and each StoreTransaction (its writes). */
+class StoreRecords {
+  readonly services = new Map<string, StoredService>();
+  readonly slices = new Map<string, SliceRecord>();
+  readonly slabs = new Slabs();
+  /** service key -> its slices' keys: the one key itself (most services), or a set */
+  readonly slicesByService = new Map<string, string | Set<string>>();
+  readonly nodes = new Map<string, StoredNode>();
+  readonly cidrs = new Map<string, StoredServiceCIDR>();
+  /** per-service version: moves when the service or one of its slices changes */
+  readonly serviceVersions = new Map<string, number>();
+  readonly synced = new Set<Kind>();
+  /** updates that really changed something */
+  revision = 0;
+  /** writes and deletes received from sources, changed or not */
+  events = 0;
+  /** the last service version given */
+  version = 0;
 
-  constructor(opts: StoreOptions = {}) {
-    this.keepDecodedSlices = opts.keepDecodedSlices ?? false;
+  constructor(readonly keepDecodedSlices: boolean) {}
+
+  get allSynced(): boolean {
+    return this.synced.size === KINDS.length;
   }
 
-  private readonly services = new Map<string, StoredService>();
-  private readonly slices = new Map<string, SliceRecord>();
-  private readonly slabs = new Slabs();
-  /** service key -> its slices' keys: the one key itself (most services), or a set */
-  private readonly slicesByService = new Map<string, string | Set<string>>();
-  private readonly nodeMap = new Map<string, StoredNode>();
-  private readonly cidrs = new Map<string, StoredServiceCIDR>();
-  /** per-service version: moves when the service or one of its slices changes */
-  private readonly serviceVersions = new Map<string, number>();
-  private readonly synced = new Set<Kind>();
+  /** the Service's key, the stored Service's copy of it if there is one: the maps by service share it */
+  serviceKeyOf(namespace: string, name: string): string {
+    const key = serviceKey(namespace, name);
+    return this.services.get(key)?.key ?? key;
+  }
+
+  indexSlice(s: StoredSlice) {
+    const key = this.serviceKeyOf(s.namespace, s.serviceName);
+    const had = this.slicesByService.get(key);
+    if (had === undefined || had === s.key) this.slicesByService.set(key, s.key);
+    else if (typeof had === 'string') this.slicesByService.set(key, new Set([had, s.key]));
+    else had.add(s.key);
+  }
+
+  unindexSlice(s: StoredSlice) {
+    const key = serviceKey(s.namespace, s.serviceName);
+    const had = this.slicesByService.get(key);
+    if (had === s.key) this.slicesByService.delete(key);
+    else if (typeof had === 'object') {
+      had.delete(s.key);
+      if (had.size === 1) for (const k of had) this.slicesByService.set(key, k);
+    }
+  }
+}
+
+/**
+ * One update's writes (StoreTx) against the store's records: each is made
+ * at once, with how to take it back (a batch that throws changes nothing),
+ * and noted for the change the listeners hear.
+ */
+class StoreTransaction implements StoreTx {
+  /** how to take back each write of this batch, newest last */
+  private readonly undo: (() => void)[] = [];
+  private readonly eventsBefore: number;
+  private readonly wasSynced: boolean;
+  private readonly services = new Set<string>();
+  private readonly slices = new Set<string>();
+  private readonly nodes = new Set<string>();
+  private cidrsChanged = false;
+  private syncFlipped = false;
+
+  constructor(private readonly r: StoreRecords) {
+    this.eventsBefore = r.events;
+    this.wasSynced = r.allSynced;
+  }
+
+  setService(svc: Service): void {
+    this.putService(svc);
+  }
+
+  setServiceBytes(bytes: Uint8Array): void {
+    // (what the hand-written decoder does not take, fromBinary does: then its encoding is made again to compare)
+    const fast = decodeServiceFastOnly(bytes);
+    if (fast) this.putService(fast, bytes);
+    else this.putService(fromBinary(ServiceSchema, bytes));
+  }
+
+  deleteService(namespace: string, name: string): void {
+    const r = this.r;
+    r.events++;
+    const key = serviceKey(namespace, name);
+    if (!r.services.has(key)) return;
+    this.keep(r.services, key);
+    r.services.delete(key);
+    this.touchService(key);
+  }
+
+  setSlice(namespace: string, name: string, serviceName: string, endpoints: EndpointInfo[]): void {
+    this.putSlice(namespace, name, serviceName, encodeSliceTransient(serviceName, endpoints), endpoints);
+  }
+
+  setSliceBytes(namespace: string, name: string, serviceName: string, bytes: Uint8Array): void {
+    this.putSlice(namespace, name, serviceName, bytes, undefined);
+  }
+
+  deleteSlice(namespace: string, name: string): void {
+    const r = this.r;
+    r.events++;
+    const key = flat(namespace, '/', name);
+    const prev = r.slices.get(key);
+    if (!prev) return;
+    this.undo.push(() => {
+      r.slabs.rehold(prev);
+      r.slices.set(key, prev);
+      r.indexSlice(prev);
+    });
+    r.slabs.release(prev);
+    r.slices.delete(key);
+    r.unindexSlice(prev);
+    this.slices.add(key);
+    this.touchService(r.serviceKeyOf(namespace, prev.serviceName));
+  }
+
+  setNode(node: Node): void {
+    const r = this.r;
+    r.events++;
+    const bytes = toBinary(NodeSchema, node);
+    const prev = r.nodes.get(node.Name);
+    if (prev && bytesEqual(prev.bytes, bytes)) return;
+    this.keep(r.nodes, node.Name);
+    r.nodes.set(node.Name, { node: compact(NodeSchema, [node])[0], bytes });
+    this.nodes.add(node.Name);
+  }
+
+  deleteNode(name: string): void {
+    const r = this.r;
+    r.events++;
+    if (!r.nodes.has(name)) return;
+    this.keep(r.nodes, name);
+    r.nodes.delete(name);
+    this.nodes.add(name);
+  }
+
+  setServiceCIDR(cidr: ServiceCIDR): void {
+    const r = this.r;
+    r.events++;
+    const bytes = toBinary(ServiceCIDRSchema, cidr);
+    const prev = r.cidrs.get(cidr.Name);
+    if (prev && bytesEqual(prev.bytes, bytes)) return;
+    this.keep(r.cidrs, cidr.Name);
+    r.cidrs.set(cidr.Name, { cidr, bytes });
+    this.cidrsChanged = true;
+  }
+
+  deleteServiceCIDR(name: string): void {
+    const r = this.r;
+    r.events++;
+    if (!r.cidrs.has(name)) return;
+    this.keep(r.cidrs, name);
+    r.cidrs.delete(name);
+    this.cidrsChanged = true;
+  }
+
+  setSynced(kind: Kind): void {
+    const synced = this.r.synced;
+    if (synced.has(kind)) return;
+    this.undo.push(() => synced.delete(kind));
+    synced.add(kind);
+    this.syncFlipped = true;
+  }
+
+  /** Takes every write of the batch back, newest first. */
+  rollBack(): void {
+    for (let i = this.undo.length - 1; i >= 0; i--) this.undo[i]();
+    this.r.events = this.eventsBefore;
+  }
+
+  /** The batch is done: the bookkeeping after it, and what it changed (undefined: nothing, no new revision). */
+  commit(): StoreChange | undefined {
+    const r = this.r;
+    // a service gone for good (no Service, no slice) needs no version: the bookkeeping stays bounded
+    for (const key of this.services) if (!r.services.has(key) && !r.slicesByService.has(key)) r.serviceVersions.delete(key);
+    // after the batch: its undo needs every released record where it was
+    if (r.slabs.wantsCompaction) r.slabs.compact(r.slices.values());
+    if (!this.services.size && !this.slices.size && !this.nodes.size && !this.cidrsChanged && !this.syncFlipped) return undefined;
+    return {
+      rev: ++r.revision,
+      services: this.services,
+      slices: this.slices,
+      nodes: this.nodes,
+      serviceCIDRs: this.cidrsChanged,
+      becameSynced: !this.wasSynced && r.allSynced,
+    };
+  }
+
+  private touchService(key: string): void {
+    const versions = this.r.serviceVersions;
+    this.services.add(key);
+    const prev = versions.get(key);
+    this.undo.push(() => (prev === undefined ? versions.delete(key) : versions.set(key, prev)));
+    versions.set(key, ++this.r.version);
+  }
+
+  /** undoes a map entry's change */
+  private keep<V>(m: Map<string, V>, key: string): void {
+    const prev = m.get(key);
+    const had = m.has(key);
+    this.undo.push(() => (had ? m.set(key, prev as V) : m.delete(key)));
+  }
+
+  private putSlice(namespace: string, name: string, serviceName: string, bytes: Uint8Array, endpoints: readonly EndpointInfo[] | undefined): void {
+    const r = this.r;
+    r.events++;
+    const key = flat(namespace, '/', name);
+    const prev = r.slices.get(key);
+    // packed with prev's names, the bytes compare as prev's bytes would
+    let packed = packSlice(bytes, namesPrefix(namespace, name, prev?.serviceName ?? serviceName));
+    if (prev && bytesEqual(prev.packed, packed)) return;
+    if (prev && prev.serviceName !== serviceName) packed = packSlice(bytes, namesPrefix(namespace, name, serviceName));
+    const { slab, off } = r.slabs.put(packed);
+    // the Service's own copies (compact pools them)
+    const ns = pooled(namespace);
+    const svcName = pooled(serviceName);
+    const stored = r.keepDecodedSlices ? new DecodedSliceRecord(key, ns, svcName, slab, off, packed.length, endpoints) : new SliceRecord(key, ns, svcName, slab, off, packed.length);
+    if (prev) r.slabs.release(prev);
+    this.undo.push(() => {
+      r.unindexSlice(stored);
+      r.slabs.release(stored);
+      if (prev) {
+        r.slabs.rehold(prev);
+        r.slices.set(key, prev);
+        r.indexSlice(prev);
+      } else r.slices.delete(key);
+    });
+    if (prev && prev.serviceName !== serviceName) r.unindexSlice(prev);
+    r.slices.set(key, stored);
+    r.indexSlice(stored);
+    this.slices.add(key);
+    if (prev && prev.serviceName !== serviceName) this.touchService(r.serviceKeyOf(namespace, prev.serviceName));
+    this.touchService(r.serviceKeyOf(namespace, serviceName));
+  }
+
+  /** encoded: the Service's canonical encoding (encodeServiceFast), when the caller has it */
+  private putService(svc: Service, encoded?: Uint8Array): void {
+    const r = this.r;
+    r.events++;
+    const key = serviceKey(svc.Namespace, svc.Name);
+    const prev = r.services.get(key);
+    // encoded only to compare with a previous version or to keep (a new key, most of a first list, needs neither)
+    if (prev && bytesEqual(prev.bytes, encoded ?? encodeServiceFast(svc))) return;
+    const service = compactOne(ServiceSchema, svc);
+    // (compact hands back a message with a prototype chain as it is: not ours to change)
+    if (service !== svc) service.Ports = sharedPorts(service.Ports) as PortMapping[];
+    this.keep(r.services, key);
+    // its bytes are made again when read, unless compact's copy left something out
+    r.services.set(key, anyUnknownFields(svc) ? new ServiceRecordWithBytes(key, service, encodeServiceFast(svc)) : new ServiceRecord(key, service));
+    this.touchService(key);
+  }
+}
+
+export class Store {
+  private readonly r: StoreRecords;
   private readonly listeners = new Set<Listener>();
-  private revision = 0;
-  private eventCount = 0;
-  private versionCounter = 0;
+
+  constructor(opts: StoreOptions = {}) {
+    this.r = new StoreRecords(opts.keepDecodedSlices ?? false);
+  }
 
   /** revisions: updates that really changed something */
-  get rev(): number { return this.revision; }
+  get rev(): number { return this.r.revision; }
   /** writes and deletes received from sources, changed or not */
-  get events(): number { return this.eventCount; }
-  get allSynced(): boolean { return this.synced.size === KINDS.length; }
+  get events(): number { return this.r.events; }
+  get allSynced(): boolean { return this.r.allSynced; }
 
-  isSynced(kind: Kind): boolean { return this.synced.has(kind); }
+  isSynced(kind: Kind): boolean { return this.r.synced.has(kind); }
 
   /**
-   * Applies a batch of writes atomically; listeners hear once if anything
-   * changed. A batch that throws changes nothing (its writes are undone) and
-   * the error goes to the caller.
+   * Applies a batch of writes atomically (a StoreTransaction); listeners
+   * hear once if anything changed. A batch that throws changes nothing (its
+   * writes are undone) and the error goes to the caller.
    */
   update(fn: (tx: StoreTx) => void): StoreChange | undefined {
-    /** how to take back each write of this batch, newest last */
-    const undo: (() => void)[] = [];
-    const events = this.eventCount;
-    const services = new Set<string>();
-    const slices = new Set<string>();
-    const nodes = new Set<string>();
-    let cidrsChanged = false;
-    const wasSynced = this.allSynced;
-    let syncFlipped = false;
-
-    const touchService = (key: string) => {
-      services.add(key);
-      const prev = this.serviceVersions.get(key);
-      undo.push(() => (prev === undefined ? this.serviceVersions.delete(key) : this.serviceVersions.set(key, prev)));
-      this.serviceVersions.set(key, ++this.versionCounter);
-    };
-    /** undoes a map entry's change */
-    const keep = <V>(m: Map<string, V>, key: string) => {
-      const prev = m.get(key);
-      const had = m.has(key);
-      undo.push(() => (had ? m.set(key, prev as V) : m.delete(key)));
-    };
-
-    const setSlice = (namespace: string, name: string, serviceName: string, bytes: Uint8Array, endpoints: readonly EndpointInfo[] | undefined) => {
-      this.eventCount++;
-      const key = flat(namespace, '/', name);
-      const prev = this.slices.get(key);
-      // packed with prev's names, the bytes compare as prev's bytes would
-      let packed = packSlice(bytes, namesPrefix(namespace, name, prev?.serviceName ?? serviceName));
-      if (prev && bytesEqual(prev.packed, packed)) return;
-      if (prev && prev.serviceName !== serviceName) packed = packSlice(bytes, namesPrefix(namespace, name, serviceName));
-      const { slab, off } = this.slabs.put(packed);
-      // the Service's own copies (compact pools them)
-      const ns = pooled(namespace);
-      const svcName = pooled(serviceName);
-      const stored = this.keepDecodedSlices ? new DecodedSliceRecord(key, ns, svcName, slab, off, packed.length, endpoints) : new SliceRecord(key, ns, svcName, slab, off, packed.length);
-      if (prev) this.slabs.release(prev);
-      undo.push(() => {
-        this.unindexSlice(stored);
-        this.slabs.release(stored);
-        if (prev) {
-          this.slabs.rehold(prev);
-          this.slices.set(key, prev);
-          this.indexSlice(prev);
-        } else this.slices.delete(key);
-      });
-      if (prev && prev.serviceName !== serviceName) this.unindexSlice(prev);
-      this.slices.set(key, stored);
-      this.indexSlice(stored);
-      slices.add(key);
-      if (prev && prev.serviceName !== serviceName) touchService(this.serviceKeyOf(namespace, prev.serviceName));
-      touchService(this.serviceKeyOf(namespace, serviceName));
-    };
-
-    /** encoded: the Service's canonical encoding (encodeServiceFast), when the caller has it */
-    const setService = (svc: Service, encoded?: Uint8Array) => {
-      this.eventCount++;
-      const key = serviceKey(svc.Namespace, svc.Name);
-      const prev = this.services.get(key);
-      // encoded only to compare with a previous version or to keep (a new key, most of a first list, needs neither)
-      if (prev && bytesEqual(prev.bytes, encoded ?? encodeServiceFast(svc))) return;
-      const service = compactOne(ServiceSchema, svc);
-      // (compact hands back a message with a prototype chain as it is: not ours to change)
-      if (service !== svc) service.Ports = sharedPorts(service.Ports) as PortMapping[];
-      keep(this.services, key);
-      // its bytes are made again when read, unless compact's copy left something out
-      this.services.set(key, anyUnknownFields(svc) ? new ServiceRecordWithBytes(key, service, encodeServiceFast(svc)) : new ServiceRecord(key, service));
-      touchService(key);
-    };
-
-    const tx: StoreTx = {
-      setService: (svc) => setService(svc),
-      setServiceBytes: (bytes) => {
-        // (what the hand-written decoder does not take, fromBinary does: then its encoding is made again to compare)
-        const fast = decodeServiceFastOnly(bytes);
-        if (fast) setService(fast, bytes);
-        else setService(fromBinary(ServiceSchema, bytes));
-      },
-      deleteService: (namespace, name) => {
-        this.eventCount++;
-        const key = serviceKey(namespace, name);
-        if (!this.services.has(key)) return;
-        keep(this.services, key);
-        this.services.delete(key);
-        touchService(key);
-      },
-      setSlice: (namespace, name, serviceName, endpoints) => setSlice(namespace, name, serviceName, encodeSliceTransient(serviceName, endpoints), endpoints),
-      setSliceBytes: (namespace, name, serviceName, bytes) => setSlice(namespace, name, serviceName, bytes, undefined),
-      deleteSlice: (namespace, name) => {
-        this.eventCount++;
-        const key = flat(namespace, '/', name);
-        const prev = this.slices.get(key);
-        if (!prev) return;
-        undo.push(() => {
-          this.slabs.rehold(prev);
-          this.slices.set(key, prev);
-          this.indexSlice(prev);
-        });
-        this.slabs.release(prev);
-        this.slices.delete(key);
-        this.unindexSlice(prev);
-        slices.add(key);
-        touchService(this.serviceKeyOf(namespace, prev.serviceName));
-      },
-      setNode: (node) => {
-        this.eventCount++;
-        const bytes = toBinary(NodeSchema, node);
-        const prev = this.nodeMap.get(node.Name);
-        if (prev && bytesEqual(prev.bytes, bytes)) return;
-        keep(this.nodeMap, node.Name);
-        this.nodeMap.set(node.Name, { node: compact(NodeSchema, [node])[0], bytes });
-        nodes.add(node.Name);
-      },
-      deleteNode: (name) => {
-        this.eventCount++;
-        if (!this.nodeMap.has(name)) return;
-        keep(this.nodeMap, name);
-        this.nodeMap.delete(name);
-        nodes.add(name);
-      },
-      setServiceCIDR: (cidr) => {
-        this.eventCount++;
-        const bytes = toBinary(ServiceCIDRSchema, cidr);
-        const prev = this.cidrs.get(cidr.Name);
-        if (prev && bytesEqual(prev.bytes, bytes)) return;
-        keep(this.cidrs, cidr.Name);
-        this.cidrs.set(cidr.Name, { cidr, bytes });
-        cidrsChanged = true;
-      },
-      deleteServiceCIDR: (name) => {
-        this.eventCount++;
-        if (!this.cidrs.has(name)) return;
-        keep(this.cidrs, name);
-        this.cidrs.delete(name);
-        cidrsChanged = true;
-      },
-      setSynced: (kind) => {
-        if (this.synced.has(kind)) return;
-        undo.push(() => this.synced.delete(kind));
-        this.synced.add(kind);
-        syncFlipped = true;
-      },
-    };
+    const tx = new StoreTransaction(this.r);
     try {
       fn(tx);
     } catch (e) {
-      for (let i = undo.length - 1; i >= 0; i--) undo[i]();
-      this.eventCount = events;
+      tx.rollBack();
       throw e;
     }
-    // a service gone for good (no Service, no slice) needs no version: the bookkeeping stays bounded
-    for (const key of services) if (!this.services.has(key) && !this.slicesByService.has(key)) this.serviceVersions.delete(key);
-    // after the batch: its undo needs every released record where it was
-    if (this.slabs.wantsCompaction) this.slabs.compact(this.slices.values());
-
-    if (!services.size && !slices.size && !nodes.size && !cidrsChanged && !syncFlipped) return undefined;
-    this.revision++;
-    const change: StoreChange = {
-      rev: this.revision,
-      services,
-      slices,
-      nodes,
-      serviceCIDRs: cidrsChanged,
-      becameSynced: !wasSynced && this.allSynced,
-    };
-    for (const l of this.listeners) l(change);
+    const change = tx.commit();
+    if (change) for (const l of this.listeners) l(change);
     return change;
   }
 
@@ -434,68 +518,44 @@ export class Store {
     return () => this.listeners.delete(l);
   }
 
-  getService(key: string): StoredService | undefined { return this.services.get(key); }
+  getService(key: string): StoredService | undefined { return this.r.services.get(key); }
   /** moves whenever the service or any of its slices changes; 0 if never seen (or gone) */
-  serviceVersion(key: string): number { return this.serviceVersions.get(key) ?? 0; }
+  serviceVersion(key: string): number { return this.r.serviceVersions.get(key) ?? 0; }
   /** services with a version kept (for tests: bounded by what exists) */
-  get versionCount(): number { return this.serviceVersions.size; }
+  get versionCount(): number { return this.r.serviceVersions.size; }
   /** slices' bytes stored, and bytes of the slabs holding them (for tests: bounded by what is stored) */
-  get sliceBytes(): { readonly live: number; readonly held: number } { return { live: this.slabs.live, held: this.slabs.held }; }
-  serviceKeys(): IterableIterator<string> { return this.services.keys(); }
-  allServices(): IterableIterator<StoredService> { return this.services.values(); }
+  get sliceBytes(): { readonly live: number; readonly held: number } { return { live: this.r.slabs.live, held: this.r.slabs.held }; }
+  serviceKeys(): IterableIterator<string> { return this.r.services.keys(); }
+  allServices(): IterableIterator<StoredService> { return this.r.services.values(); }
 
   /** whether some slice of this Service is stored */
-  hasSlices(key: string): boolean { return this.slicesByService.has(key); }
+  hasSlices(key: string): boolean { return this.r.slicesByService.has(key); }
 
   slicesOfService(key: string): StoredSlice[] {
-    const keys = this.slicesByService.get(key);
+    const keys = this.r.slicesByService.get(key);
     if (keys === undefined) return [];
-    if (typeof keys === 'string') return [this.slices.get(keys)!];
+    if (typeof keys === 'string') return [this.r.slices.get(keys)!];
     const out: StoredSlice[] = [];
-    for (const k of [...keys].sort()) out.push(this.slices.get(k)!);
+    for (const k of [...keys].sort()) out.push(this.r.slices.get(k)!);
     return out;
   }
-  getSlice(key: string): StoredSlice | undefined { return this.slices.get(key); }
+  getSlice(key: string): StoredSlice | undefined { return this.r.slices.get(key); }
   /**
    * A slice's endpoints decoded for one use, straight from its packed bytes,
-   * and not kept among the recent decodes (a pass over every Service, as
+   * and not kept among the recent decodes (a walk over every Service, as
    * `to-file --once` makes, would make them live long enough to reach V8's
-   * old generation: hundreds of MB of garbage at 30k Services)
+   * old generation, garbage that grows with the cluster)
    */
   sliceEndpointsOnce(slice: StoredSlice): readonly EndpointInfo[] {
     return slice instanceof SliceRecord && !(slice instanceof DecodedSliceRecord) ? slice.decode() : slice.endpoints;
   }
-  allSlices(): IterableIterator<StoredSlice> { return this.slices.values(); }
+  allSlices(): IterableIterator<StoredSlice> { return this.r.slices.values(); }
 
-  getNode(name: string): StoredNode | undefined { return this.nodeMap.get(name); }
-  allNodes(): IterableIterator<StoredNode> { return this.nodeMap.values(); }
+  getNode(name: string): StoredNode | undefined { return this.r.nodes.get(name); }
+  allNodes(): IterableIterator<StoredNode> { return this.r.nodes.values(); }
 
   serviceCIDRs(): StoredServiceCIDR[] {
-    return [...this.cidrs.values()].sort((a, b) => (a.cidr.Name < b.cidr.Name ? -1 : 1));
-  }
-
-  /** the Service's key, the stored Service's copy of it if there is one: the maps by service share it */
-  private serviceKeyOf(namespace: string, name: string): string {
-    const key = serviceKey(namespace, name);
-    return this.services.get(key)?.key ?? key;
-  }
-
-  private indexSlice(s: StoredSlice) {
-    const key = this.serviceKeyOf(s.namespace, s.serviceName);
-    const had = this.slicesByService.get(key);
-    if (had === undefined || had === s.key) this.slicesByService.set(key, s.key);
-    else if (typeof had === 'string') this.slicesByService.set(key, new Set([had, s.key]));
-    else had.add(s.key);
-  }
-
-  private unindexSlice(s: StoredSlice) {
-    const key = serviceKey(s.namespace, s.serviceName);
-    const had = this.slicesByService.get(key);
-    if (had === s.key) this.slicesByService.delete(key);
-    else if (typeof had === 'object') {
-      had.delete(s.key);
-      if (had.size === 1) for (const k of had) this.slicesByService.set(key, k);
-    }
+    return [...this.r.cidrs.values()].sort((a, b) => (a.cidr.Name < b.cidr.Name ? -1 : 1));
   }
 }
 

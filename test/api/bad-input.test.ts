@@ -9,9 +9,7 @@ import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { create, toBinary } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
-import { Writable } from 'node:stream';
 import { join } from 'node:path';
-import { pino } from 'pino';
 import * as L from '../../src/api/gen/api/localv1/api_pb.js';
 import * as G from '../../src/api/gen/api/globalv1/api_pb.js';
 import { LocalSet, Protocol, newIPSet } from '../../src/api/model.js';
@@ -21,7 +19,9 @@ import { QuietResyncSink, ValidatingSink, watchLocalApi } from '../../src/sinks/
 import { describeOp, type LocalOp } from '../../src/diff/ops.js';
 import { Store } from '../../src/store/store.js';
 import { kpngSpawn } from '../helpers/cli.js';
-import { TempDirs, waitFor } from './helpers.js';
+import { TempDirs } from './helpers.js';
+import { until } from '../helpers/until.js';
+import { recordingLogger } from '../helpers/logs.js';
 
 const dirs = new TempDirs();
 const stops: (() => unknown)[] = [];
@@ -136,7 +136,7 @@ test('kpng local: bad ops from a brain are logged once each, the rest applied, t
   ]);
   const k = kpngSpawn(['local', '--api', brain.address, 'to-log', '--all-sets', '--node-name', 'node-a']);
   stops.push(() => k.stop());
-  await k.until(() => (k.stdout.match(/> sync/g) ?? []).length === 3, 'three syncs', 20_000);
+  await k.until('three syncs', () => (k.stdout.match(/> sync/g) ?? []).length === 3, { timeoutMs: 20_000 });
   const diffs = k.stdout.split('> sync\n');
   assert.match(diffs[1], /\+ ServicesSet demo\/api /);
   assert.match(diffs[1], /\+ EndpointsSet demo\/api\/a1 /);
@@ -181,14 +181,13 @@ test('kpng local: a bad value in the resend after a reconnect keeps the last goo
       ],
     ],
   );
-  const lines: string[] = [];
-  const log = pino({ level: 'warn' }, new Writable({ write: (c, _e, cb) => (lines.push(String(c)), cb()) }));
+  const { log, lines } = recordingLogger('warn');
   const seen: string[] = [];
   const backend = { send: (op: LocalOp) => void seen.push(describeOp(op)) };
   const ac = new AbortController();
   const done = watchLocalApi({ address: brain.address, log, signal: ac.signal, minBackoffMs: 20, maxBackoffMs: 100 }, 'node-a', [], new QuietResyncSink(new ValidatingSink(backend, log)));
   stops.push(() => (ac.abort(), done));
-  await waitFor('the resend', () => seen.filter((o) => o === 'sync').length === 2, 10_000);
+  await until('the resend', () => seen.filter((o) => o === 'sync').length === 2, { timeoutMs: 10_000 });
   assert.equal(brain.watches(), 2);
   assert.deepEqual(seen, ['reset', 'set ServicesSet demo/web', 'set EndpointsSet demo/web/p1', 'sync', 'set ServicesSet demo/api', 'sync']);
   assertOneLineEach(ignoringLines(lines.join('')), ['ServicesSet demo/web (Ports[0].Port']);
@@ -229,12 +228,12 @@ test('kpng api: bad values from a brain are logged once each, the rest stored, t
     // the stream goes on
     [set(LocalSet.GlobalServiceInfos, 'demo|api||', info(svc('demo', 'api', '10.96.0.20', 81))), SYNC],
   ]);
-  const lines: string[] = [];
+  const { log, lines } = recordingLogger('warn');
   const store = new Store();
-  const src = new ApiSource(store, pino({ level: 'warn' }, new Writable({ write: (c, _e, cb) => (lines.push(String(c)), cb()) })), { address: brain.address });
+  const src = new ApiSource(store, log, { address: brain.address });
   src.start();
   stops.push(() => src.stop());
-  await waitFor('three diffs', () => src.applied === 3, 10_000).catch(() => assert.fail(`${src.applied} diffs applied\n${lines.join('')}`));
+  await until('three diffs', () => src.applied === 3, { timeoutMs: 10_000 }).catch(() => assert.fail(`${src.applied} diffs applied\n${lines.join('')}`));
   assert.equal(store.getService('demo/api')!.service.Ports[0].Port, 81);
   assert.equal(store.getService('demo/web')!.service.Ports[0].Port, 80);
   assert.deepEqual(store.slicesOfService('demo/web')[0]?.endpoints.map((e) => e.Endpoint?.IPs?.V4[0]), ['10.244.1.10']);

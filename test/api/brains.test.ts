@@ -16,6 +16,7 @@ import { brainOrder, parseBrains } from '../../src/api/grpc/client.js';
 import { KINDS, Store, type StoreChange } from '../../src/store/store.js';
 import { ApiSource } from '../../src/sources/api/index.js';
 import { LocalSet } from '../../src/api/model.js';
+import type { LocalOp } from '../../src/diff/ops.js';
 import { serviceCIDR } from '../helpers/k8s.js';
 import { ServiceViews } from '../../src/localstate/views.js';
 import { LocalDiff } from '../../src/diff/local-diff.js';
@@ -23,7 +24,8 @@ import { FilterResetSink } from '../../src/diff/filter-reset.js';
 import { create } from '@bufbuild/protobuf';
 import { WatchReqSchema } from '../../src/api/gen/api/localv1/api_pb.js';
 import { localWatchMethod } from '../../src/api/grpc/wire.js';
-import { RawWatch, RecordingBackend, exampleClusterYaml, apply, node, quiet, opText, slice, smallCluster, startServer, svc, syncedStore, waitFor, sleepMs, testResources, type TestServer } from './helpers.js';
+import { RawWatch, RecordingBackend, exampleClusterYaml, apply, node, quiet, slice, smallCluster, startServer, svc, syncedStore, testResources, type TestServer } from './helpers.js';
+import { until, sleep } from '../helpers/until.js';
 
 const { dirs, cleanups } = testResources();
 
@@ -54,18 +56,40 @@ function brain(store: Store, address = socket()) {
   return b;
 }
 
+/**
+ * The node's agent on these brains, into backend. streamsThrough(n): more
+ * than n streams began (each starts with a Reset or a Resume) and the last
+ * one's first diff is through the reset filter: what it was to bring the
+ * backend has reached it.
+ */
 function follow(addresses: string[], backend: RecordingBackend, extra: { watchdogMs?: number; resume?: boolean; sets?: LocalSet[] } = {}) {
   const ac = new AbortController();
+  const wire = { streams: 0, through: false };
+  const filter = new QuietResyncSink(backend);
+  const sink = {
+    heldDigests: () => filter.heldDigests(),
+    async send(op: LocalOp) {
+      if (op.kind === 'reset') (wire.streams++, (wire.through = false));
+      await filter.send(op);
+      if (op.kind === 'sync') wire.through = true;
+    },
+  };
   const done = watchLocalApi(
     { address: addresses.join(','), log: quiet, signal: ac.signal, minBackoffMs: 20, maxBackoffMs: 200, failbackMs: 200, watchdogMs: extra.watchdogMs ?? 5000 },
     'node-a',
     extra.sets ?? [],
-    new QuietResyncSink(backend),
+    sink,
     { resume: extra.resume },
   );
   const stop = async () => (ac.abort(), await done);
   cleanups.push(stop);
-  return stop;
+  return {
+    stop,
+    get streams() {
+      return wire.streams;
+    },
+    streamsThrough: (n: number) => until(`stream ${n + 1}'s first diff`, () => wire.streams > n && wire.through),
+  };
 }
 
 const streams = (b: Brain) => b.s?.server.stats.streams ?? 0;
@@ -101,8 +125,8 @@ test('its brain killed mid-stream: the node follows the other brain with no back
   await own.start();
   await other.start();
   const backend = new RecordingBackend();
-  follow([p1, p2], backend);
-  await waitFor('the first sync', () => backend.syncs === 1);
+  const node = follow([p1, p2], backend);
+  await until('the first sync', () => backend.syncs === 1);
   assert.equal(backend.take().length, 7);
   assert.equal(streams(own), 1);
   assert.equal(streams(other), 0);
@@ -111,9 +135,9 @@ test('its brain killed mid-stream: the node follows the other brain with no back
   both(slice('ns', 'web-1', 'web', [{ ip: '10.1.0.1', node: 'node-a', pod: 'web-a' }, { ip: '10.1.0.22', node: 'node-b', pod: 'web-b' }]));
   own.s!.server.dropStreams();
   await own.stop();
-  await waitFor('the change', () => backend.syncs === 2, 5000);
-  await waitFor('the other brain', () => streams(other) === 1);
-  await sleepMs(100);
+  await until('the change', () => backend.syncs === 2, { timeoutMs: 5000 });
+  await until('the other brain', () => streams(other) === 1);
+  await node.streamsThrough(1);
   // exactly that change, once: no reset, no resent value, no delete-and-add
   assert.deepEqual(backend.take(), ['set EndpointsSet ns/web/web-b', 'sync']);
   // the other brain resumed the node: Resume, the bucket of that service (it and its two endpoints), Sync
@@ -121,18 +145,18 @@ test('its brain killed mid-stream: the node follows the other brain with no back
 
   // the node follows the cluster on the other brain
   both(svc('ns', 'api', '10.96.0.30'));
-  await waitFor('a change through the other brain', () => backend.syncs === 3);
+  await until('a change through the other brain', () => backend.syncs === 3);
   assert.deepEqual(backend.take(), ['set ServicesSet ns/api', 'sync']);
 
   // its brain comes back (a restart: remembers nothing): the node goes back, and the backend hears nothing
   await own.start();
-  await waitFor('the node back on its own brain', () => streams(own) === 1 && streams(other) === 0, 5000);
-  await sleepMs(100);
+  await until('the node back on its own brain', () => streams(own) === 1 && streams(other) === 0, { timeoutMs: 5000 });
+  await node.streamsThrough(2);
   assert.deepEqual(backend.take(), []);
   // a probe and the stream itself, each a Resume of nothing and a Sync
   assert.ok(own.s!.server.stats.messages <= 4, `its brain sent ${own.s!.server.stats.messages} messages`);
   both(svc('ns', 'api', '10.96.0.31'));
-  await waitFor('a change through its own brain', () => backend.syncs === 4);
+  await until('a change through its own brain', () => backend.syncs === 4);
   assert.deepEqual(backend.take(), ['set ServicesSet ns/api', 'sync']);
   assert.equal(own.s!.server.stats.diffs, 3);
 });
@@ -149,16 +173,16 @@ test('a silent brain (connected, never answering) is given up by the watchdog; t
   await other.start();
   const backend = new RecordingBackend();
   const t0 = Date.now();
-  follow([p1, p2], backend, { watchdogMs: 300 });
-  await waitFor('the first sync, from the other brain', () => backend.syncs === 1, 5000);
+  const node = follow([p1, p2], backend, { watchdogMs: 300 });
+  await until('the first sync, from the other brain', () => backend.syncs === 1, { timeoutMs: 5000 });
   assert.ok(Date.now() - t0 >= 250, 'not before the watchdog');
   assert.equal(backend.take()[0], 'reset');
   assert.equal(streams(other), 1);
 
   // its own brain syncs: the node goes back, the backend hears nothing (the same state)
   unsynced.update((tx) => KINDS.forEach((k) => tx.setSynced(k)));
-  await waitFor('the node back on its own brain', () => streams(own) === 1 && streams(other) === 0, 5000);
-  await sleepMs(100);
+  await until('the node back on its own brain', () => streams(own) === 1 && streams(other) === 0, { timeoutMs: 5000 });
+  await node.streamsThrough(1);
   assert.deepEqual(backend.take(), []);
 });
 
@@ -173,14 +197,14 @@ test('a busy brain (synced, its first state queued behind another node) is not g
   const hog = new RawWatch(ownAddress, localWatchMethod, create(WatchReqSchema, { NodeName: 'node-b' }));
   cleanups.push(() => hog.close());
   hog.pause();
-  await waitFor('the other node to hold the slot', () => own.s!.server.stats.messages > 0);
+  await until('the other node to hold the slot', () => own.s!.server.stats.messages > 0);
   const backend = new RecordingBackend();
   follow([p1, p2], backend, { watchdogMs: 300 });
-  await sleepMs(1000);
+  await sleep(1000);
   assert.equal(backend.syncs, 0, 'still queued');
   assert.equal(streams(other), 0, 'never went to the other brain');
   hog.resume();
-  await waitFor('its first state, from its own brain', () => backend.syncs === 1, 10_000);
+  await until('its first state, from its own brain', () => backend.syncs === 1, { timeoutMs: 10_000 });
   assert.equal(streams(other), 0);
   assert.equal(backend.take()[0], 'reset');
 });
@@ -196,13 +220,13 @@ test('kpng api with several brains: a chained store follows one, and the other w
   const src = new ApiSource(chained, quiet, { address: `${a.address},${b.address}`, minBackoffMs: 20, maxBackoffMs: 100, failbackMs: 200 });
   src.start();
   cleanups.push(() => src.stop());
-  await waitFor('the chained store to sync', () => chained.allSynced);
+  await until('the chained store to sync', () => chained.allSynced);
   const [first, second] = streams(a) === 1 ? [a, b] : [b, a];
   assert.equal(streams(first) + streams(second), 1, 'one global watch');
   const before = changes.length;
   await first.stop();
   apply(second.store, svc('ns', 'api', '10.96.0.30'));
-  await waitFor('the change through the other brain', () => !!chained.getService('ns/api'), 5000);
+  await until('the change through the other brain', () => !!chained.getService('ns/api'), { timeoutMs: 5000 });
   assert.equal(streams(second), 1);
   // the other brain's full state, diffed against what the store had: one update, only the new service
   const after = changes.slice(before);
@@ -227,8 +251,8 @@ test('a brain restart with resume sends only the difference (counted); without r
     const b = brain(syncedStore(objects));
     const s = await b.start();
     const backend = new RecordingBackend();
-    const stop = follow([b.address], backend, { resume });
-    await waitFor('the first sync', () => backend.syncs === 1);
+    const node = follow([b.address], backend, { resume });
+    await until('the first sync', () => backend.syncs === 1);
     const full = s.server.stats.messages;
     assert.equal(full, 1 + 3 * N + 1);
     backend.take();
@@ -240,8 +264,8 @@ test('a brain restart with resume sends only the difference (counted); without r
     changed.update((tx) => (tx.deleteService('ns', 's9'), tx.deleteSlice('ns', 's9-1')));
     const restarted = brain(changed, b.address);
     const r = await restarted.start();
-    await waitFor('the sync after the restart', () => backend.syncs === 2, 5000);
-    await sleepMs(50);
+    await until('the sync after the restart', () => backend.syncs === 2, { timeoutMs: 5000 });
+    await node.streamsThrough(1);
     assert.deepEqual(backend.take().sort(), ['delete EndpointsSet ns/s9/p9', 'delete EndpointsSet ns/s9/q9', 'delete ServicesSet ns/s9', 'set EndpointsSet ns/s7/q7', 'set ServicesSet ns/new', 'sync'].sort());
     const sent = r.server.stats.messages;
     if (resume) {
@@ -249,7 +273,7 @@ test('a brain restart with resume sends only the difference (counted); without r
       assert.ok(sent < full / 5, `resumed with ${sent} messages (full state: ${full})`);
       assert.ok(sent >= 2 + 3 + 2, `${sent}`);
     } else assert.equal(sent, 1 + 3 * (N - 1) + 1 + 1, "today's behaviour: Reset and the full state");
-    await stop();
+    await node.stop();
     await restarted.stop();
   }
 });
@@ -260,13 +284,13 @@ test('resume with the node and ServiceCIDR sets: always resent, so a ServiceCIDR
   await b.start();
   const backend = new RecordingBackend();
   follow([b.address], backend, { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
-  await waitFor('the first sync', () => backend.syncs === 1);
+  await until('the first sync', () => backend.syncs === 1);
   assert.ok(backend.take().includes('set ServiceCIDRsSet extra'));
   await b.stop();
   const changed = syncedStore(objects.filter((o: any) => o.metadata.name !== 'extra'));
   const restarted = brain(changed, b.address);
   const r = await restarted.start();
-  await waitFor('the sync after the restart', () => backend.syncs === 2, 5000);
+  await until('the sync after the restart', () => backend.syncs === 2, { timeoutMs: 5000 });
   assert.deepEqual(backend.take(), ['delete ServiceCIDRsSet extra', 'sync']);
   // Resume, the node, the remaining ServiceCIDR, Sync: no service, no endpoint
   assert.equal(r.server.stats.messages, 4);
@@ -343,25 +367,25 @@ test('brain processes: its brain SIGKILLed, the node follows the other one, the 
   const brainProc = (address: string) => kpng('file', '-i', input, '--debounce', '20', 'to-api', '--listen', address, '--metrics-bind-address', '', '--state-socket', 'none');
   let own = brainProc(ownAddress);
   const other = brainProc(otherAddress);
-  await waitFor('the brains to serve', () => own.err().includes('to-api: serving') && other.err().includes('to-api: serving'), 20_000);
+  await until('the brains to serve', () => own.err().includes('to-api: serving') && other.err().includes('to-api: serving'), { timeoutMs: 20_000 });
   const node = kpng('local', '--api', `${p1},${p2}`, '--state-socket', 'none', '--error-delay', '20', '--failback', '300', 'to-log', '--node-name', 'node-a', '--healthz-bind-address', '', '--metrics-bind-address', '');
   const lines = () => node.out().trim().split('\n').filter(Boolean).map((l) => l.split(' {')[0]);
-  await waitFor('the first state', () => lines().includes('> sync'), 20_000);
+  await until('the first state', () => lines().includes('> sync'), { timeoutMs: 20_000 });
   assert.deepEqual(lines(), ['~ reset', '+ ServicesSet demo/web', '+ EndpointsSet demo/web/web-1', '> sync']);
 
   await own.kill();
   write('10.244.1.11');
-  await waitFor('the change through the other brain', () => lines().length >= 6, 20_000);
-  await sleepMs(300);
+  await until('the change through the other brain', () => lines().length >= 6, { timeoutMs: 20_000 });
+  await sleep(300);
   assert.deepEqual(lines().slice(4), ['+ EndpointsSet demo/web/web-1', '> sync']);
   assert.match(node.out(), /10\.244\.1\.11/, 'the new endpoint IP');
 
   own = brainProc(ownAddress);
-  await waitFor('the node back on its own brain', () => node.err().includes('back on its own brain'), 20_000);
-  await sleepMs(300);
+  await until('the node back on its own brain', () => node.err().includes('back on its own brain'), { timeoutMs: 20_000 });
+  await sleep(300);
   assert.equal(lines().length, 6, `no churn: ${lines().slice(6).join(', ')}`);
   write('10.244.1.12');
-  await waitFor('a change through its own brain', () => lines().length >= 8, 20_000);
+  await until('a change through its own brain', () => lines().length >= 8, { timeoutMs: 20_000 });
   assert.deepEqual(lines().slice(6), ['+ EndpointsSet demo/web/web-1', '> sync']);
   await node.kill();
   await own.kill();

@@ -10,8 +10,9 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { TLS_DIR, TempDirs, exampleClusterYaml, waitFor } from './helpers.js';
+import { TLS_DIR, TempDirs, exampleClusterYaml } from './helpers.js';
 import { freePort } from '../helpers/port.js';
+import { until } from '../helpers/until.js';
 
 const KPNG = fileURLToPath(new URL('../../bin/kpng.js', import.meta.url));
 const dirs = new TempDirs();
@@ -57,7 +58,7 @@ test('brain and node processes over a unix socket', { timeout: 60_000 }, async (
 
   // the first brain creates the directory and the socket, then crashes
   const crashed = kpng('file', '-i', input, 'to-api', '--listen', `unix://${sock}`);
-  await waitFor('the first brain to serve', () => crashed.err().includes('to-api: serving'), 20_000);
+  await until('the first brain to serve', () => crashed.err().includes('to-api: serving'), { timeoutMs: 20_000 });
   assert.equal(statSync(join(dir, 'run', 'kpng')).mode & 0o777, 0o750);
   crashed.proc.kill('SIGKILL');
   await exited(crashed);
@@ -65,7 +66,7 @@ test('brain and node processes over a unix socket', { timeout: 60_000 }, async (
 
   // the next brain replaces the stale socket
   const brain = kpng('file', '-i', input, 'to-api', '--listen', `unix://${sock}`);
-  await waitFor('the brain to serve', () => brain.err().includes('to-api: serving'), 20_000);
+  await until('the brain to serve', () => brain.err().includes('to-api: serving'), { timeoutMs: 20_000 });
   assert.equal(statSync(sock).mode & 0o777, 0o660);
 
   // a second brain does not take a live socket over
@@ -132,9 +133,9 @@ test('the brain serves /metrics: its watchers and the time its diffs take', { ti
   const sock = join(dir, 'kpng.sock');
   const port = await freePort();
   const brain = kpng('file', '-i', input, 'to-api', '--listen', `unix://${sock}`, '--metrics-bind-address', `127.0.0.1:${port}`);
-  await waitFor('the brain to serve', () => brain.err().includes('to-api: serving'), 20_000);
+  await until('the brain to serve', () => brain.err().includes('to-api: serving'), { timeoutMs: 20_000 });
   const node = kpng('local', '--api', `unix://${sock}`, 'to-log', '--node-name', 'node-a');
-  await waitFor('the node to sync', () => node.out().includes('> sync'), 20_000);
+  await until('the node to sync', () => node.out().includes('> sync'), { timeoutMs: 20_000 });
   const m = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
   assert.match(m, /^kpng_api_watchers\{api="local"\} 1$/m);
   assert.match(m, /^kpng_api_diff_duration_seconds_count\{api="local"\} [1-9]/m);
@@ -155,7 +156,7 @@ test('mTLS through the command line: to-api, kpng local and kpng api with their 
   const port = await freePort();
   const api = `tcp://127.0.0.1:${port}`;
   const brain = kpng('file', '-i', input, 'to-api', '--listen', api, '--tls-cert', tls('server.crt'), '--tls-key', tls('server.key'), '--tls-ca', tls('ca.crt'), '--metrics-bind-address', '');
-  await waitFor('the brain to serve', () => brain.err().includes('to-api: serving'), 20_000);
+  await until('the brain to serve', () => brain.err().includes('to-api: serving'), { timeoutMs: 20_000 });
 
   const node = kpng('local', '--api', api, '--tls-ca', tls('ca.crt'), '--tls-cert', tls('client.crt'), '--tls-key', tls('client.key'), 'to-log', '--node-name', 'node-a', '--once');
   assert.equal(await exited(node), 0, node.err());
@@ -171,7 +172,7 @@ test('mTLS through the command line: to-api, kpng local and kpng api with their 
     ['a certificate from another CA', ['--tls-ca', tls('ca.crt'), '--tls-cert', tls('other-client.crt'), '--tls-key', tls('other-client.key')]],
   ] as const) {
     const refused = kpng('local', '--api', api, ...flags, 'to-log', '--node-name', 'node-a', '--once');
-    await waitFor(`${what}: the refusal logged`, () => /watch failed/.test(refused.err()), 20_000);
+    await until(`${what}: the refusal logged`, () => /watch failed/.test(refused.err()), { timeoutMs: 20_000 });
     await new Promise((r) => setTimeout(r, 1000));
     assert.equal(refused.out(), '', `${what}: got ops`);
     assert.equal(refused.proc.exitCode, null, `${what}: it keeps trying`);

@@ -16,7 +16,8 @@ import { parseAddress } from '../../src/api/grpc/address.js';
 import { defaultMaxConnections, openFileLimit } from '../../src/sinks/api/listener.js';
 import { watchLocalApi, QuietResyncSink } from '../../src/sinks/local/remote.js';
 import type { LocalOp } from '../../src/diff/ops.js';
-import { TRANSPORTS, clientTLS, listenAddress, quiet, serverTLS, smallCluster, startServer, syncedStore, waitFor, sleepMs, type TestServer, testResources } from './helpers.js';
+import { TRANSPORTS, clientTLS, listenAddress, quiet, serverTLS, smallCluster, startServer, syncedStore, type TestServer, testResources } from './helpers.js';
+import { until, sleep } from '../helpers/until.js';
 
 const { dirs, cleanups } = testResources();
 
@@ -97,7 +98,7 @@ for (const t of TRANSPORTS) {
     const ms = await within(idle.closed, 3000, 'the server to close the idle connection');
     assert.ok(ms >= 250 && ms < 1300, `closed after ${Math.round(ms)} ms`);
     assert.equal(await rejected('handshake_timeout'), timedOut0 + 1);
-    await sleepMs(200);
+    await sleep(200);
     assert.equal(h2.session.closed, false, 'the HTTP/2 client is still connected');
   });
 
@@ -106,8 +107,8 @@ for (const t of TRANSPORTS) {
     const refused0 = await rejected('max_connections');
     const idle = Array.from({ length: 20 }, () => rawConnection(s.address));
     await Promise.all(idle.map((c) => c.connected));
-    await waitFor('20 open connections', () => (s.server.connections ?? 20) === 20);
-    await sleepMs(50);
+    await until('20 open connections', () => (s.server.connections ?? 20) === 20);
+    await sleep(50);
     const extra = rawConnection(s.address);
     await within(extra.closed, 2000, 'the 21st connection to be refused');
     assert.equal(await rejected('max_connections'), refused0 + 1);
@@ -117,7 +118,7 @@ for (const t of TRANSPORTS) {
     const ac = new AbortController();
     const done = watchLocalApi({ address: s.address, log: quiet, signal: ac.signal, minBackoffMs: 50, maxBackoffMs: 200 }, 'node-a', [], new QuietResyncSink(backend));
     cleanups.push(async () => (ac.abort(), await done));
-    await waitFor('the node served', () => backend.syncs === 1, 5000);
+    await until('the node served', () => backend.syncs === 1, { timeoutMs: 5000 });
     const ms = performance.now() - t0;
     // refused while the idle ones hold every slot, served after their timeout plus a retry
     assert.ok(ms < 500 + 2000, `served after ${Math.round(ms)} ms`);
@@ -141,8 +142,8 @@ for (const t of TRANSPORTS) {
     const ac = new AbortController();
     const done = watchLocalApi({ address: s.address, tls: clientTLS('client'), log: quiet, signal: ac.signal }, 'node-a', [], new QuietResyncSink(backend));
     cleanups.push(async () => (ac.abort(), await done));
-    await waitFor('the node served over mTLS', () => backend.syncs === 1, 5000);
-    await sleepMs(500);
+    await until('the node served over mTLS', () => backend.syncs === 1, { timeoutMs: 5000 });
+    await sleep(500);
     assert.equal(s.server.connections, 1, 'the node stays connected past the handshake timeout');
   });
 

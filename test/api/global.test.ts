@@ -13,7 +13,8 @@ import { Store, type StoreChange } from '../../src/store/store.js';
 import { ServiceViews } from '../../src/localstate/views.js';
 import { LocalDiff } from '../../src/diff/local-diff.js';
 import { ApiSource } from '../../src/sources/api/index.js';
-import { TRANSPORTS, RawWatch, apply, remove, diffsOf, listenAddress, node, slice, smallCluster, startServer, svc, syncedStore, waitFor, quiet, type TestServer, testResources } from './helpers.js';
+import { TRANSPORTS, RawWatch, apply, remove, diffsOf, listenAddress, node, slice, smallCluster, startServer, svc, syncedStore, quiet, type TestServer, testResources } from './helpers.js';
+import { until } from '../helpers/until.js';
 
 const { dirs, cleanups } = testResources();
 
@@ -145,14 +146,14 @@ for (const t of TRANSPORTS) {
     const src = new ApiSource(chained, quiet, { address, minBackoffMs: 20, maxBackoffMs: 100 });
     src.start();
     cleanups.push(() => src.stop());
-    await waitFor('the chained store to sync', () => chained.allSynced);
+    await until('the chained store to sync', () => chained.allSynced);
     const nodes = ['node-a', 'node-b', 'node-x'];
     assert.deepEqual(nodeViews(chained, nodes), nodeViews(upstream, nodes));
     assert.equal(changes.length, 1, 'the first diff is applied in one update');
 
     apply(upstream, svc('ns', 'api', '10.96.0.30'), slice('ns', 'api-1', 'api', [{ ip: '10.1.0.5', node: 'node-a', pod: 'api-a' }]));
-    await waitFor('the new service', () => !!chained.getService('ns/api'));
-    await waitFor('its slice', () => chained.slicesOfService('ns/api').length === 1);
+    await until('the new service', () => !!chained.getService('ns/api'));
+    await until('its slice', () => chained.slicesOfService('ns/api').length === 1);
     assert.deepEqual(nodeViews(chained, nodes), nodeViews(upstream, nodes));
 
     // the brain goes away; meanwhile an endpoint changes and a service goes; the brain comes back
@@ -161,7 +162,7 @@ for (const t of TRANSPORTS) {
     remove(upstream, svc('ns', 'db', '10.96.0.20'), slice('ns', 'db-1', 'db', []));
     const before = changes.length;
     s = await startServer(upstream, address);
-    await waitFor('the change after the reconnect', () => chained.slicesOfService('ns/api')[0]?.endpoints[0]?.PodName === 'api-b', 10_000);
+    await until('the change after the reconnect', () => chained.slicesOfService('ns/api')[0]?.endpoints[0]?.PodName === 'api-b', { timeoutMs: 10_000 });
     assert.deepEqual(nodeViews(chained, nodes), nodeViews(upstream, nodes));
     assert.equal(chained.getService('ns/db'), undefined);
     // the full resend became one store change touching only what changed
@@ -173,7 +174,7 @@ for (const t of TRANSPORTS) {
     assert.equal(after[0].serviceCIDRs, false);
 
     remove(upstream, svc('ns', 'web', '10.96.0.10'), slice('ns', 'web-1', 'web', []));
-    await waitFor('the deleted service', () => !chained.getService('ns/web') && chained.slicesOfService('ns/web').length === 0);
+    await until('the deleted service', () => !chained.getService('ns/web') && chained.slicesOfService('ns/web').length === 0);
     assert.equal(chained.allSynced, true);
     assert.deepEqual(nodeViews(chained, nodes), nodeViews(upstream, nodes));
   });

@@ -1,16 +1,18 @@
 // kpng local's held state (src/sinks/local/held-state.ts): the reset filter
-// and the state socket's answer from one compact copy of the node's state.
+// (src/api/reset-filter.ts) and the state socket's answer from one compact
+// copy of the node's state.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { fromBinary } from '@bufbuild/protobuf';
 import { syncedStore, service, slice, node, load, watch, opText } from '../helpers/k8s.js';
 import { LocalSet } from '../../src/api/model.js';
 import { OpItemSchema } from '../../src/api/gen/api/localv1/api_pb.js';
-import { FilterResetSink } from '../../src/diff/filter-reset.js';
 import { LocalDiff } from '../../src/diff/local-diff.js';
 import { ServiceViews } from '../../src/localstate/views.js';
 import type { LocalOp, LocalSink } from '../../src/diff/ops.js';
-import { EntryTable, HeldState } from '../../src/sinks/local/held-state.js';
+import { EntryTable } from '../../src/api/reset-filter.js';
+import { HeldState } from '../../src/sinks/local/held-state.js';
+import { ReferenceResetFilter } from '../helpers/reference-reset-filter.js';
 import { NodeStateMirror } from '../../src/sinks/local/state-mirror.js';
 
 const cluster = (n: number, gen = 0) => {
@@ -34,12 +36,12 @@ const scribbled = (ops: readonly LocalOp[]) => {
   return { ops: out, scribble: () => copies.forEach((b) => b.fill(0xff)) };
 };
 
-test('a resend after a reconnect passes only what changed, as FilterResetSink does, with the same resume digests', async () => {
+test('a resend after a reconnect passes only what changed, as the plain reference filter does, with the same resume digests', async () => {
   const store = syncedStore(cluster(40));
   const got: string[] = [];
   const want: string[] = [];
   const held = new HeldState({ send: (op) => void got.push(opText(op)) });
-  const filter = new FilterResetSink({ send: (op) => void want.push(opText(op)) });
+  const filter = new ReferenceResetFilter({ send: (op) => void want.push(opText(op)) });
   const both = async (ops: readonly LocalOp[]) => {
     const { ops: mine, scribble } = scribbled(ops);
     for (const op of mine) await held.send(op);

@@ -20,6 +20,7 @@ import { newClient } from '../../src/api/grpc/client.js';
 import { parseAddress } from '../../src/api/grpc/address.js';
 import { decodeOpItem, type WatchMethod } from '../../src/api/grpc/wire.js';
 import type { ClientTLS } from '../../src/api/grpc/tls.js';
+import { until } from '../helpers/until.js';
 
 export const quiet = pino({ level: 'silent' });
 export const TLS_DIR = fileURLToPath(new URL('../fixtures/tls-api/', import.meta.url));
@@ -159,18 +160,6 @@ export function clientTLS(who: 'client' | 'other-client' | 'none'): ClientTLS {
   return { ca: join(TLS_DIR, 'ca.crt'), cert: join(TLS_DIR, `${who}.crt`), key: join(TLS_DIR, `${who}.key`) };
 }
 
-// --- waiting, bounded
-
-export async function waitFor(what: string, cond: () => boolean, timeoutMs = 5000): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
-
-export const sleepMs = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
 // --- the wire, as text
 
 export function itemText(item: OpItem): string {
@@ -247,12 +236,12 @@ export class RawWatch<Req> {
   }
 
   async waitSyncs(n: number, timeoutMs = 5000): Promise<void> {
-    await waitFor(`${n} syncs (got ${this.syncs}${this.error ? `, error ${this.error.message}` : ''})`, () => this.syncs >= n || !!this.error, timeoutMs);
+    await until(`${n} syncs (got ${this.syncs}${this.error ? `, error ${this.error.message}` : ''})`, () => this.syncs >= n || !!this.error, { timeoutMs });
     if (this.error && this.syncs < n) throw this.error;
   }
 
   async waitError(timeoutMs = 5000): Promise<grpc.ServiceError> {
-    await waitFor('a stream error', () => !!this.error, timeoutMs);
+    await until('a stream error', () => !!this.error, { timeoutMs });
     return this.error!;
   }
 

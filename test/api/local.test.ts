@@ -9,10 +9,8 @@ import { LocalSet, decodeEndpoint, decodeLocalNode } from '../../src/api/model.j
 import { localWatchMethod } from '../../src/api/grpc/wire.js';
 import { LocalDiff } from '../../src/diff/local-diff.js';
 import { ServiceViews } from '../../src/localstate/views.js';
-import {
-  TRANSPORTS, TempDirs, RawWatch, apply, remove, diffsOf, listenAddress, node, slice, smallCluster, startServer, svc, syncedStore, sleepMs,
-  type TestServer,
-} from './helpers.js';
+import { TRANSPORTS, TempDirs, RawWatch, apply, remove, diffsOf, listenAddress, node, slice, smallCluster, startServer, svc, syncedStore, type TestServer } from './helpers.js';
+import { sleep } from '../helpers/until.js';
 
 const dirs = new TempDirs();
 const open: { close(): void }[] = [];
@@ -79,7 +77,7 @@ for (const t of TRANSPORTS) {
 
     // a change this node does not see in its view sends nothing (no empty Sync)
     apply(store, node('node-b', 'z9'));
-    await sleepMs(100);
+    await sleep(100);
     assert.equal(w.syncs, 3);
     assert.ok(!w.error);
   });

@@ -13,8 +13,9 @@ import { LocalSet } from '../../src/api/model.js';
 import { create } from '@bufbuild/protobuf';
 import { WatchReqSchema } from '../../src/api/gen/api/localv1/api_pb.js';
 import { localWatchMethod } from '../../src/api/grpc/wire.js';
-import { TRANSPORTS, ORIGINAL_PROTO_DIR, RawWatch, apply, listenAddress, slice, smallCluster, startServer, syncedStore, waitFor, testResources } from './helpers.js';
+import { TRANSPORTS, ORIGINAL_PROTO_DIR, RawWatch, apply, listenAddress, slice, smallCluster, startServer, syncedStore, testResources } from './helpers.js';
 import { grpcTarget, parseAddress } from '../../src/api/grpc/address.js';
+import { until } from '../helpers/until.js';
 
 const { dirs, cleanups } = testResources();
 
@@ -53,7 +54,7 @@ for (const t of TRANSPORTS) {
     const s = await startServer(store, listenAddress(t, dirs));
     cleanups.push(() => s.stop());
     const w = originalWatch(pkg.localv1.Sets, s.address, { NodeName: 'node-a' });
-    await waitFor('the first sync', () => w.syncs() === 1 || !!w.error());
+    await until('the first sync', () => w.syncs() === 1 || !!w.error());
     assert.equal(w.error(), undefined);
     assert.equal(w.items[0].Op, 'Reset');
     assert.equal(w.items.at(-1)!.Op, 'Sync');
@@ -77,7 +78,7 @@ for (const t of TRANSPORTS) {
     await new Promise((r) => setTimeout(r, 50));
     assert.equal(w.syncs(), 1, 'no diff before the client asks');
     w.call.write({ NodeName: 'node-a' });
-    await waitFor('the second sync', () => w.syncs() === 2 || !!w.error());
+    await until('the second sync', () => w.syncs() === 2 || !!w.error());
     const d2 = w.items.slice(w.items.findIndex((i) => i.Op === 'Sync') + 1);
     assert.deepEqual(d2.map((i) => (i.Op === 'Delete' ? `delete ${i.Delete!.Set} ${i.Delete!.Path}` : i.Op)), ['delete EndpointsSet ns/web/web-b', 'Sync']);
   });
@@ -87,7 +88,7 @@ for (const t of TRANSPORTS) {
     const s = await startServer(store, listenAddress(t, dirs));
     cleanups.push(() => s.stop());
     const w = originalWatch(pkg.globalv1.Sets, s.address, {});
-    await waitFor('the first sync', () => w.syncs() === 1 || !!w.error());
+    await until('the first sync', () => w.syncs() === 1 || !!w.error());
     assert.equal(w.error(), undefined);
     const sets = w.items.filter((i) => i.Op === 'Set').map((i) => i.Set!);
     assert.deepEqual([...new Set(sets.map((v) => v.Ref.Set))], ['GlobalNodeInfos', 'GlobalServiceInfos', 'GlobalEndpointInfos']);
@@ -118,7 +119,7 @@ test('an original localv1 client still gets Reset and the full state from a brai
   await resuming.waitSyncs(1);
   assert.equal(resuming.items[0].Op.case, 'Resume');
   const w = originalWatch(pkg.localv1.Sets, s.address, { NodeName: 'node-a' });
-  await waitFor('the first sync', () => w.syncs() === 1 || !!w.error());
+  await until('the first sync', () => w.syncs() === 1 || !!w.error());
   assert.equal(w.error(), undefined);
   assert.deepEqual(w.items.map((i) => i.Op), ['Reset', 'Set', 'Set', 'Set', 'Set', 'Set', 'Sync']);
 });

@@ -5,7 +5,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { watchLocalApi, QuietResyncSink } from '../../src/sinks/local/remote.js';
-import { TRANSPORTS, RecordingBackend, apply, listenAddress, opText, quiet, slice, smallCluster, startServer, syncedStore, waitFor, sleepMs, type TestServer, testResources } from './helpers.js';
+import { TRANSPORTS, RecordingBackend, apply, listenAddress, quiet, slice, smallCluster, startServer, syncedStore, type TestServer, testResources } from './helpers.js';
+import { until, sleep } from '../helpers/until.js';
 
 const { dirs, cleanups } = testResources();
 
@@ -26,29 +27,29 @@ for (const t of TRANSPORTS) {
     cleanups.push(() => s.stop());
     const backend = new RecordingBackend();
     startClient(address, backend);
-    await waitFor('the first sync', () => backend.syncs === 1);
+    await until('the first sync', () => backend.syncs === 1);
     const initial = backend.take();
     assert.equal(initial[0], 'reset');
     assert.equal(initial.length, 7);
 
     // the brain dies; web-b moves to a new IP while it is down; the brain comes back
     await s.stop();
-    await sleepMs(50);
+    await sleep(50);
     apply(store, slice('ns', 'web-1', 'web', [{ ip: '10.1.0.1', node: 'node-a', pod: 'web-a' }, { ip: '10.1.0.22', node: 'node-b', pod: 'web-b' }]));
     s = await startServer(store, address);
-    await waitFor('the sync after the reconnect', () => backend.syncs === 2, 10_000);
+    await until('the sync after the reconnect', () => backend.syncs === 2, { timeoutMs: 10_000 });
     assert.deepEqual(backend.take(), ['set EndpointsSet ns/web/web-b', 'sync']);
 
     // again with nothing changed meanwhile: the backend hears nothing at all
     await s.stop();
     s = await startServer(store, address);
-    await waitFor('a new stream', () => s.server.stats.diffs === 1, 10_000);
-    await sleepMs(100);
+    await until('a new stream', () => s.server.stats.diffs === 1, { timeoutMs: 10_000 });
+    await sleep(100);
     assert.deepEqual(backend.take(), []);
 
     // and the stream still works afterwards
     apply(store, slice('ns', 'web-1', 'web', [{ ip: '10.1.0.1', node: 'node-a', pod: 'web-a' }]));
-    await waitFor('a normal diff', () => backend.syncs === 3);
+    await until('a normal diff', () => backend.syncs === 3);
     assert.deepEqual(backend.take(), ['delete EndpointsSet ns/web/web-b', 'sync']);
   });
 
@@ -58,14 +59,14 @@ for (const t of TRANSPORTS) {
     cleanups.push(() => s.stop());
     const backend = new RecordingBackend();
     startClient(s.address, backend);
-    await waitFor('the first sync', () => backend.syncs === 1);
+    await until('the first sync', () => backend.syncs === 1);
     backend.take();
     s.server.dropStreams();
     store.update((tx) => {
       tx.deleteService('ns', 'db');
       tx.deleteSlice('ns', 'db-1');
     });
-    await waitFor('the sync after the reconnect', () => backend.syncs === 2, 10_000);
+    await until('the sync after the reconnect', () => backend.syncs === 2, { timeoutMs: 10_000 });
     const ops = backend.take();
     // endpoints before their service, as kpng orders deletes
     assert.equal(ops.length, 3);

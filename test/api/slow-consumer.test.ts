@@ -13,7 +13,8 @@ import { ServiceViews } from '../../src/localstate/views.js';
 import { Store, KINDS } from '../../src/store/store.js';
 import { convertObject } from '../../src/sources/objects.js';
 import { applyObject } from '../../src/sources/apply.js';
-import { TRANSPORTS, RawWatch, apply, diffsOf, listenAddress, opText, slice, smallCluster, startServer, svc, syncedStore, sleepMs, waitFor, testResources } from './helpers.js';
+import { TRANSPORTS, RawWatch, apply, diffsOf, listenAddress, opText, slice, smallCluster, startServer, svc, syncedStore, testResources } from './helpers.js';
+import { until, sleep } from '../helpers/until.js';
 
 const { dirs, cleanups } = testResources();
 
@@ -35,15 +36,15 @@ for (const t of TRANSPORTS) {
     for (let i = 0; i < 500; i++) {
       apply(store, slice('ns', 'web-1', 'web', [{ ip: `10.1.${(i >> 8) & 255}.${i & 255}`, node: 'node-a', pod: 'web-a' }, { ip: '10.1.0.2', node: 'node-b', pod: 'web-b' }]));
       if (i % 50 === 0) apply(store, svc('ns', `s${i}`, `10.96.1.${i % 250}`));
-      if (i % 100 === 0) await sleepMs(1); // let the server run: it must still not send
+      if (i % 100 === 0) await sleep(1); // let the server run: it must still not send
     }
-    await sleepMs(100);
+    await sleep(100);
     assert.equal(s.server.stats.messages, sent, 'nothing is sent before the node asks');
     assert.equal(w.syncs, 1);
 
     w.request();
     await w.waitSyncs(2);
-    await sleepMs(50);
+    await sleep(50);
     assert.equal(diffsOf(w.items).length, 2, 'exactly one diff');
     assert.deepEqual(diffsOf(w.items)[1], expected.next().map(opText));
     assert.equal(diffsOf(w.items)[1].filter((o) => o.includes('ns/web/web-a')).length, 1, 'one Set for 500 changes of web-a');
@@ -68,16 +69,16 @@ for (const t of TRANSPORTS) {
     const w = new RawWatch(s.address, localWatchMethod, req);
     cleanups.push(() => w.close());
     w.pause();
-    await waitFor('the server to start writing', () => s.server.stats.bytes > 0);
-    await sleepMs(300);
+    await until('the server to start writing', () => s.server.stats.bytes > 0);
+    await sleep(300);
     const held = s.server.stats.bytes;
-    await sleepMs(200);
+    await sleep(200);
     assert.equal(s.server.stats.bytes, held, 'the brain stopped writing');
     assert.ok(held < 1024 * 1024, `bytes written while the node does not read: ${held}`);
 
     // changes meanwhile are not queued as more writes
     for (let i = 0; i < 200; i++) apply(store, svc('ns0', `s0`, `10.96.0.${i + 1}`));
-    await sleepMs(50);
+    await sleep(50);
     assert.equal(s.server.stats.bytes, held);
 
     w.resume();

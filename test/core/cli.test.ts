@@ -42,9 +42,9 @@ test('to-local to-log shows each change once, following the input', async () => 
   writeFileSync(file, state(['10.0.0.1']));
   const k = kpngSpawn(['file', '--input', dir, '--debounce', '20', 'to-local', 'to-log', '--node-name', 'n1']);
   try {
-    await k.until(() => k.stdout.includes('> sync'), 'the first sync');
+    await k.until('the first sync', () => k.stdout.includes('> sync'));
     writeFileSync(file, state(['10.0.0.1', '10.0.0.2']));
-    await k.until(() => k.stdout.split('> sync').length === 3, 'the second sync');
+    await k.until('the second sync', () => k.stdout.split('> sync').length === 3);
     writeFileSync(file, state(['10.0.0.1', '10.0.0.2'])); // same again: nothing
     await new Promise((r) => setTimeout(r, 300));
     const lines = k.stdout.trim().split('\n');
@@ -84,7 +84,7 @@ test('an invalid --config is refused, naming the field', () => {
 test('--stats prints the original kpng columns', async () => {
   const k = kpngSpawn(['file', '--input', EXAMPLE, '--stats', 'to-local', 'to-log', '--node-name', 'node-a']);
   try {
-    await k.until(() => /stats:\t\d+\t\d+\t\d+/.test(k.stderr), 'a stats line', 5000);
+    await k.until('a stats line', () => /stats:\t\d+\t\d+\t\d+/.test(k.stderr), { timeoutMs: 5000 });
     const header = k.stderr.split('\n').find((l) => l.startsWith('stats:\ttime'))!;
     assert.equal(header, 'stats:\ttime(ms)\tevents\trevisions\tusr-cpu(ms)\tsys-cpu(ms)\tcpu(%)\trss(MiB)\trevs/events(%)');
     const line = k.stderr.split('\n').find((l) => /^stats:\t\d/.test(l))!.split('\t');

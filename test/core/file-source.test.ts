@@ -10,7 +10,8 @@ import { FileSource } from '../../src/sources/file/index.js';
 import { flattenObjects, InvalidObject } from '../../src/sources/objects.js';
 import { service, slice, node } from '../helpers/k8s.js';
 import { recordingLogger } from '../helpers/logs.js';
-import { saveByRename, sleep, tmp, until } from '../file/util.js';
+import { saveByRename, tmp } from '../file/util.js';
+import { until, sleep } from '../helpers/until.js';
 
 test('a directory of YAML (multi-document, Lists) and JSON files', async () => {
   const t = tmp();
@@ -63,22 +64,22 @@ test('changes are followed through file events; a broken file keeps its last goo
 
     // an editor's atomic save: write elsewhere, rename over
     saveByRename(file, [service('ns', 'a', { clusterIP: '10.96.0.1' }), service('ns', 'b', { clusterIP: '10.96.0.2' })].map((o) => stringify(o)).join('---\n'));
-    await until(() => store.getService('ns/b') !== undefined, 'ns/b to appear');
+    await until('ns/b to appear', () => store.getService('ns/b') !== undefined);
 
     const rev = store.rev;
     writeFileSync(file, 'kind: Service\nmetadata: {name: [unclosed\n');
-    await until(() => rec.records.some((r) => /cannot parse/.test(r.msg)), 'the parse error');
+    await until('the parse error', () => rec.records.some((r) => /cannot parse/.test(r.msg)));
     assert.equal(store.rev, rev, 'nothing changed');
     assert.deepEqual([...store.serviceKeys()].sort(), ['ns/a', 'ns/b']);
 
     // an object turning invalid keeps its last good version
     writeFileSync(file, [service('ns', 'a', { clusterIP: 'bogus' }), service('ns', 'b', { clusterIP: '10.96.0.2' })].map((o) => stringify(o)).join('---\n'));
-    await until(() => rec.records.some((r) => r.object === 'Service ns/a' && /last good/.test(r.msg)), 'the invalid object');
+    await until('the invalid object', () => rec.records.some((r) => r.object === 'Service ns/a' && /last good/.test(r.msg)));
     assert.deepEqual(store.getService('ns/a')!.service.IPs!.ClusterIPs!.V4, ['10.96.0.1']);
 
     // deleting an object from the file deletes it
     writeFileSync(file, stringify(service('ns', 'a', { clusterIP: '10.96.0.1' })));
-    await until(() => store.getService('ns/b') === undefined, 'ns/b to go away');
+    await until('ns/b to go away', () => store.getService('ns/b') === undefined);
   } finally {
     await src.stop();
     t.done();
@@ -97,12 +98,12 @@ test('re-writing a file with the same objects changes nothing; a Service changed
     const rev = store.rev;
     let reloads = src.reloads;
     writeFileSync(file, text);
-    await until(() => src.reloads > reloads, 'a reload');
+    await until('a reload', () => src.reloads > reloads);
     assert.equal(store.rev, rev);
     // (a Service's hash is of its encoding: every field counts)
     reloads = src.reloads;
     writeFileSync(file, stringify(service('ns', 'a', { clusterIP: '10.96.0.1', sessionAffinity: 'ClientIP' })));
-    await until(() => src.reloads > reloads, 'a reload');
+    await until('a reload', () => src.reloads > reloads);
     assert.ok(store.rev > rev);
     assert.equal(store.getService('ns/a')!.service.SessionAffinity.case, 'ClientIP', 'the new version is in the store');
   } finally {
@@ -191,9 +192,9 @@ test('an object two files define: when the later file lets it go, the earlier ve
     const ip = () => store.getService('ns/web')?.service.IPs?.ClusterIPs?.V4[0];
     assert.equal(ip(), '10.96.0.1');
     writeFileSync(join(t.dir, 'b.yaml'), stringify(service('ns', 'web', { clusterIP: '10.96.0.2' })));
-    await until(() => ip() === '10.96.0.2', 'the later file wins');
+    await until('the later file wins', () => ip() === '10.96.0.2');
     rmSync(join(t.dir, 'b.yaml'));
-    await until(() => ip() === '10.96.0.1', 'the earlier file version back in the store');
+    await until('the earlier file version back in the store', () => ip() === '10.96.0.1');
     // and it stays (no reload loop rewrites it)
     const rev = store.rev;
     await sleep(300);
@@ -214,7 +215,7 @@ test('a reload writes what the changed files changed: one file among many, a fil
   const svcs = (i: number, ip = 1) => Array.from({ length: 10 }, (_, k) => stringify(service('ns', `s${i}-${k}`, { clusterIP: `10.96.${i}.${k + ip}` }))).join('---\n');
   const ip = (key: string) => store.getService(key)?.service.IPs?.ClusterIPs?.V4[0];
   const settle = async (what: string, cond: () => boolean) => {
-    await until(cond, what);
+    await until(what, cond);
     // nothing more comes after it
     await sleep(150);
   };

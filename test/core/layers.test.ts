@@ -4,9 +4,9 @@
 // Static and dynamic imports count alike: a lazy import is still a dependency.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { readdirSync, readFileSync } from 'node:fs';
-import { dirname, join, normalize, relative } from 'node:path';
-import { ROOT } from '../helpers/cli.js';
+import { readFileSync } from 'node:fs';
+import { dirname, join, normalize } from 'node:path';
+import { SRC, srcFiles } from '../helpers/src-files.js';
 
 /** From the ground up: a layer may import those at a lower rank. */
 const RANKS: Record<string, number> = {
@@ -26,16 +26,6 @@ const RANKS: Record<string, number> = {
   'index.ts': 9,
 };
 
-const SRC = join(ROOT, 'src');
-
-function sources(dir: string): string[] {
-  return readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
-    const p = join(dir, e.name);
-    if (e.isDirectory()) return sources(p);
-    return e.name.endsWith('.ts') ? [relative(SRC, p)] : [];
-  });
-}
-
 const IMPORT = /(?:\bfrom\s*|\bimport\s*\(\s*|^\s*import\s+)['"](\.{1,2}\/[^'"]+)['"]/gm;
 
 /** src-relative .ts files each file imports */
@@ -52,7 +42,7 @@ function importsOf(file: string): string[] {
 const layerOf = (file: string) => (file.includes('/') ? file.slice(0, file.indexOf('/')) : file);
 const backendOf = (file: string) => /^backends\/([^/]+)\//.exec(file)?.[1];
 
-const files = sources(SRC).filter((f) => !f.startsWith('api/gen/'));
+const files = srcFiles();
 const graph = new Map(files.map((f) => [f, importsOf(f)]));
 
 test('every file of src/ belongs to a known layer', () => {

@@ -3,13 +3,11 @@
 // back, and a proxier programs exactly what it programs with decoded ones.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import { PackedEndpoints } from '../../src/backends/shared/packed-endpoints.js';
 import { decodeEndpoint, encodeEndpoint, newEndpoint, type Endpoint } from '../../src/api/model.js';
 import { NftProxier } from '../../src/backends/nft/proxier.js';
-import { defaultConfig } from '../../src/backends/shared/config.js';
-import { driveProxier } from '../helpers/proxier-harness.js';
+import { driveProxier, printed, testConfig } from '../helpers/proxier-harness.js';
 import { syncedStore, load, service, slice, node } from '../helpers/k8s.js';
 import { convertObject } from '../../src/sources/objects.js';
 import { deleteObject } from '../../src/sources/apply.js';
@@ -48,22 +46,11 @@ test('packed endpoints: set, replace, delete; every value comes back; a change m
   assert.equal(gone.without('b').size, 0);
 });
 
-function nftDryRun(pack: boolean) {
-  const out: string[] = [];
-  const config = defaultConfig();
-  config.clusterCIDRs = ['10.0.0.0/8'];
-  config.nftables.minSyncPeriodMs = 0;
-  const proxier = new NftProxier({
-    nodeName: 'n1',
-    config,
-    log: pino({ level: 'silent' }),
-    dryRun: true,
-    once: true,
-    out: new Writable({ write: (c, _e, cb) => (out.push(String(c)), cb()) }),
-    healthChecks: false,
-    packEndpoints: pack,
-  });
-  return { proxier, out };
+function nftDryRun(store: Store, pack: boolean) {
+  const { out, sink } = printed();
+  const config = testConfig((c) => (c.nftables.minSyncPeriodMs = 0));
+  const proxier = new NftProxier({ nodeName: 'n1', config, log: pino({ level: 'silent' }), dryRun: true, once: true, out: sink, healthChecks: false, packEndpoints: pack });
+  return driveProxier(store, proxier, { printed: out });
 }
 
 test('a proxier with packed endpoints programs what it programs with decoded ones, change after change', async () => {
@@ -76,7 +63,7 @@ test('a proxier with packed endpoints programs what it programs with decoded one
     slice('ns', 'grows-1', 'grows', eps(15, 100), [{ name: 'http', port: 8080 }]),
   ];
   const stores = [syncedStore(objs), syncedStore(objs)];
-  const runs = [nftDryRun(false), nftDryRun(true)].map((r, i) => ({ ...r, h: driveProxier(stores[i], r.proxier) }));
+  const runs = [nftDryRun(stores[0], false), nftDryRun(stores[1], true)];
   const remove = (s: Store, o: Record<string, unknown>) =>
     s.update((tx) => {
       const c = convertObject(o);
@@ -86,9 +73,7 @@ test('a proxier with packed endpoints programs what it programs with decoded one
     const texts: string[] = [];
     for (const [i, r] of runs.entries()) {
       change(stores[i]);
-      r.out.length = 0;
-      await r.h.sync();
-      texts.push(r.out.join(''));
+      texts.push(await r.sync());
     }
     assert.equal(texts[1], texts[0]);
     return texts[0];
@@ -101,5 +86,5 @@ test('a proxier with packed endpoints programs what it programs with decoded one
   assert.match(await step((s) => load(s, [slice('ns', 'small-1', 'small', [...eps(1), ...eps(1, 50)], [{ name: 'http', port: 8080 }])])), /10\.1\.0\.50/);
   await step((s) => remove(s, slice('ns', 'grows-1', 'grows', [], [])));
   await step((s) => load(s, [slice('ns', 'small-1', 'small', [], [{ name: 'http', port: 8080 }])]));
-  for (const r of runs) await r.h.close();
+  for (const r of runs) await r.close();
 });

@@ -3,7 +3,8 @@
 // endpoint change, adoption after a restart, full maps, the layout check.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { capturedLog, driveProxier } from '../helpers/proxier-harness.js';
+import { driveProxier, testConfig } from '../helpers/proxier-harness.js';
+import { recordingLogger } from '../helpers/logs.js';
 import { syncedStore, load, service, slice, node } from '../helpers/k8s.js';
 import { LocalSet } from '../../src/api/model.js';
 import { create } from '@bufbuild/protobuf';
@@ -12,16 +13,13 @@ import { EbpfProxier } from '../../src/backends/ebpf/proxier.js';
 import { MemoryMaps } from '../../src/backends/ebpf/maps.js';
 import { LAYOUTS, decode, encode, layoutProblems } from '../../src/backends/ebpf/layout.js';
 import { cgroup2Root, onBpffs } from '../../src/backends/ebpf/datapath.js';
-import { defaultConfig } from '../../src/backends/shared/config.js';
 import type { Store } from '../../src/store/store.js';
 
 function harness(store: Store, maps: MemoryMaps) {
-  const config = defaultConfig();
-  config.clusterCIDRs = ['10.0.0.0/8'];
-  config.nftables.minSyncPeriodMs = 0;
-  const { log, lines } = capturedLog();
+  const config = testConfig((c) => (c.nftables.minSyncPeriodMs = 0));
+  const { log, lines } = recordingLogger();
   const proxier = new EbpfProxier({ nodeName: 'n1', config, log, maps: () => maps, once: true, healthChecks: false, conntrackPath: '/bin/true' });
-  return { ...driveProxier(store, proxier, { sets: [LocalSet.NodesSet] }), lines };
+  return Object.assign(driveProxier(store, proxier, { sets: [LocalSet.NodesSet] }), { lines });
 }
 
 const ep = (ip: string, nodeName = 'n2') => ({ ip, node: nodeName, pod: `p-${ip}` });

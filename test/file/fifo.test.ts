@@ -17,7 +17,7 @@ test('a FIFO named *.yaml is skipped: kpng loads the other files and exits promp
   writeFileSync(join(t.dir, 'c.yaml'), stringify(service('ns', 'db', { clusterIP: '10.96.0.2' })));
   const k = kpngSpawn(['file', '--input', t.dir, 'to-file', '--output', '-']);
   try {
-    await k.until(() => k.stdout.includes('Name: web') && k.stdout.includes('Name: db'), 'both Services');
+    await k.until('both Services', () => k.stdout.includes('Name: web') && k.stdout.includes('Name: db'));
     assert.match(k.stderr + k.stdout, /b\.yaml.*not a regular file|not a regular file.*b\.yaml/);
     // a new FIFO while running changes nothing either
     execFileSync('mkfifo', [join(t.dir, 'd.json')]);

@@ -7,7 +7,8 @@ import { writeFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Store } from '../../src/store/store.js';
 import { service } from '../helpers/k8s.js';
-import { until, sleep, shell, kubectlList, saveByRename, followDir } from './util.js';
+import { shell, kubectlList, saveByRename, followDir } from './util.js';
+import { until, sleep } from '../helpers/until.js';
 
 const svc = (name: string, ip: string) => JSON.stringify(service('ns', name, { clusterIP: ip }));
 const clusterIP = (store: Store, key: string) => store.getService(key)?.service.IPs?.ClusterIPs?.V4?.[0];
@@ -18,19 +19,22 @@ test('one file changed in a directory of 50: that file is read again, not the ot
   };
   await followDir({ debounceMs: 30 }, files, async ({ dir, store, src }) => {
     assert.equal([...store.serviceKeys()].length, 50);
-    for (const [name, file, ip] of [['s7', 's7.json', '10.96.1.7'], ['s8', 's8.yaml', '10.96.1.8']]) {
+    for (const [name, file, ip, markerIP] of [['s7', 's7.json', '10.96.1.7', '10.96.3.7'], ['s8', 's8.yaml', '10.96.1.8', '10.96.3.8']]) {
       const reads = src.reads;
       saveByRename(join(dir, file), svc(name, ip));
-      await until(() => clusterIP(store, `ns/${name}`) === ip, `${file} to be taken`);
-      await sleep(200); // the debounced reload, if any, is done too
-      assert.equal(src.reads - reads, 1, `${file}: files read`);
+      await until(`${file} to be taken`, () => clusterIP(store, `ns/${name}`) === ip);
+      // s0.yaml changed after it is read by the next debounced reload: once it
+      // is taken, any reload the first change led to is done too
+      saveByRename(join(dir, 's0.yaml'), svc('s0', markerIP));
+      await until('s0.yaml to be taken', () => clusterIP(store, 'ns/s0') === markerIP);
+      assert.equal(src.reads - reads, 2, `${file}: files read (it and s0.yaml)`);
     }
     rmSync(join(dir, 's9.json'));
-    await until(() => store.getService('ns/s9') === undefined, 'the removed file\'s Service to go');
+    await until('the removed file\'s Service to go', () => store.getService('ns/s9') === undefined);
     assert.equal([...store.serviceKeys()].length, 49);
     // a new file is found (an event for an unknown name lists the directory)
     saveByRename(join(dir, 'new.json'), svc('new', '10.96.2.1'));
-    await until(() => store.getService('ns/new') !== undefined, 'the new file');
+    await until('the new file', () => store.getService('ns/new') !== undefined);
   });
 });
 
@@ -43,14 +47,14 @@ test('a JSON file saved by rename is taken at once; a YAML one once the debounce
   await followDir({ debounceMs }, files, async ({ dir, store }) => {
     let t0 = Date.now();
     saveByRename(join(dir, 'a.json'), svc('a', '10.96.1.1'));
-    await until(() => clusterIP(store, 'ns/a') === '10.96.1.1', 'the JSON file', debounceMs - 200);
+    await until('the JSON file', () => clusterIP(store, 'ns/a') === '10.96.1.1', { timeoutMs: debounceMs - 200 });
     assert.ok(Date.now() - t0 < debounceMs, `taken after ${Date.now() - t0} ms`);
 
     t0 = Date.now();
     saveByRename(join(dir, 'b.yaml'), svc('b', '10.96.1.2'));
     await sleep(debounceMs / 2);
     assert.equal(clusterIP(store, 'ns/b'), '10.96.0.2', 'YAML waits for the writer to be quiet');
-    await until(() => clusterIP(store, 'ns/b') === '10.96.1.2', 'the YAML file', 5000);
+    await until('the YAML file', () => clusterIP(store, 'ns/b') === '10.96.1.2', { timeoutMs: 5000 });
     assert.ok(Date.now() - t0 >= debounceMs - 20, `taken after ${Date.now() - t0} ms`);
   });
 });
@@ -75,7 +79,7 @@ test('a JSON file rewritten in place in slow parts: nothing of it changes meanwh
     } finally {
       await sh.stop();
     }
-    await until(() => store.getService('ns/svc-30') !== undefined, 'the completed write');
+    await until('the completed write', () => store.getService('ns/svc-30') !== undefined);
     unsubscribe();
     assert.equal(revs.length, 1, 'one store update: the finished file');
     assert.equal([...store.serviceKeys()].length, 31);
@@ -94,10 +98,12 @@ test('kubectl YAML of 300 Services changed in one Service: one file read, one Se
     const changes: string[][] = [];
     const unsubscribe = store.subscribe((c) => void changes.push([...c.services.keys()]));
     saveByRename(join(dir, 'big.yaml'), text.replaceAll('10.96.0.5\n', '10.96.9.5\n'));
-    await until(() => clusterIP(store, 'ns/svc-5') === '10.96.9.5', 'the changed Service');
-    await sleep(200);
+    await until('the changed Service', () => clusterIP(store, 'ns/svc-5') === '10.96.9.5');
+    // other.yaml changed after it: once taken, any reload the first change led to is done too
+    saveByRename(join(dir, 'other.yaml'), kubectlList('other', 10).text.replaceAll('10.96.0.5\n', '10.96.8.5\n'));
+    await until('other.yaml to be taken', () => clusterIP(store, 'other/svc-5') === '10.96.8.5');
     unsubscribe();
-    assert.equal(src.reads - reads, 1);
-    assert.deepEqual(changes, [['ns/svc-5']]);
+    assert.equal(src.reads - reads, 2);
+    assert.deepEqual(changes, [['ns/svc-5'], ['other/svc-5']]);
   });
 });

@@ -12,7 +12,8 @@ import { FileSource } from '../../src/sources/file/index.js';
 import { service } from '../helpers/k8s.js';
 import { recordingLogger } from '../helpers/logs.js';
 import { KPNG, ROOT } from '../helpers/cli.js';
-import { tmp, until, shell } from './util.js';
+import { tmp, shell } from './util.js';
+import { until } from '../helpers/until.js';
 
 test('directories removed while they are listed (ENOENT from scandir) are just gone', async () => {
   const t = tmp();
@@ -47,21 +48,26 @@ test('out of file descriptors (EMFILE): the process lives, keeps its state, and 
   const exited = new Promise<number | null>((r) => child.on('exit', (c) => r(c)));
   const say = (line: string) => child.stdin.write(line + '\n');
   const alive = () => child.exitCode === null && child.signalCode === null;
-  const wait = (cond: () => boolean, what: string) => until(() => cond() || !alive(), what, 20_000, () => `\nstdout:\n${out}\nstderr:\n${err}`).then(() => assert.ok(alive(), `the process ended (${child.exitCode}) waiting for ${what}\nstdout:\n${out}\nstderr:\n${err}`));
+  const wait = (what: string, cond: () => boolean) =>
+    until(what, cond, {
+      timeoutMs: 20_000,
+      failIf: () => (alive() ? undefined : `the process ended (${child.exitCode})`),
+      detail: () => `\nstdout:\n${out}\nstderr:\n${err}`,
+    });
   try {
-    await wait(() => out.includes('keys ns/a\n'), 'the initial load');
+    await wait('the initial load', () => out.includes('keys ns/a\n'));
     say('exhaust');
-    await wait(() => /exhausted \d+/.test(out), 'the descriptors to run out');
+    await wait('the descriptors to run out', () => /exhausted \d+/.test(out));
     // a new directory and file while the process has no descriptor left
     mkdirSync(join(t.dir, 'sub'));
     writeFileSync(join(t.dir, 'sub', 'b.yaml'), stringify(service('ns', 'b', { clusterIP: '10.96.0.2' })));
-    await wait(() => /EMFILE/.test(out), 'the EMFILE log line');
+    await wait('the EMFILE log line', () => /EMFILE/.test(out));
     await new Promise((r) => setTimeout(r, 500));
     say('keys');
-    await wait(() => out.split('keys ns/a\n').length === 3, 'the keys');
+    await wait('the keys', () => out.split('keys ns/a\n').length === 3);
     say('release');
     say('keys-when ns/b');
-    await wait(() => out.includes('keys ns/a,ns/b\n'), 'the retry to load sub/b.yaml');
+    await wait('the retry to load sub/b.yaml', () => out.includes('keys ns/a,ns/b\n'));
   } finally {
     if (alive()) child.kill('SIGKILL');
     await exited;

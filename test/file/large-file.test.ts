@@ -13,9 +13,10 @@ import { runInNewContext } from 'node:vm';
 import { Store } from '../../src/store/store.js';
 import { FileSource } from '../../src/sources/file/index.js';
 import { recordingLogger } from '../helpers/logs.js';
-import { tmp, until, objects, yamlList } from './util.js';
+import { tmp, objects, yamlList } from './util.js';
 import { service } from '../helpers/k8s.js';
 import { KPNG, ROOT } from '../helpers/cli.js';
+import { until } from '../helpers/until.js';
 
 setFlagsFromString('--expose-gc');
 const gc = runInNewContext('gc') as () => void;
@@ -46,7 +47,7 @@ async function loadWatched(t: TestContext, name: string, text: string, services:
     renameSync(join(dir.dir, `.${name}`), join(dir.dir, name));
     let loadMs = 0;
     try {
-      await until(() => [...store.serviceKeys()].length === services, `${services} Services`, 120_000);
+      await until(`${services} Services`, () => [...store.serviceKeys()].length === services, { timeoutMs: 120_000 });
       loadMs = performance.now() - t0;
       // the probe must tick once more after the load: a stall that ends the wait is seen only then
       await new Promise((r) => setTimeout(r, 100));
@@ -55,7 +56,7 @@ async function loadWatched(t: TestContext, name: string, text: string, services:
       delay.disable();
     }
     rmSync(join(dir.dir, name));
-    await until(() => store.serviceKeys().next().done === true, 'the Services to go', 30_000);
+    await until('the Services to go', () => store.serviceKeys().next().done === true, { timeoutMs: 30_000 });
     await new Promise((r) => setTimeout(r, 3000)); // the parser's idle worker ends
     gc();
     const rssAfter = process.memoryUsage().rss;
@@ -91,7 +92,7 @@ test('a file too big for the memory there is: refused with one line naming it; t
   child.stderr.on('data', (d) => (err += d));
   const exited = new Promise((r) => child.on('exit', r));
   try {
-    await until(() => out.includes('keys ns/web\n') || child.exitCode !== null, 'the initial load', 60_000, () => `\nstdout:\n${out}\nstderr:\n${err}`);
+    await until('the initial load', () => out.includes('keys ns/web\n') || child.exitCode !== null, { timeoutMs: 60_000, detail: () => `\nstdout:\n${out}\nstderr:\n${err}` });
     assert.equal(child.exitCode, null, `the process ended\n${err}`);
     const lines = out.split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
     const aboutBig = lines.filter((l) => l.file === big);

@@ -10,7 +10,8 @@ import { Store } from '../../src/store/store.js';
 import { FileSource } from '../../src/sources/file/index.js';
 import { service } from '../helpers/k8s.js';
 import { recordingLogger } from '../helpers/logs.js';
-import { tmp, until, shell } from './util.js';
+import { tmp, shell } from './util.js';
+import { until } from '../helpers/until.js';
 
 const svc = (i: number) => stringify(service('ns', `s${i}`, { clusterIP: `10.96.${i >> 8}.${i & 255}` }));
 
@@ -34,7 +35,7 @@ test('3,000 files moved in as a new directory, 5 more written into it 0.4 s late
     sh = shell(`mv staging input/new && sleep 0.4 && cp later/*.yaml input/new/`, t.dir);
     assert.equal(await sh.exited, 0, sh.stderr);
     const count = () => [...store.serviceKeys()].length;
-    await until(() => count() === 3006, 'all 3,006 Services', 12_000, () => `(have ${count()})`);
+    await until('all 3,006 Services', () => count() === 3006, { timeoutMs: 12_000, detail: () => `(have ${count()})` });
     for (let i = 3000; i < 3005; i++) assert.ok(store.getService(`ns/s${i}`), `ns/s${i}`);
   } finally {
     await sh?.stop();

@@ -1,6 +1,5 @@
 // What the file source's tests share: temp dirs, waiting, kubectl-like files,
 // child processes that are always stopped.
-import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -16,16 +15,6 @@ export function tmp(): { dir: string; done: () => void } {
   // (retried: a test's writer may still be ending when the test does)
   return { dir, done: () => rmSync(dir, { recursive: true, force: true, maxRetries: 5, retryDelay: 50 }) };
 }
-
-export async function until(cond: () => boolean, what: string, ms = 5000, detail: () => string = () => ''): Promise<void> {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) assert.fail(`timed out waiting for ${what} ${detail()}`);
-    await sleep(20);
-  }
-}
-
-export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 /** as editors and config tools save a file: written aside under a dot name (never read), then renamed over it */
 export function saveByRename(file: string, text: string): void {

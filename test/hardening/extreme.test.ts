@@ -3,18 +3,14 @@
 // and froze every update on the node).
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import { syncedStore } from '../helpers/k8s.js';
 import { extremeCluster } from '../helpers/extreme.js';
-import { ServiceViews } from '../../src/localstate/views.js';
-import { LocalDiff } from '../../src/diff/local-diff.js';
-import { DecoderSink } from '../../src/diff/decoder.js';
 import { LocalSet } from '../../src/api/model.js';
 import { NftProxier } from '../../src/backends/nft/proxier.js';
-import { defaultConfig } from '../../src/backends/shared/config.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
-import { harness as iptablesHarness, iptablesConfig, iptablesUnsupported, MODES } from '../helpers/iptables.js';
+import { harness as iptablesHarness, iptablesUnsupported, MODES } from '../helpers/iptables.js';
+import { driveProxier, printed, testConfig } from '../helpers/proxier-harness.js';
 import { toolName } from '../../src/backends/iptables/iptables.js';
 
 const quiet = pino({ level: 'silent' });
@@ -27,18 +23,15 @@ describe('legal but extreme objects, nft', { skip: canUseNetns() }, () => {
   test('every service is programmed, and a restart finds nothing to change', async () => {
     const { objects, expect } = extremeCluster();
     const store = syncedStore(objects);
-    const config = defaultConfig();
-    config.clusterCIDRs = ['10.0.0.0/8', 'fd00::/64'];
+    const config = testConfig((c) => (c.clusterCIDRs = ['10.0.0.0/8', 'fd00::/64']));
     const run = async () => {
-      const proxier = new NftProxier({ nodeName: 'n1', config, log: quiet, once: true, nftPath: ns.wrapper('nft'), conntrackPath: ns.wrapper('conntrack'), healthChecks: false, out: new Writable({ write: (_c, _e, cb) => cb() }) });
-      const diff = new LocalDiff(store, new ServiceViews(store), 'n1', { sets: [LocalSet.NodesSet] });
+      const proxier = new NftProxier({ nodeName: 'n1', config, log: quiet, once: true, nftPath: ns.wrapper('nft'), conntrackPath: ns.wrapper('conntrack'), healthChecks: false, out: printed().sink });
+      const h = driveProxier(store, proxier, { sets: [LocalSet.NodesSet] });
       try {
-        const decoder = new DecoderSink(proxier);
-        for (const op of diff.next()) await decoder.send(op);
+        await h.sync();
         return proxier.stats.lastElementChanges;
       } finally {
-        diff.close();
-        await proxier.close();
+        await h.close();
       }
     };
     assert.ok((await run()) > 0);
@@ -57,7 +50,7 @@ for (const mode of MODES) {
 
     test('every service is programmed', async () => {
       const { objects, expect } = extremeCluster();
-      const h = iptablesHarness(syncedStore(objects), { ns, mode, config: iptablesConfig((c) => (c.clusterCIDRs = ['10.0.0.0/8', 'fd00::/64'])), families: [4, 6] });
+      const h = iptablesHarness(syncedStore(objects), { ns, mode, config: testConfig((c) => (c.clusterCIDRs = ['10.0.0.0/8', 'fd00::/64'])), families: [4, 6] });
       await h.sync();
       const saved = ns.exec(toolName(4, mode, 'save'), []) + ns.exec(toolName(6, mode, 'save'), []);
       for (const [svc, ips] of expect) for (const ip of ips) assert.match(saved, new RegExp(`-d ${ip.replace(/[.]/g, '\\.')}/(32|128) `), `${svc}: ${ip}`);

@@ -5,21 +5,18 @@
 // for nft runs against the in-memory nft in test/nft/fake.test.ts.
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { Writable } from 'node:stream';
 import { mkdtempSync, writeFileSync, chmodSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { pino } from 'pino';
 import { syncedStore, load, service, slice, node } from '../helpers/k8s.js';
-import { ServiceViews } from '../../src/localstate/views.js';
-import { LocalDiff } from '../../src/diff/local-diff.js';
-import { DecoderSink } from '../../src/diff/decoder.js';
 import { LocalSet } from '../../src/api/model.js';
 import { IptablesProxier } from '../../src/backends/iptables/proxier.js';
 import { toolName, type IptablesMode } from '../../src/backends/iptables/iptables.js';
 import type { SyncResult } from '../../src/backends/shared/runner.js';
 import { createNetns, type TestNetns } from '../helpers/netns.js';
-import { iptablesConfig, iptablesUnsupported, MODES } from '../helpers/iptables.js';
+import { iptablesUnsupported, MODES } from '../helpers/iptables.js';
+import { recordingLogger } from '../helpers/logs.js';
+import { driveProxier, testConfig } from '../helpers/proxier-harness.js';
 
 const BAD_IP = '172.30.0.99';
 
@@ -45,7 +42,7 @@ for (const mode of MODES) {
         chmodSync(p, 0o755);
         return p;
       };
-      const lines: string[] = [];
+      const { log, lines } = recordingLogger('info');
       const results: SyncResult[] = [];
       const store = syncedStore([
         node('n1', undefined, ['192.168.0.2']),
@@ -56,8 +53,8 @@ for (const mode of MODES) {
       ]);
       const proxier = new IptablesProxier({
         nodeName: 'n1',
-        config: iptablesConfig(),
-        log: pino({ level: 'info' }, new Writable({ write: (c, _e, cb) => (lines.push(String(c)), cb()) })),
+        config: testConfig(),
+        log,
         once: true,
         mode: mode as IptablesMode,
         tool,
@@ -66,11 +63,8 @@ for (const mode of MODES) {
         families: [4],
         report: (r) => results.push(r),
       });
-      const diff = new LocalDiff(store, new ServiceViews(store), 'n1', { sets: [LocalSet.NodesSet] });
-      const decoder = new DecoderSink(proxier);
-      const sync = async () => {
-        for (const op of diff.next()) await decoder.send(op);
-      };
+      const h = driveProxier(store, proxier, { sets: [LocalSet.NodesSet] });
+      const sync = () => h.sync();
       const nat = () => ns.exec(toolName(4, mode, 'save'), ['-t', 'nat']);
       try {
         // the first sync (a full one) with the bad Service in it
@@ -91,8 +85,7 @@ for (const mode of MODES) {
         assert.deepEqual(results.at(-1)!.skipped, []);
         assert.match(nat(), /-d 172\.30\.0\.98\/32 /);
       } finally {
-        diff.close();
-        await proxier.close();
+        await h.close();
       }
     });
   });

@@ -3,29 +3,19 @@
 // iptables-save in that namespace. (The lab's to-iptables command line and
 // skips are with the other backends' in lab-kpng.ts.)
 import { spawnSync } from 'node:child_process';
-import { Writable } from 'node:stream';
 import { pino } from 'pino';
-import { ServiceViews } from '../../src/localstate/views.js';
-import { LocalDiff } from '../../src/diff/local-diff.js';
-import { DecoderSink } from '../../src/diff/decoder.js';
 import { LocalSet } from '../../src/api/model.js';
 import type { Family } from '../../src/api/ip.js';
 import { IptablesProxier } from '../../src/backends/iptables/proxier.js';
 import { parseSave, toolName, type IptablesMode, type SavedTable } from '../../src/backends/iptables/iptables.js';
-import { defaultConfig, type KubeProxyConfiguration } from '../../src/backends/shared/config.js';
+import type { KubeProxyConfiguration } from '../../src/backends/shared/config.js';
 import type { Store } from '../../src/store/store.js';
 import type { TestNetns } from './netns.js';
 import { skipOrFailInCI } from './ci.js';
 import { node, service, slice } from './k8s.js';
+import { driveProxier, printed, testConfig } from './proxier-harness.js';
 
 export const MODES: readonly IptablesMode[] = ['nft', 'legacy'];
-
-export function iptablesConfig(over: (c: KubeProxyConfiguration) => void = () => {}): KubeProxyConfiguration {
-  const c = defaultConfig();
-  c.clusterCIDRs = ['10.0.0.0/8'];
-  over(c);
-  return c;
-}
 
 /** Why iptables (this mode) cannot be used in a namespace here, or undefined. */
 export function iptablesUnsupported(mode?: IptablesMode): string | undefined {
@@ -48,13 +38,12 @@ export interface Harness {
 
 /** A proxier fed by a store through the real diff stream; with ns, against iptables in that namespace. */
 export function harness(store: Store, opts: { ns?: TestNetns; mode?: IptablesMode; config?: KubeProxyConfiguration; families?: Family[]; node?: string; interfaces?: string[] } = {}): Harness {
-  const out: string[] = [];
-  const sink = new Writable({ write: (c, _e, cb) => (out.push(String(c)), cb()) });
+  const { out, sink } = printed();
   const node = opts.node ?? 'n1';
   const make = () =>
     new IptablesProxier({
       nodeName: node,
-      config: opts.config ?? iptablesConfig(),
+      config: opts.config ?? testConfig(),
       log: pino({ level: 'silent' }),
       dryRun: !opts.ns,
       once: true,
@@ -66,27 +55,7 @@ export function harness(store: Store, opts: { ns?: TestNetns; mode?: IptablesMod
       families: opts.families,
       interfaceAddresses: opts.interfaces ? () => opts.interfaces! : undefined,
     });
-  let proxier = make();
-  const newDiff = () => new LocalDiff(store, new ServiceViews(store), node, { sets: [LocalSet.NodesSet] });
-  let diff = newDiff();
-  let decoder = new DecoderSink(proxier);
-  return {
-    get proxier() {
-      return proxier;
-    },
-    out,
-    async sync() {
-      out.length = 0;
-      for (const op of diff.next()) await decoder.send(op);
-      return out.join('');
-    },
-    restart() {
-      diff.close();
-      proxier = make();
-      decoder = new DecoderSink(proxier);
-      diff = newDiff();
-    },
-  };
+  return Object.assign(driveProxier(store, make, { nodeName: node, sets: [LocalSet.NodesSet], printed: out }), { out });
 }
 
 /** iptables-save in a namespace, parsed: table -> chain -> rules */

@@ -1,5 +1,5 @@
-// Small helpers for kube source tests: a bounded wait, and a KubeSource
-// wired to a test API server with a recording logger.
+// Small helpers for kube source tests: a KubeSource wired to a test API
+// server with a recording logger, and bounded waiting (until.ts).
 import type { Logger } from 'pino';
 import { Store } from '../../src/store/store.js';
 import { KubeSource, type KubeSourceOptions } from '../../src/sources/kube/index.js';
@@ -7,18 +7,10 @@ import { resolveConnection, type Connection } from '../../src/sources/kube/confi
 import type { ReflectorOptions } from '../../src/sources/kube/reflector.js';
 import type { TestApiServer } from './apiserver.js';
 import { recordingLogger, type Recorded } from './logs.js';
+import { until } from './until.js';
 
 export const WARN = 40;
 export const ERROR = 50;
-
-/** Polls cond every 5 ms until it holds; fails after timeoutMs naming what it waited for. */
-export async function until(cond: () => boolean, what: string, timeoutMs = 10_000): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
 
 /** Reflector timings for tests: fast retries. */
 export const FAST: Partial<ReflectorOptions> = { backoffMinMs: 5, backoffMaxMs: 100, requestTimeoutMs: 2000, idleTimeoutMs: 5000 };
@@ -50,14 +42,12 @@ export function startSource(server: TestApiServer, kubeconfig: string | Connecti
       const want = server.rv;
       // bookmarks carry the current resourceVersion to every watch
       let last = 0;
-      await until(
-        () => {
-          if (Date.now() - last > 50) (last = Date.now()), server.bookmark();
-          return source.reflectors.every((r) => !r.served || Number(r.resourceVersion) >= want);
-        },
-        `every reflector at resourceVersion ${want} (have ${source.reflectors.map((r) => `${r.resource.plural}=${r.resourceVersion}`).join(' ')})`,
-        timeoutMs,
-      );
+      const have = () => source.reflectors.map((r) => `${r.resource.plural}=${r.resourceVersion}`).join(' ');
+      const atWant = () => {
+        if (Date.now() - last > 50) (last = Date.now()), server.bookmark();
+        return source.reflectors.every((r) => !r.served || Number(r.resourceVersion) >= want);
+      };
+      await until(`every reflector at resourceVersion ${want}`, atWant, { timeoutMs, detail: () => `(have ${have()})` });
       source.flush();
     },
   };

@@ -1,4 +1,5 @@
-// A logger that records what it logs, to assert on log lines.
+// A logger that keeps what it logs, to assert on log lines: each line as
+// written (lines) and parsed (records).
 import { pino, type Logger } from 'pino';
 
 export interface Recorded {
@@ -7,8 +8,17 @@ export interface Recorded {
   [k: string]: unknown;
 }
 
-export function recordingLogger(): { log: Logger; records: Recorded[]; text: () => string } {
+export function recordingLogger(level = 'debug'): { log: Logger; records: Recorded[]; lines: string[]; text: () => string } {
   const records: Recorded[] = [];
-  const log = pino({ level: 'debug', base: undefined }, { write: (line: string) => void records.push(JSON.parse(line)) });
-  return { log, records, text: () => records.map((r) => JSON.stringify(r)).join('\n') };
+  const lines: string[] = [];
+  const log = pino(
+    { level, base: undefined },
+    {
+      write: (line: string) => {
+        lines.push(line);
+        records.push(JSON.parse(line));
+      },
+    },
+  );
+  return { log, records, lines, text: () => records.map((r) => JSON.stringify(r)).join('\n') };
 }

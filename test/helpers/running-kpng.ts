@@ -61,13 +61,12 @@ async function startInNode(ns: TestNetns, args: string[], socket: string, starte
   ns.exec('ip', ['link', 'set', 'lo', 'up']);
   const kpng = kpngSpawn([...args, ...NODE_FLAGS], { netns: ns.name });
   started.push(kpng);
-  const end = Date.now() + 30_000;
-  for (;;) {
+  const synced = async () => {
     const r = await httpGet(ns, HEALTHZ_PORT, '/healthz');
-    if (r.code === 200 && (JSON.parse(r.body) as { lastUpdated?: string }).lastUpdated) return { kpng, socket, metricsPort: METRICS_PORT, netns: ns };
-    if (kpng.process.exitCode !== null || Date.now() > end) throw new Error(`kpng ${args.join(' ')}: no first sync (exit code ${kpng.process.exitCode})\nstderr:\n${kpng.stderr}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
+    return r.code === 200 && !!(JSON.parse(r.body) as { lastUpdated?: string }).lastUpdated;
+  };
+  await kpng.until(`the first sync of kpng ${args.join(' ')}`, synced, { timeoutMs: 30_000, everyMs: 100 });
+  return { kpng, socket, metricsPort: METRICS_PORT, netns: ns };
 }
 
 /** `kpng file --input DIR to-local to-nft` on node n1, in ns */
@@ -89,6 +88,6 @@ export async function brain(dir: string, started: Kpng[]): Promise<Served & { ap
   const metricsPort = await freePort();
   const kpng = kpngSpawn(['file', '--input', dir, '--debounce', '20', 'to-api', '--listen', api, '--state-socket', socket, '--metrics-bind-address', `127.0.0.1:${metricsPort}`]);
   started.push(kpng);
-  await kpng.until(() => kpng.stderr.includes('state socket: serving'), 'the brain');
+  await kpng.until('the brain', () => kpng.stderr.includes('state socket: serving'));
   return { kpng, socket, metricsPort, api };
 }

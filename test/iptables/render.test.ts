@@ -5,7 +5,8 @@ import { test, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { syncedStore, load, service, slice, node } from '../helpers/k8s.js';
-import { harness, iptablesConfig, kubeChains, overall } from '../helpers/iptables.js';
+import { harness, kubeChains, overall } from '../helpers/iptables.js';
+import { testConfig } from '../helpers/proxier-harness.js';
 import { parseSave } from '../../src/backends/iptables/iptables.js';
 import { base32, endpointChain, portProtoHash, probability, saveString, serviceChains } from '../../src/backends/iptables/names.js';
 import type { KubeProxyConfiguration } from '../../src/backends/shared/config.js';
@@ -147,7 +148,7 @@ describe('rendering (dry run)', () => {
         slice('ns', 'lb-1', 'lb', [{ ip: '10.1.0.2', node: 'n1' }]),
       ]);
     const run = async (over: (c: KubeProxyConfiguration) => void) => {
-      const nat = parseSave(await harness(objects(), { families: [4], config: iptablesConfig(over) }).sync()).get('nat')!.chains;
+      const nat = parseSave(await harness(objects(), { families: [4], config: testConfig(over) }).sync()).get('nat')!.chains;
       const { svc, ext } = serviceChains('ns/lb:http', 'tcp');
       return [...(nat.get(svc) ?? []), ...(nat.get(ext) ?? [])].join('\n');
     };
@@ -163,7 +164,7 @@ describe('rendering (dry run)', () => {
   test('nodePortAddresses: one jump per matching node address; localhost only with localhostNodePorts', async () => {
     const objects = () => syncedStore([node('n1', undefined, ['192.168.0.2']), service('ns', 'np', { type: 'NodePort', clusterIP: '172.30.0.30', ports: [{ name: 'http', port: 80, nodePort: 30080 }] })]);
     const jumps = async (over: (c: KubeProxyConfiguration) => void) =>
-      parseSave(await harness(objects(), { families: [4], config: iptablesConfig(over), interfaces: ['127.0.0.1', '192.168.0.2', '192.168.1.2', '10.9.9.9'] }).sync())
+      parseSave(await harness(objects(), { families: [4], config: testConfig(over), interfaces: ['127.0.0.1', '192.168.0.2', '192.168.1.2', '10.9.9.9'] }).sync())
         .get('nat')!
         .chains.get('KUBE-SERVICES')!
         .filter((r) => r.endsWith('-j KUBE-NODEPORTS'))
@@ -182,7 +183,7 @@ describe('rendering (dry run)', () => {
         service('ns', 'web6', { type: 'NodePort', clusterIP: 'fd00:96::10', ipFamilies: ['IPv6'], ports: [{ name: 'http', port: 80, nodePort: 30080 }] }),
         slice('ns', 'web6-1', 'web6', [{ ip: 'fd00:10::10', node: 'n1' }]),
       ]),
-      { families: [6], config: iptablesConfig((c) => (c.clusterCIDRs = ['fd00:10::/64'])) },
+      { families: [6], config: testConfig((c) => (c.clusterCIDRs = ['fd00:10::/64'])) },
     );
     const out = await h.sync();
     const nat = parseSave(out).get('nat')!.chains;

@@ -4,7 +4,8 @@
 // refcounts, drift of flags, taking over a server left behind, schedulers.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { capturedLog, driveProxier } from '../helpers/proxier-harness.js';
+import { driveProxier, testConfig } from '../helpers/proxier-harness.js';
+import { recordingLogger } from '../helpers/logs.js';
 import { syncedStore, load, service, slice, node, serviceCIDR } from '../helpers/k8s.js';
 import { IpvsProxier, type IpvsApi } from '../../src/backends/ipvs/proxier.js';
 import { IpvsError, rsKey, vsKey, type IpvsOp, type RealServer, type VirtualServer } from '../../src/backends/ipvs/ipvs.js';
@@ -102,12 +103,12 @@ class FakeNode implements IpvsNode {
 }
 
 function harness(store: Store, parts: { ipvs: FakeIpvs; node: FakeNode; nft: FakeNft }, o: { scheduler?: string; exclude?: string[] } = {}) {
-  const config = defaultConfig();
-  config.clusterCIDRs = ['10.0.0.0/8'];
-  config.ipvs.minSyncPeriodMs = 0;
-  if (o.scheduler) config.ipvs.scheduler = o.scheduler;
-  if (o.exclude) config.ipvs.excludeCIDRs = o.exclude;
-  const { log, lines } = capturedLog();
+  const config = testConfig((c) => {
+    c.ipvs.minSyncPeriodMs = 0;
+    if (o.scheduler) c.ipvs.scheduler = o.scheduler;
+    if (o.exclude) c.ipvs.excludeCIDRs = o.exclude;
+  });
+  const { log, lines } = recordingLogger();
   const proxier = new IpvsProxier({
     nodeName: 'n1',
     config,
@@ -121,7 +122,7 @@ function harness(store: Store, parts: { ipvs: FakeIpvs; node: FakeNode; nft: Fak
     conntrackPath: '/bin/true',
     interfaceAddresses: () => ['192.168.0.2', '127.0.0.1'],
   });
-  return { ...driveProxier(store, proxier), lines };
+  return Object.assign(driveProxier(store, proxier), { lines });
 }
 
 const parts = () => ({ ipvs: new FakeIpvs(), node: new FakeNode(), nft: new FakeNft() });

@@ -11,9 +11,10 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { TestApiServer, tlsFile, writeKubeconfig, type KubeconfigUser } from '../helpers/apiserver.js';
 import { nodeObject, serviceObject } from '../helpers/kube-cluster.js';
-import { startSource, until, WARN, type Running } from '../helpers/kube-test.js';
+import { startSource, WARN, type Running } from '../helpers/kube-test.js';
 import { resolveConnection } from '../../src/sources/kube/config.js';
 import { ExecCredentials, TokenFileCredentials } from '../../src/sources/kube/credentials.js';
+import { until } from '../helpers/until.js';
 
 const EXEC_PLUGIN = fileURLToPath(new URL('../fixtures/kube/exec-credential.mjs', import.meta.url));
 const CA = { file: tlsFile('ca.crt') };
@@ -50,28 +51,28 @@ const refusals = (r: Running) => r.records.filter((x) => x.level === WARN && /HT
 
 async function receivesChanges(r: Running, name: string) {
   server.put(serviceObject('default', name, '10.96.9.9'));
-  await until(() => !!r.store.getService(`default/${name}`), `service ${name} through the watch`);
+  await until(`service ${name} through the watch`, () => !!r.store.getService(`default/${name}`));
 }
 
 describe('kube source auth: kubeconfig', () => {
   it('bearer token', async () => {
     const r = start(kubeconfig({ token: 'good-token' }));
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     assert.deepEqual(users(), ['token:good-']);
   });
 
   it('a refused token is retried with backoff and logged, never silently', async () => {
     const r = start(kubeconfig({ token: 'bad-token' }));
-    await until(() => refusals(r).length >= 8, 'several 401 retries');
+    await until('several 401 retries', () => refusals(r).length >= 8);
     assert.equal(r.store.allSynced, false);
     assert.ok(server.requests.every((q) => q.status === 401));
     server.tokens.add('bad-token'); // the admin fixes RBAC: it recovers by itself
-    await until(() => r.store.allSynced, 'synced after the fix', 15_000);
+    await until('synced after the fix', () => r.store.allSynced, { timeoutMs: 15_000 });
   });
 
   it('client certificate and key files, CA file', async () => {
     const r = start(kubeconfig({ 'client-certificate': tlsFile('client.crt'), 'client-key': tlsFile('client.key') }));
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     assert.deepEqual(users(), ['cert:system:kube-proxy']);
   });
 
@@ -79,29 +80,29 @@ describe('kube source auth: kubeconfig', () => {
     const b64 = (f: string) => readFileSync(tlsFile(f)).toString('base64');
     const kc = kubeconfig({ 'client-certificate-data': b64('client.crt'), 'client-key-data': b64('client.key') }, { ca: { data: b64('ca.crt') } });
     const r = start(kc);
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     assert.deepEqual(users(), ['cert:system:kube-proxy']);
   });
 
   it('a client certificate from another CA is refused (401)', async () => {
     const r = start(kubeconfig({ 'client-certificate': tlsFile('untrusted-client.crt'), 'client-key': tlsFile('untrusted-client.key') }));
-    await until(() => refusals(r).length >= 2, '401s');
+    await until('401s', () => refusals(r).length >= 2);
     assert.equal(r.store.allSynced, false);
   });
 
   it('insecure-skip-tls-verify works without a CA; without it the server certificate is rejected', async () => {
     const r = start(kubeconfig({ token: 'good-token' }, { insecure: true }));
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     await r.stop();
     const r2 = start(kubeconfig({ token: 'good-token' }, {}));
-    await until(() => r2.records.some((x) => x.level === WARN && /certificate/i.test(x.msg)), 'a TLS verification warning');
+    await until('a TLS verification warning', () => r2.records.some((x) => x.level === WARN && /certificate/i.test(x.msg)));
     assert.equal(r2.store.allSynced, false);
   });
 
   it('tokenFile: relative to the kubeconfig, re-read after a 401 when the token rotates', async () => {
     writeFileSync(join(dir, 'token'), 'good-token\n');
     const r = start(kubeconfig({ tokenFile: 'token' }));
-    await until(() => r.store.allSynced && server.watchCount === 4, 'synced and watching');
+    await until('synced and watching', () => r.store.allSynced && server.watchCount === 4);
     // rotation: the server now only accepts the new token, the file has it
     server.tokens.clear();
     server.tokens.add('rotated-token');
@@ -129,7 +130,7 @@ describe('kube source auth: exec plugins', () => {
       server.tokens.add('exec-token');
       const log = join(dir, 'exec.log');
       const r = start(kubeconfig({ exec: exec(`client.authentication.k8s.io/${v}`, { KPNG_EXEC_LOG: log }, { provideClusterInfo: true }) }));
-      await until(() => r.store.allSynced, 'synced');
+      await until('synced', () => r.store.allSynced);
       assert.deepEqual(users(), ['token:exec-']);
       const [info] = runs(log);
       assert.equal(info.apiVersion, `client.authentication.k8s.io/${v}`);
@@ -143,7 +144,7 @@ describe('kube source auth: exec plugins', () => {
 
   it('client certificate from the plugin (clientCertificateData/clientKeyData)', async () => {
     const r = start(kubeconfig({ exec: exec('client.authentication.k8s.io/v1', { KPNG_EXEC_MODE: 'cert' }) }));
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     assert.deepEqual(users(), ['cert:system:kube-proxy']);
   });
 
@@ -152,7 +153,7 @@ describe('kube source auth: exec plugins', () => {
     const log = join(dir, 'exec.log');
     // expires 10.5 s ahead; refreshed 10 s before expiry: stale after ~0.5 s
     const r = start(kubeconfig({ exec: exec('client.authentication.k8s.io/v1', { KPNG_EXEC_LOG: log, KPNG_EXEC_TTL_MS: '10500' }) }));
-    await until(() => r.store.allSynced && server.watchCount === 4, 'synced and watching');
+    await until('synced and watching', () => r.store.allSynced && server.watchCount === 4);
     assert.equal(runs(log).length, 1);
     await new Promise((res) => setTimeout(res, 700));
     server.dropWatches();
@@ -165,7 +166,7 @@ describe('kube source auth: exec plugins', () => {
     writeFileSync(tokenFile, 'good-token');
     const log = join(dir, 'exec.log');
     const r = start(kubeconfig({ exec: exec('client.authentication.k8s.io/v1', { KPNG_EXEC_LOG: log, KPNG_EXEC_TOKEN_FILE: tokenFile }) }));
-    await until(() => r.store.allSynced && server.watchCount === 4, 'synced and watching');
+    await until('synced and watching', () => r.store.allSynced && server.watchCount === 4);
     server.tokens.clear();
     server.tokens.add('new-token');
     writeFileSync(tokenFile, 'new-token');
@@ -176,7 +177,7 @@ describe('kube source auth: exec plugins', () => {
 
   it('a failing plugin is retried and its stderr logged', async () => {
     const r = start(kubeconfig({ exec: exec('client.authentication.k8s.io/v1', { KPNG_EXEC_FAIL: '1' }) }));
-    await until(() => r.records.some((x) => x.level === WARN && /exec plugin .* failed \(exit 3\): exec-credential: no credentials for you/.test(x.msg)), 'the failure logged');
+    await until('the failure logged', () => r.records.some((x) => x.level === WARN && /exec plugin .* failed \(exit 3\): exec-credential: no credentials for you/.test(x.msg)));
     assert.equal(r.store.allSynced, false);
   });
 
@@ -185,10 +186,10 @@ describe('kube source auth: exec plugins', () => {
     writeFileSync(join(dir, 'plugin.sh'), `#!/bin/sh\nexec "${process.execPath}" "${EXEC_PLUGIN}"\n`);
     chmodSync(join(dir, 'plugin.sh'), 0o755);
     const r = start(kubeconfig({ exec: { apiVersion: 'client.authentication.k8s.io/v1beta1', command: './plugin.sh' } }), { PATH: process.env.PATH ?? '' });
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     await r.stop();
     const r2 = start(kubeconfig({ exec: { apiVersion: 'client.authentication.k8s.io/v1', command: 'kpng-no-such-plugin', installHint: 'install it from example.com' } }), { PATH: process.env.PATH ?? '' });
-    await until(() => r2.records.some((x) => /kpng-no-such-plugin: ENOENT \(install it from example\.com\)/.test(x.msg)), 'the hint');
+    await until('the hint', () => r2.records.some((x) => /kpng-no-such-plugin: ENOENT \(install it from example\.com\)/.test(x.msg)));
   });
 });
 
@@ -203,7 +204,7 @@ describe('kube source auth: in-cluster', () => {
     const conn = resolveConnection({}, { KUBERNETES_SERVICE_HOST: '127.0.0.1', KUBERNETES_SERVICE_PORT: port, KPNG_SERVICEACCOUNT_DIR: sa });
     assert.match(conn.origin, /^in-cluster 127\.0\.0\.1:\d+/);
     run = startSource(server, conn);
-    await until(() => run!.store.allSynced && server.watchCount === 4, 'synced and watching');
+    await until('synced and watching', () => run!.store.allSynced && server.watchCount === 4);
     // kubelet rotates the projected token; the old one is revoked
     server.tokens.clear();
     server.tokens.add('rotated');

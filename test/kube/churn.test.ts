@@ -10,10 +10,11 @@ import { join } from 'node:path';
 import { setImmediate as tick } from 'node:timers/promises';
 import { TestApiServer, certKubeconfig } from '../helpers/apiserver.js';
 import { SyntheticCluster, prng, storeFromServer, nodeState, globalStateDocument, NOOP_OPS, type ChurnOp } from '../helpers/kube-cluster.js';
-import { startSource, until, type Running } from '../helpers/kube-test.js';
+import { startSource, type Running } from '../helpers/kube-test.js';
 import { ServiceViews } from '../../src/localstate/views.js';
 import { LocalDiff } from '../../src/diff/local-diff.js';
 import { LocalSet } from '../../src/api/model.js';
+import { until } from '../helpers/until.js';
 
 const SEED = Number(process.env.KPNG_CHURN_SEED ?? 20261121);
 
@@ -51,7 +52,7 @@ describe('kube source under churn', () => {
     cluster.populate({ services: 300, pods: 450, nodes: 10 });
     local = [...cluster.podsByNode()].sort((a, b) => b[1] - a[1])[0][0];
     run = startSource(server, certKubeconfig(join(dir, 'kubeconfig'), server.url));
-    await until(() => run.store.allSynced, 'initial sync');
+    await until('initial sync', () => run.store.allSynced);
   });
 
   after(async () => {

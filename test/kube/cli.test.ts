@@ -3,46 +3,18 @@
 // change once (no-op updates and relists show nothing).
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseAllDocuments } from 'yaml';
 import { TestApiServer, certKubeconfig } from '../helpers/apiserver.js';
 import { SyntheticCluster, prng, storeFromServer, globalStateDocument, serviceObject, sliceObject, NOOP_OPS } from '../helpers/kube-cluster.js';
-import { ROOT } from '../helpers/cli.js';
-
-const BIN = join(ROOT, 'bin/kpng.js');
+import { kpngSpawn } from '../helpers/cli.js';
 
 /** A running `node bin/kpng.js ...`; stop() it in a finally. */
-function kpng(args: string[]) {
-  const p: ChildProcess = spawn(process.execPath, [BIN, ...args], { cwd: ROOT, env: { ...process.env, KPNG_LOG_LEVEL: 'info' } });
-  let stdout = '';
-  let stderr = '';
-  p.stdout!.setEncoding('utf8').on('data', (d) => (stdout += d));
-  p.stderr!.setEncoding('utf8').on('data', (d) => (stderr += d));
-  const exited = new Promise<number | null>((r) => p.on('exit', (code) => r(code)));
-  return {
-    get stdout() { return stdout; },
-    get stderr() { return stderr; },
-    exited,
-    async until(cond: () => boolean, what: string, ms = 30_000) {
-      const end = Date.now() + ms;
-      while (!cond()) {
-        if (Date.now() > end) throw new Error(`timed out waiting for ${what}\nstdout:\n${stdout.slice(-3000)}\nstderr:\n${stderr.slice(-3000)}`);
-        if (p.exitCode !== null) throw new Error(`kpng exited (${p.exitCode}) before ${what}\nstderr:\n${stderr}`);
-        await new Promise((r) => setTimeout(r, 25));
-      }
-    },
-    async stop() {
-      if (p.exitCode !== null || p.signalCode !== null) return;
-      p.kill('SIGTERM');
-      const t = setTimeout(() => p.kill('SIGKILL'), 5000);
-      await exited;
-      clearTimeout(t);
-    },
-  };
-}
+const kpng = (args: string[]) => kpngSpawn(args, { bin: true, env: { KPNG_LOG_LEVEL: 'info' } });
+/** the process starts from bin/, as built: slower than the sources' */
+const WAIT = { timeoutMs: 30_000 };
 
 const SELECTORS = {
   services: '!service.kubernetes.io/service-proxy-name',
@@ -76,12 +48,12 @@ describe('kpng kube (process)', () => {
     try {
       const docs = () => parseAllDocuments(p.stdout).map((d) => d.toJS());
       const expected = () => JSON.parse(JSON.stringify(globalStateDocument(storeFromServer(server, SELECTORS))));
-      await p.until(() => docs().length >= 1 && p.stdout.endsWith('\n'), 'the first state');
+      await p.until('the first state', () => docs().length >= 1 && p.stdout.endsWith('\n'), WAIT);
       assert.deepEqual(docs()[0], expected());
       assert.equal(docs()[0].services.length, 20);
 
       server.put(serviceObject('ns-0', 'late', '10.96.50.1'));
-      await p.until(() => docs().some((d) => d.services.some((s: any) => s.service.Name === 'late')), 'a state with the new service');
+      await p.until('a state with the new service', () => docs().some((d) => d.services.some((s: any) => s.service.Name === 'late')), WAIT);
       assert.deepEqual(docs().at(-1), expected());
     } finally {
       await p.stop();
@@ -98,11 +70,11 @@ describe('kpng kube (process)', () => {
       return stats.length ? Number(stats.at(-1)!.split('\t')[2]) : 0;
     };
     try {
-      await p.until(() => syncs() === 1, 'the initial state');
+      await p.until('the initial state', () => syncs() === 1, WAIT);
       assert.equal(lines()[0], '~ reset');
       let seen = lines().length;
       const next = async (what: string) => {
-        await p.until(() => syncs() > 1 && lines().at(-1) === '> sync' && lines().length > seen, what);
+        await p.until(what, () => syncs() > 1 && lines().at(-1) === '> sync' && lines().length > seen, WAIT);
         const chunk = lines().slice(seen);
         seen = lines().length;
         return chunk;
@@ -123,11 +95,11 @@ describe('kpng kube (process)', () => {
       // no-op updates: the source sees them (events move), the node sees nothing
       const before = events();
       for (let i = 0; i < 60; i++) cluster.apply(NOOP_OPS[i % NOOP_OPS.length]);
-      await p.until(() => events() >= before + 60, 'the no-op updates counted in --stats');
+      await p.until('the no-op updates counted in --stats', () => events() >= before + 60, WAIT);
       // a forced relist (watches cut, history compacted): nothing changed, nothing shown
       server.dropWatches();
       server.compact();
-      await p.until(() => (p.stderr.match(/relisted endpointslices/g) ?? []).length >= 1 && (p.stderr.match(/relisted services/g) ?? []).length >= 1, 'the relists');
+      await p.until('the relists', () => (p.stderr.match(/relisted endpointslices/g) ?? []).length >= 1 && (p.stderr.match(/relisted services/g) ?? []).length >= 1, WAIT);
       await new Promise((r) => setTimeout(r, 1200)); // a stats period: anything pending would show
       assert.deepEqual(lines().slice(seen), []);
 

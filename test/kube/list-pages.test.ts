@@ -10,7 +10,8 @@ import { join } from 'node:path';
 import { pageHead } from '../../src/sources/kube/list-item.js';
 import { TestApiServer, certKubeconfig } from '../helpers/apiserver.js';
 import { nodeObject, serviceObject } from '../helpers/kube-cluster.js';
-import { startSource, until, ERROR, type Running } from '../helpers/kube-test.js';
+import { startSource, ERROR, type Running } from '../helpers/kube-test.js';
+import { until } from '../helpers/until.js';
 
 const head = (s: string) => pageHead(Buffer.from(s));
 
@@ -59,7 +60,7 @@ describe('kube source: list pages asked for early', () => {
   it('every page is listed once, in order, whatever the thread takes', async () => {
     const server = await cluster(7);
     const r = start(server);
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     const lists = serviceLists(server);
     assert.equal(lists.length, 4, 'four pages of two');
     assert.equal(lists[0].query.continue, undefined);
@@ -74,7 +75,7 @@ describe('kube source: list pages asked for early', () => {
     // "metadata" twice: JSON's last one wins, and it says this is the last page
     server.failNext({ resource: 'services', watch: false }, { body: `{"kind":"ServiceList","apiVersion":"v1","metadata":{"resourceVersion":"${rv}","continue":"bogus"},"items":[${item}],"metadata":{"resourceVersion":"${rv}"}}` });
     const r = start(server);
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     await r.caughtUp();
     const lists = serviceLists(server);
     assert.equal(lists[0].query.continue, undefined);

@@ -10,7 +10,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { TestApiServer, certKubeconfig } from '../helpers/apiserver.js';
 import { nodeObject, serviceObject, sliceObject, storeFromServer, nodeState } from '../helpers/kube-cluster.js';
-import { startSource, until, ERROR, type Running } from '../helpers/kube-test.js';
+import { startSource, ERROR, type Running } from '../helpers/kube-test.js';
+import { until } from '../helpers/until.js';
 
 const cleanup: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
@@ -81,7 +82,7 @@ describe('kube source: list pages of slices and Services in the parser thread', 
     for (const mode of ['here', 'thread']) {
       const server = await cluster();
       const r = start(server, mode === 'thread');
-      await until(() => r.store.allSynced, `${mode}: synced`);
+      await until(`${mode}: synced`, () => r.store.allSynced);
       await r.caughtUp();
       runs[mode] = { r, server };
     }
@@ -109,11 +110,11 @@ describe('kube source: list pages of slices and Services in the parser thread', 
     for (const { r, server } of [here, thread]) {
       server.modify('EndpointSlice', 'default/svc-2-x', (o) => (o.ports[0].port = 70001));
       server.modify('Service', 'default/rich', (o) => (o.spec.externalIPs = ['192.0.2.8']));
-      await until(() => errors(r).length === 3, 'the invalid change reported');
-      await until(() => r.store.getService('default/rich')?.service.IPs?.ExternalIPs?.V4[0] === '192.0.2.8', 'the Service change taken');
+      await until('the invalid change reported', () => errors(r).length === 3);
+      await until('the Service change taken', () => r.store.getService('default/rich')?.service.IPs?.ExternalIPs?.V4[0] === '192.0.2.8');
       const lists = slices(r).stats.lists;
       server.expireWatches();
-      await until(() => slices(r).stats.lists > lists, 'relisted');
+      await until('relisted', () => slices(r).stats.lists > lists);
       await r.caughtUp();
     }
     assert.deepEqual(errors(thread.r), errors(here.r));
@@ -129,7 +130,7 @@ describe('kube source: list pages of slices and Services in the parser thread', 
     server.failNext({ resource: 'endpointslices', watch: false }, { body: '{"items": [' });
     server.failNext({ resource: 'endpointslices', watch: false }, { body: '{"kind": "EndpointSliceList", "metadata": {"resourceVersion": "1"}}' });
     const r = start(server, true);
-    await until(() => r.store.allSynced, 'synced after the retry');
+    await until('synced after the retry', () => r.store.allSynced);
     await r.caughtUp();
     assert.ok(r.records.some((x) => /endpointslices list failed: .*\/endpointslices: the answer is not JSON/.test(x.msg)), 'the failure is logged with the path');
     assert.ok(r.records.some((x) => /endpointslices list failed: .*\/endpointslices: the list has no items/.test(x.msg)));
@@ -142,7 +143,7 @@ describe('kube source: list pages of slices and Services in the parser thread', 
     const r = start(server, true);
     // a thread that cannot parse (it could not start, it ran out of memory)
     for (const x of r.source.reflectors) (x as unknown as { parser: unknown }).parser = { parsePage: () => Promise.reject(new Error('worker out of memory')) };
-    await until(() => r.store.allSynced, 'synced after the retry');
+    await until('synced after the retry', () => r.store.allSynced);
     await r.caughtUp();
     assert.ok(r.records.some((x) => /endpointslices: the parser thread failed \(worker out of memory\); parsing here from now on/.test(x.msg)));
     assert.ok(r.records.some((x) => /endpointslices list failed: worker out of memory/.test(x.msg)), 'the list failed and was retried');

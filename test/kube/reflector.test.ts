@@ -8,9 +8,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { TestApiServer, certKubeconfig, type RequestRecord, type ApiServerOptions } from '../helpers/apiserver.js';
 import { nodeObject, serviceObject, sliceObject, storeFromServer, nodeState, globalStateDocument } from '../helpers/kube-cluster.js';
-import { startSource, until, WARN, ERROR, type Running } from '../helpers/kube-test.js';
+import { startSource, WARN, ERROR, type Running } from '../helpers/kube-test.js';
 import { Backoff, type ReflectorOptions } from '../../src/sources/kube/reflector.js';
 import type { KubeSourceOptions } from '../../src/sources/kube/index.js';
+import { until } from '../helpers/until.js';
 
 let dir: string;
 let server: TestApiServer;
@@ -62,7 +63,7 @@ describe('kube source: requests', () => {
     await setup();
     seed();
     const r = start({}, { pageSize: 500, watchTimeoutSeconds: [300, 600] });
-    await until(() => r.store.allSynced && server.watchCount === 4, 'synced and watching');
+    await until('synced and watching', () => r.store.allSynced && server.watchCount === 4);
     const [svcList] = listsOf('services');
     assert.equal(svcList.query.limit, '500');
     assert.equal(svcList.query.labelSelector, '!service.kubernetes.io/service-proxy-name');
@@ -87,7 +88,7 @@ describe('kube source: requests', () => {
     seed();
     server.put(serviceObject('default', 'mine', '10.96.1.1', { labels: { 'service.kubernetes.io/service-proxy-name': 'kpng' } }));
     const r = start({ serviceProxyName: 'kpng', watchNode: 'node-1' });
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     await r.caughtUp();
     assert.equal(listsOf('services')[0].query.labelSelector, 'service.kubernetes.io/service-proxy-name=kpng');
     assert.match(listsOf('endpointslices')[0].query.labelSelector, /,service\.kubernetes\.io\/service-proxy-name=kpng$/);
@@ -103,10 +104,10 @@ describe('kube source: readiness', () => {
     server.put(nodeObject('node-0', 0)); // services, slices and ServiceCIDRs are empty
     server.failNext({ resource: 'endpointslices', watch: false }, { delayMs: 300 });
     const r = start();
-    await until(() => r.store.isSynced('services') && r.store.isSynced('nodes') && r.store.isSynced('serviceCIDRs'), 'the other kinds');
+    await until('the other kinds', () => r.store.isSynced('services') && r.store.isSynced('nodes') && r.store.isSynced('serviceCIDRs'));
     assert.equal(r.store.allSynced, false, 'slices have not listed yet');
     assert.equal(r.store.isSynced('endpointSlices'), false);
-    await until(() => r.store.allSynced, 'all kinds synced');
+    await until('all kinds synced', () => r.store.allSynced);
     assert.deepEqual([...r.store.allNodes()].map((n) => n.node.Name), ['node-0']);
   });
 
@@ -115,7 +116,7 @@ describe('kube source: readiness', () => {
     seed();
     server.failNext({ resource: 'services', watch: false }, { status: 500 }, 3);
     const r = start();
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     assert.equal(warnings(r, /services list failed: HTTP 500/).length, 3);
     assert.equal(r.store.getService('default/svc-0')?.service.Name, 'svc-0');
   });
@@ -124,7 +125,7 @@ describe('kube source: readiness', () => {
     await setup();
     seed(50);
     const r = start();
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     // four kinds listed: at most one revision each
     assert.ok(r.store.rev <= 4, `rev ${r.store.rev}`);
     assert.equal([...r.store.serviceKeys()].length, 50);
@@ -138,10 +139,10 @@ describe('kube source: pagination', () => {
     // hold the second page while the cluster changes
     server.failNext({ resource: 'services', watch: false, when: (q) => q.query.continue !== undefined }, { delayMs: 200 });
     const r = start({}, { pageSize: 7 });
-    await until(() => listsOf('services').length >= 2, 'the second page');
+    await until('the second page', () => listsOf('services').length >= 2);
     server.delete('Service', 'default/svc-0');
     server.put(serviceObject('default', 'svc-late', '10.96.2.2'));
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     assert.equal(listsOf('services').length, 8, '50 services in pages of 7');
     await assertMatchesServer(r);
     assert.equal(r.store.getService('default/svc-0'), undefined);
@@ -153,7 +154,7 @@ describe('kube source: pagination', () => {
     seed(20);
     server.failNext({ resource: 'services', watch: false, when: (q) => q.query.continue !== undefined }, { status: 410, reason: 'Expired' });
     const r = start({}, { pageSize: 5 });
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     assert.equal(warnings(r, /continue token expired/).length, 1);
     assert.equal([...r.store.serviceKeys()].length, 20);
     assert.equal(listsOf('services').filter((q) => !q.query.continue).length, 2, 'listed from the start twice');
@@ -168,10 +169,10 @@ describe('kube source: pagination', () => {
       server.failNext(continued, fault);
       const r = start({}, { pageSize: 5, backoffMinMs: 10 });
       // the first page is in the store while the second is held
-      await until(() => !!r.store.getService('default/svc-0'), 'the first page written');
+      await until('the first page written', () => !!r.store.getService('default/svc-0'));
       assert.equal(r.store.isSynced('services'), false);
       server.delete('Service', 'default/svc-0');
-      await until(() => r.store.allSynced, 'synced');
+      await until('synced', () => r.store.allSynced);
       assert.equal(listsOf('services').filter((q) => !q.query.continue).length, 2, 'listed from the start twice');
       assert.equal(r.store.getService('default/svc-0'), undefined);
       assert.equal([...r.store.serviceKeys()].length, 19);
@@ -185,13 +186,13 @@ describe('kube source: faults', () => {
     await setup();
     seed();
     const r = start();
-    await until(() => server.watchCount === 4, 'watching');
+    await until('watching', () => server.watchCount === 4);
     server.put(serviceObject('default', 'svc-a', '10.96.3.1'));
     await r.caughtUp();
     const rvSeen = r.source.reflectors[0].resourceVersion;
     assert.equal(server.dropWatches(), 4);
     server.put(serviceObject('default', 'svc-b', '10.96.3.2')); // while disconnected
-    await until(() => !!r.store.getService('default/svc-b'), 'the change made while disconnected');
+    await until('the change made while disconnected', () => !!r.store.getService('default/svc-b'));
     const resumed = watchesOf('services').at(-1)!;
     assert.equal(resumed.query.resourceVersion, rvSeen);
     assert.equal(listsOf('services').length, 1, 'no relist');
@@ -203,7 +204,7 @@ describe('kube source: faults', () => {
     await setup({ dropWatchEvery: 20 });
     seed();
     const r = start({}, { backoffMinMs: 10, backoffMaxMs: 5000 });
-    await until(() => server.watchCount === 4, 'watching');
+    await until('watching', () => server.watchCount === 4);
     for (let i = 0; i < 200; i++) server.put(serviceObject('drops', `s-${i}`, `10.96.20.${i}`));
     await r.caughtUp();
     const w = warnings(r, /services watch failed: connection dropped mid-stream/);
@@ -215,13 +216,13 @@ describe('kube source: faults', () => {
     await setup();
     seed();
     const r = start();
-    await until(() => server.watchCount === 4, 'watching');
+    await until('watching', () => server.watchCount === 4);
     for (let i = 0; i < 5; i++) server.modify('Node', 'node-1'); // other resources move the resourceVersion
     server.bookmark();
     const want = String(server.rv);
-    await until(() => r.source.reflectors[0].resourceVersion === want, 'the bookmark');
+    await until('the bookmark', () => r.source.reflectors[0].resourceVersion === want);
     server.dropWatches();
-    await until(() => watchesOf('services').length === 2, 'a new watch');
+    await until('a new watch', () => watchesOf('services').length === 2);
     assert.equal(watchesOf('services')[1].query.resourceVersion, want);
   });
 
@@ -230,7 +231,7 @@ describe('kube source: faults', () => {
       await setup({ expiredWatch: mode });
       seed(5);
       const r = start();
-      await until(() => server.watchCount === 4, 'watching');
+      await until('watching', () => server.watchCount === 4);
       await r.caughtUp();
       const rev = r.store.rev;
       // while disconnected: one deleted, one changed, one added, then the history is compacted
@@ -240,7 +241,7 @@ describe('kube source: faults', () => {
       server.modify('EndpointSlice', 'default/svc-2-x', (o) => (o.endpoints[0].conditions.ready = false));
       server.put(serviceObject('default', 'svc-new', '10.96.4.1'));
       server.compact();
-      await until(() => r.source.reflectors.every((x) => x.stats.lists === 2), 'every kind relisted');
+      await until('every kind relisted', () => r.source.reflectors.every((x) => x.stats.lists === 2));
       await assertMatchesServer(r);
       assert.equal(r.store.getService('default/svc-1'), undefined);
       assert.equal(r.store.getSlice('default/svc-1-x'), undefined);
@@ -254,12 +255,12 @@ describe('kube source: faults', () => {
     await setup();
     seed(5);
     const r = start();
-    await until(() => server.watchCount === 4, 'watching');
+    await until('watching', () => server.watchCount === 4);
     await r.caughtUp();
     const rev = r.store.rev;
     const events = r.store.events;
     assert.equal(server.expireWatches(), 4); // ERROR 410 to live watches
-    await until(() => r.source.reflectors.every((x) => x.stats.lists === 2), 'relisted');
+    await until('relisted', () => r.source.reflectors.every((x) => x.stats.lists === 2));
     r.source.flush();
     assert.equal(r.store.rev, rev);
     assert.equal(r.store.events, events, 'unchanged objects (same resourceVersion) are not even rewritten');
@@ -269,11 +270,11 @@ describe('kube source: faults', () => {
     await setup();
     seed();
     const r = start({}, { backoffMinMs: 20, backoffMaxMs: 1000 });
-    await until(() => server.watchCount === 4, 'watching');
+    await until('watching', () => server.watchCount === 4);
     server.failNext({ resource: 'services', watch: true }, { status: 500, message: 'etcd is sad' }, 5);
     server.dropWatches();
     server.put(serviceObject('default', 'after', '10.96.5.1'));
-    await until(() => !!r.store.getService('default/after'), 'recovery');
+    await until('recovery', () => !!r.store.getService('default/after'));
     const w = warnings(r, /services watch failed: HTTP 500 InternalError: etcd is sad; retrying in \d+ ms/);
     assert.equal(w.length, 5);
     const delays = w.map((x) => Number(x.retryInMs));
@@ -287,12 +288,12 @@ describe('kube source: faults', () => {
     await setup();
     seed();
     const r = start({}, { backoffMinMs: 10, backoffMaxMs: 5000 });
-    await until(() => server.watchCount === 4, 'watching');
+    await until('watching', () => server.watchCount === 4);
     server.failNext({ resource: 'services', watch: true }, { status: 429, reason: 'TooManyRequests', retryAfterSeconds: 1 });
     server.dropWatches();
     const t0 = Date.now();
     server.put(serviceObject('default', 'after', '10.96.5.2'));
-    await until(() => !!r.store.getService('default/after'), 'recovery');
+    await until('recovery', () => !!r.store.getService('default/after'));
     assert.ok(Date.now() - t0 >= 1000, `waited ${Date.now() - t0} ms`);
     assert.equal(warnings(r, /services watch failed: HTTP 429 TooManyRequests.*retrying in 1000 ms/).length, 1);
   });
@@ -301,13 +302,13 @@ describe('kube source: faults', () => {
     await setup();
     seed();
     const r = start({}, { backoffMinMs: 10, backoffMaxMs: 80 });
-    await until(() => server.watchCount === 4, 'watching');
+    await until('watching', () => server.watchCount === 4);
     await r.caughtUp(); // the watch has had an event (a bookmark): its clean end is normal
     server.failNext({ resource: 'services', watch: true }, { close: true }, 8);
     const t0 = Date.now();
     server.closeWatches();
     server.put(serviceObject('default', 'after', '10.96.5.1'));
-    await until(() => !!r.store.getService('default/after'), 'recovery');
+    await until('recovery', () => !!r.store.getService('default/after'));
     assert.equal(warnings(r, /services watch failed: the watch closed at once without an event/).length, 8);
     // 10 + 20 + 40 + 80*5 = 470 ms of nominal delay, at least half of it with jitter
     assert.ok(Date.now() - t0 >= 235, `took ${Date.now() - t0} ms`);
@@ -318,10 +319,10 @@ describe('kube source: faults', () => {
     await setup({ maxWatchSeconds: 1 });
     seed();
     const r = start();
-    await until(() => watchesOf('services').length >= 3, 'watches ended by timeoutSeconds and resumed', 5000);
+    await until('watches ended by timeoutSeconds and resumed', () => watchesOf('services').length >= 3, { timeoutMs: 5000 });
     assert.equal(warnings(r, /services/).length, 0);
     server.put(serviceObject('default', 'later', '10.96.5.9'));
-    await until(() => !!r.store.getService('default/later'), 'events still flow');
+    await until('events still flow', () => !!r.store.getService('default/later'));
   });
 
   it('the idle watchdog drops a silent watch and resumes (nothing is lost)', async () => {
@@ -329,9 +330,9 @@ describe('kube source: faults', () => {
     seed();
     server.failNext({ resource: 'services', watch: true }, { hang: 'body' });
     const r = start({}, { idleTimeoutMs: 300 });
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     server.put(serviceObject('default', 'during-hang', '10.96.6.1'));
-    await until(() => !!r.store.getService('default/during-hang'), 'the change, after the watchdog fired', 5000);
+    await until('the change, after the watchdog fired', () => !!r.store.getService('default/during-hang'), { timeoutMs: 5000 });
     assert.equal(warnings(r, /services watch failed: no event or bookmark for 300 ms/).length, 1);
   });
 
@@ -340,7 +341,7 @@ describe('kube source: faults', () => {
     seed();
     server.failNext({ resource: 'services', watch: false }, { hang: 'headers' });
     const r = start({}, { requestTimeoutMs: 300 });
-    await until(() => r.store.allSynced, 'synced', 5000);
+    await until('synced', () => r.store.allSynced, { timeoutMs: 5000 });
     assert.equal(warnings(r, /services list failed: no answer in 300 ms/).length, 1);
   });
 
@@ -350,9 +351,9 @@ describe('kube source: faults', () => {
     server.failNext({ resource: 'services', watch: false }, { delayMs: 400 });
     server.failNext({ resource: 'services', watch: true }, { delayMs: 400 });
     const r = start();
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     server.put(serviceObject('default', 'slow', '10.96.7.1'));
-    await until(() => !!r.store.getService('default/slow'), 'the event');
+    await until('the event', () => !!r.store.getService('default/slow'));
     assert.equal(warnings(r, /services/).length, 0);
   });
 
@@ -361,7 +362,7 @@ describe('kube source: faults', () => {
     seed();
     server.failNext({ resource: 'endpointslices', watch: false }, { drop: true });
     const r = start();
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     assert.equal(warnings(r, /endpointslices list failed/).length, 1);
   });
 });
@@ -375,10 +376,10 @@ describe('kube source: answers without bounds', () => {
     // an endless line (the safety valve stops the server at 64 MiB, so that the test process survives the old code)
     server.failNext({ resource: 'services', watch: true }, { endless: true, maxBytes: 64 * MiB });
     const r = start();
-    await until(() => r.store.allSynced && watchesOf('services').length >= 1, 'synced, services watched');
+    await until('synced, services watched', () => r.store.allSynced && watchesOf('services').length >= 1);
     server.put(nodeObject('node-2', 2));
-    await until(() => r.store.getNode('node-2') !== undefined, 'a Node event while the services watch streams its endless line');
-    await until(() => listsOf('services').length === 2, 'services relisted after the endless line', 20_000);
+    await until('a Node event while the services watch streams its endless line', () => r.store.getNode('node-2') !== undefined);
+    await until('services relisted after the endless line', () => listsOf('services').length === 2, { timeoutMs: 20_000 });
     // what the server could send before the client dropped it: the limit plus what socket buffers hold
     const sent = watchesOf('services')[0].bytes!;
     assert.ok(sent > 16 * MiB && sent < 24 * MiB, `sent ${(sent / MiB).toFixed(1)} MiB`);
@@ -386,7 +387,7 @@ describe('kube source: answers without bounds', () => {
     assert.equal(w.length, 1, 'one line naming the resource');
     assert.match(w[0].msg, /dropping the connection and relisting/);
     server.put(serviceObject('default', 'after', '10.96.9.1'));
-    await until(() => !!r.store.getService('default/after'), 'services events again');
+    await until('services events again', () => !!r.store.getService('default/after'));
     await assertMatchesServer(r);
   });
 
@@ -395,7 +396,7 @@ describe('kube source: answers without bounds', () => {
     seed();
     server.failNext({ resource: 'endpointslices', watch: false }, { endless: true, maxBytes: 64 * MiB });
     const r = start({}, { maxListBytes: 2 * MiB });
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     assert.equal(warnings(r, /endpointslices list failed: the answer is larger than 2 MiB/).length, 1);
     const sent = listsOf('endpointslices')[0].bytes!;
     assert.ok(sent < 10 * MiB, `sent ${(sent / MiB).toFixed(1)} MiB`);
@@ -406,11 +407,11 @@ describe('kube source: answers without bounds', () => {
     await setup();
     seed();
     const r = start();
-    await until(() => server.watchCount === 4, 'watching');
+    await until('watching', () => server.watchCount === 4);
     const big = serviceObject('default', 'big', '10.96.9.2');
     big.metadata.annotations = { note: 'é€'.repeat(600_000) }; // 3 MiB of UTF-8
     server.put(big);
-    await until(() => !!r.store.getService('default/big'), 'the big event');
+    await until('the big event', () => !!r.store.getService('default/big'));
     assert.equal(warnings(r, /services/).length, 0);
     assert.equal(listsOf('services').length, 1);
   });
@@ -421,7 +422,7 @@ describe('kube source: 410 Gone in a loop', () => {
     await setup();
     seed();
     const r = start({}, { backoffMinMs: 10, backoffMaxMs: 200 });
-    await until(() => server.watchCount === 4, 'watching');
+    await until('watching', () => server.watchCount === 4);
     await r.caughtUp();
     const watches0 = watchesOf('services').length;
     const lines0 = r.records.length;
@@ -442,15 +443,15 @@ describe('kube source: 410 Gone in a loop', () => {
     // the server heals: the next watch delivers events, and the series is over
     server.clearFaults();
     server.put(serviceObject('default', 'after', '10.96.5.3'));
-    await until(() => !!r.store.getService('default/after'), 'recovery', 2000);
+    await until('recovery', () => !!r.store.getService('default/after'), { timeoutMs: 2000 });
     await r.caughtUp();
     // (that one may have come with a relist, still in the series: one more, on the live watch)
     server.put(serviceObject('default', 'after2', '10.96.5.4'));
-    await until(() => !!r.store.getService('default/after2'), 'an event on the watch', 2000);
+    await until('an event on the watch', () => !!r.store.getService('default/after2'), { timeoutMs: 2000 });
     await r.caughtUp();
     const lines1 = r.records.length;
     server.expireWatches();
-    await until(() => r.records.slice(lines1).some((x) => /services: resourceVersion \d+ expired \(410 Gone\)/.test(x.msg)), 'the next 410');
+    await until('the next 410', () => r.records.slice(lines1).some((x) => /services: resourceVersion \d+ expired \(410 Gone\)/.test(x.msg)));
     const again = r.records.slice(lines1).find((x) => /services: resourceVersion \d+ expired/.test(x.msg))!;
     assert.equal(Number(again.retryInMs), 0, 'a 410 after an event relists at once');
   });
@@ -461,7 +462,7 @@ describe('kube source: resources not served', () => {
     await setup({ serveServiceCIDRs: false });
     seed();
     const r = start();
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     await new Promise((res) => setTimeout(res, 100));
     const logs = r.records.filter((x) => /servicecidrs are not served/.test(x.msg));
     assert.equal(logs.length, 1);
@@ -474,7 +475,7 @@ describe('kube source: resources not served', () => {
     seed();
     server.failNext({ resource: 'servicecidrs', watch: false }, { status: 403, reason: 'Forbidden' });
     const r = start();
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     assert.equal(warnings(r, /servicecidrs: forbidden/).length, 1);
     assert.equal(r.source.reflectors[3].served, false);
   });
@@ -488,7 +489,7 @@ describe('kube source: objects', () => {
     bad.spec.ports[0].port = 70000;
     server.put(bad);
     const r = start();
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     await r.caughtUp();
     const errs = () => r.records.filter((x) => x.level === ERROR);
     assert.equal(errs().length, 1);
@@ -500,7 +501,7 @@ describe('kube source: objects', () => {
 
     // a relist of the same version does not report it again
     server.expireWatches();
-    await until(() => r.source.reflectors[0].stats.lists === 2, 'relisted');
+    await until('relisted', () => r.source.reflectors[0].stats.lists === 2);
     assert.equal(errs().length, 1);
 
     // a valid service that turns invalid keeps its last good version
@@ -515,7 +516,7 @@ describe('kube source: objects', () => {
     await setup();
     seed();
     const r = start();
-    await until(() => r.store.allSynced, 'synced');
+    await until('synced', () => r.store.allSynced);
     server.modify('EndpointSlice', 'default/svc-0-x', (o) => (o.metadata.labels['service.kubernetes.io/headless'] = ''));
     server.modify('Service', 'default/svc-1', (o) => (o.metadata.labels['service.kubernetes.io/service-proxy-name'] = 'other'));
     await r.caughtUp();
@@ -528,7 +529,7 @@ describe('kube source: objects', () => {
     await setup();
     seed();
     const r = start();
-    await until(() => server.watchCount === 4, 'watching');
+    await until('watching', () => server.watchCount === 4);
     await r.caughtUp();
     const rev = r.store.rev;
     const events = r.store.events;
@@ -544,10 +545,10 @@ describe('kube source: stop', () => {
     await setup();
     seed();
     const r = start();
-    await until(() => server.watchCount === 4, 'watching');
+    await until('watching', () => server.watchCount === 4);
     await r.stop();
     run = undefined;
-    await until(() => server.watchCount === 0, 'watches closed on the server side', 2000);
+    await until('watches closed on the server side', () => server.watchCount === 0, { timeoutMs: 2000 });
     assert.equal(r.store.allSynced, true);
   });
 });

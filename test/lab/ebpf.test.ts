@@ -282,13 +282,13 @@ describe('to-ebpf beside to-nft (pods in a test cgroup)', { skip: why, concurren
       assert.ok(counters().translated - c0.translated >= 6);
       assert.equal((await conn.send()).kind, 'answered');
       const k = kl.start({ pre: ['--log-level', 'debug'] });
-      await k.until(() => /eBPF programs loaded/.test(k.stdout + k.stderr), 'to-ebpf loaded');
+      await k.until('to-ebpf loaded', () => /eBPF programs loaded/.test(k.stdout + k.stderr));
       const line = (k.stdout + k.stderr).split('\n').find((l) => l.includes('eBPF programs loaded'))!;
       assert.match(line, /adoptedMaps=6/);
       assert.match(line, /adoptedLinks=8/);
       assert.match(line, /attached=0/);
       // the first sync read the maps back and found nothing to change
-      await k.until(() => /ebpf: synced/.test(k.stdout + k.stderr), 'the first sync');
+      await k.until('the first sync', () => /ebpf: synced/.test(k.stdout + k.stderr));
       assert.match((k.stdout + k.stderr).split('\n').find((l) => l.includes('ebpf: synced'))!, /full=true .*writes=0/, 'the restarted kpng wrote nothing');
 
       const again = await conn.send();

@@ -80,7 +80,7 @@ describe('lab: kpng killed by QEMU emulation faults', { skip: await backendLabUn
     assert.match(kl.kpng!.stderr, /died of SIGSEGV in QEMU's emulation; started again/);
     assert.equal(await endsWithin(kl, 200), false, 'the first death ended the kpng process object');
     // the new kpng is serving: it wrote the same rules again (the table survived its predecessor)
-    await kl.kpng!.until(() => /nft: synced/.test(kl.kpng!.stderr.split('started again')[1] ?? ''), 'the restarted kpng synced', 30_000);
+    await kl.kpng!.until('the restarted kpng synced', () => /nft: synced/.test(kl.kpng!.stderr.split('started again')[1] ?? ''), { timeoutMs: 30_000 });
     const o = await kl.lab.connect({ from: CLIENT, to: VIP, port: 80 });
     assert.equal(o.kind === 'answered' && o.local, `${A}:8080`, describeOutcome(o));
     segfault(kl);
@@ -95,6 +95,6 @@ describe('lab: kpng killed by QEMU emulation faults', { skip: await backendLabUn
     segfault(kl);
     assert.equal(await endsWithin(kl, 10_000), true, 'kpng was started again outside the kernel lab');
     assert.doesNotMatch(kl.kpng!.stderr, /started again/);
-    await assert.rejects(kl.kpng!.until(() => false, 'never'), /kpng exited \(SIGSEGV\) before never/);
+    await assert.rejects(kl.kpng!.until('never', () => false), /kpng exited \(SIGSEGV\) before never/);
   });
 });

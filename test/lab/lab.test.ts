@@ -268,7 +268,7 @@ describe('lab: its owner interrupted', { skip }, () => {
     const c = child(
       `await lab.serve('p', { tcp: [80] });
 const kpng = lab.startKpng(['file', '--input', '/nonexistent-kpng-test', 'to-local', 'to-log']);
-await kpng.until(() => kpng.stderr.length > 0, 'kpng started');
+await kpng.until('kpng started', () => kpng.stderr.length > 0);
 process.on('SIGINT', async () => {
   await new Promise((r) => setTimeout(r, 300));
   const o = await lab.connect({ from: '192.168.0.2', to: '10.0.0.5', port: 80 }).catch((e) => ({ kind: String(e) }));

@@ -101,7 +101,7 @@ await describeBackends('restart with connections open', (b) => {
       keptOk(await lab.exec(lab.nodeName, kept));
       await sleep(500);
       kl.start({ pre: ['--log-level', 'debug'] });
-      await kl.kpng!.until(() => synced.test(kl.kpng!.stderr), 'the first sync after the restart');
+      await kl.kpng!.until('the first sync after the restart', () => synced.test(kl.kpng!.stderr));
       assert.match(kl.kpng!.stderr, nothingRewritten, what);
       // the new kpng is at work once a change made after its start shows
       kl.setState(state([A, B, C]));

@@ -3,26 +3,27 @@
 // affinity chains, a Service the dataplane refuses, and drift repair.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { capturedLog, driveProxier } from '../helpers/proxier-harness.js';
+import { driveProxier, testConfig } from '../helpers/proxier-harness.js';
+import { recordingLogger } from '../helpers/logs.js';
 import { syncedStore, load, service, slice, node, serviceCIDR } from '../helpers/k8s.js';
 import { ManualClock } from '../helpers/clock.js';
 import { NftProxier } from '../../src/backends/nft/proxier.js';
 import { FakeNft } from '../../src/backends/shared/nftables/fake.js';
-import { defaultConfig } from '../../src/backends/shared/config.js';
+import type { KubeProxyConfiguration } from '../../src/backends/shared/config.js';
 import type { Store } from '../../src/store/store.js';
 import type { SyncResult } from '../../src/backends/shared/runner.js';
 
 /** a proxier on a FakeNft, fed by a store through the real diff stream */
-function harness(store: Store, nft: FakeNft, o: { chunk?: number; once?: boolean; clock?: ManualClock; syncPeriodMs?: number; configure?: (c: ReturnType<typeof defaultConfig>) => void } = {}) {
-  const config = defaultConfig();
-  config.clusterCIDRs = ['10.0.0.0/8'];
-  o.configure?.(config);
-  config.nftables.minSyncPeriodMs = 0;
-  if (o.syncPeriodMs) config.nftables.syncPeriodMs = o.syncPeriodMs;
-  const { log, lines } = capturedLog('info');
+function harness(store: Store, nft: FakeNft, o: { chunk?: number; once?: boolean; clock?: ManualClock; syncPeriodMs?: number; configure?: (c: KubeProxyConfiguration) => void } = {}) {
+  const config = testConfig((c) => {
+    o.configure?.(c);
+    c.nftables.minSyncPeriodMs = 0;
+    if (o.syncPeriodMs) c.nftables.syncPeriodMs = o.syncPeriodMs;
+  });
+  const { log, lines } = recordingLogger('info');
   const results: SyncResult[] = [];
   const proxier = new NftProxier({ nodeName: 'n1', config, log, nft, once: o.once ?? true, healthChecks: false, freshLoadChunk: o.chunk, clock: o.clock, report: (r) => results.push(r), conntrackPath: '/bin/true' });
-  return { ...driveProxier(store, proxier), lines, results };
+  return Object.assign(driveProxier(store, proxier), { lines, results });
 }
 
 const cluster = () => [

@@ -3,36 +3,27 @@
 // restart and minimal transactions.
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { Writable } from 'node:stream';
 import { mkdtempSync, writeFileSync, chmodSync, rmSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
 import type { Logger } from '../../src/runtime/log.js';
 import { syncedStore, load, service, slice, node, serviceCIDR } from '../helpers/k8s.js';
-import { ServiceViews } from '../../src/localstate/views.js';
-import { LocalDiff } from '../../src/diff/local-diff.js';
-import { DecoderSink } from '../../src/diff/decoder.js';
-import { LocalSet } from '../../src/api/model.js';
 import { NftProxier } from '../../src/backends/nft/proxier.js';
 import { assignSlots } from '../../src/backends/nft/service-elements.js';
-import { defaultConfig, type KubeProxyConfiguration } from '../../src/backends/shared/config.js';
+import type { KubeProxyConfiguration } from '../../src/backends/shared/config.js';
 import type { Store } from '../../src/store/store.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
 import { recordingLogger } from '../helpers/logs.js';
+import { driveProxier, printed, testConfig } from '../helpers/proxier-harness.js';
 
 const quiet = pino({ level: 'silent' });
 
-function config(over: Partial<KubeProxyConfiguration> = {}): KubeProxyConfiguration {
-  const c = defaultConfig();
-  c.clusterCIDRs = ['10.0.0.0/8'];
-  return { ...c, ...over };
-}
+const config = (over: Partial<KubeProxyConfiguration> = {}): KubeProxyConfiguration => ({ ...testConfig(), ...over });
 
-/** a proxier fed by a store through the real diff stream */
+/** a proxier fed by a store through the real diff stream; restart() is a new kpng process (fresh memory, same kernel) */
 function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfiguration; chunk?: number; session?: boolean; nftPath?: string; log?: Logger; netlink?: boolean } = {}) {
-  const out: string[] = [];
-  const sink = new Writable({ write: (c, _e, cb) => (out.push(String(c)), cb()) });
+  const { out, sink } = printed();
   const make = () =>
     new NftProxier({
       nodeName: 'n1',
@@ -50,26 +41,7 @@ function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfigu
       netns: opts.netlink ? opts.ns?.name : undefined,
       netlink: opts.netlink ?? false,
     });
-  let proxier = make();
-  let diff = new LocalDiff(store, new ServiceViews(store), 'n1', { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
-  let decoder = new DecoderSink(proxier);
-  return {
-    get proxier() { return proxier; },
-    out,
-    async sync(): Promise<string> {
-      out.length = 0;
-      for (const op of diff.next()) await decoder.send(op);
-      return out.join('');
-    },
-    /** a new kpng process: fresh memory, same kernel */
-    restart() {
-      diff.close();
-      void proxier.close();
-      proxier = make();
-      decoder = new DecoderSink(proxier);
-      diff = new LocalDiff(store, new ServiceViews(store), 'n1', { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
-    },
-  };
+  return Object.assign(driveProxier(store, make, { printed: out }), { out });
 }
 
 const cluster = () => [
@@ -393,8 +365,8 @@ describe('against nft in a namespace', { skip: canUseNetns() }, () => {
     writeFileSync(nft, `#!/bin/sh\nif [ "$1" = "-i" ]; then exit 0; fi\nexec ip netns exec ${other.name} nft "$@"\n`);
     chmodSync(nft, 0o755);
     const store = syncedStore(cluster());
-    const lines: string[] = [];
-    const h = harness(store, { ns: other, session: true, nftPath: nft, log: pino({ level: 'warn' }, new Writable({ write: (c, _e, cb) => (lines.push(String(c)), cb()) })) });
+    const { log, lines } = recordingLogger('warn');
+    const h = harness(store, { ns: other, session: true, nftPath: nft, log });
     try {
       await h.sync();
       load(store, [slice('ns', 'web-1', 'web', [{ ip: '10.1.0.9', node: 'n1', pod: 'w9' }])]);

@@ -69,7 +69,7 @@ function checkNodeA(list: Obj) {
 test('kpng get against a node agent: tables and JSON with the reasons', { timeout: 90_000 }, async () => {
   const sock = join(dir, 'node.sock');
   const agent = start(['file', '--input', EXAMPLE, '--node-name', 'node-a', 'to-local', '--state-socket', `unix://${sock}`, 'to-log']);
-  await agent.until(() => agent.stderr.includes('state socket: serving'), 'the state socket');
+  await agent.until('the state socket', () => agent.stderr.includes('state socket: serving'));
   assert.equal(statSync(sock).mode & 0o777, 0o600, 'the state socket is for root only');
 
   checkNodeA(getJSON(['services', '--socket', sock]));
@@ -112,7 +112,7 @@ test('kpng get against a brain: its state socket and its API, for any node', { t
   const state = join(dir, 'brain.sock');
   const api = join(dir, 'kpng.sock');
   const brain = start(['file', '--input', EXAMPLE, 'to-api', '--listen', `unix://${api}`, '--state-socket', `unix://${state}`, '--metrics-bind-address', '']);
-  await brain.until(() => brain.stderr.includes('state socket: serving'), 'the state socket');
+  await brain.until('the state socket', () => brain.stderr.includes('state socket: serving'));
   assert.equal(statSync(state).mode & 0o777, 0o600);
 
   // node-a through the state socket, node-b through the API
@@ -141,9 +141,9 @@ test('kpng get against a split-mode node agent (kpng local): what its node was s
   const api = join(dir, 'split-kpng.sock');
   const sock = join(dir, 'split-node.sock');
   const brain = start(['file', '--input', EXAMPLE, 'to-api', '--listen', `unix://${api}`, '--state-socket', '', '--metrics-bind-address', '']);
-  await brain.until(() => brain.stderr.includes('to-api: serving'), 'the brain');
+  await brain.until('the brain', () => brain.stderr.includes('to-api: serving'));
   const agent = start(['local', '--api', `unix://${api}`, '--state-socket', `unix://${sock}`, 'to-log', '--node-name', 'node-a', '--metrics-bind-address', '', '--healthz-bind-address', '']);
-  await agent.until(() => agent.stderr.includes('state socket: serving') && agent.stdout.includes('> sync'), 'the state socket and a first sync');
+  await agent.until('the state socket and a first sync', () => agent.stderr.includes('state socket: serving') && agent.stdout.includes('> sync'));
   assert.equal(statSync(sock).mode & 0o777, 0o600);
 
   const list = getJSON(['services', '--socket', sock]);

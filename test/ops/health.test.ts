@@ -7,6 +7,7 @@ import { mkdtempSync, writeFileSync, rmSync, chmodSync, existsSync, unlinkSync }
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { kpngSpawn } from '../helpers/cli.js';
+import { until } from '../helpers/until.js';
 import { freePort } from '../helpers/port.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
 import { service, slice, node } from '../helpers/k8s.js';
@@ -18,13 +19,8 @@ async function get(port: number, path: string): Promise<{ code: number; body: st
   return { code: r.status, body: await r.text() };
 }
 
-async function until(what: string, f: () => Promise<boolean>, ms = 20_000) {
-  const end = Date.now() + ms;
-  while (!(await f())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
+/** health and metrics are fetched: a look costs */
+const SLOW = { timeoutMs: 20_000, everyMs: 100 };
 
 let ns: TestNetns;
 let dir: string;
@@ -91,7 +87,7 @@ test('health follows syncs, node deletion and recovery; metrics carry kube-proxy
     await until('the first sync', async () => {
       const r = await get(hz, '/healthz').catch(() => ({ code: 0, body: '{}' }));
       return r.code === 200 && !!JSON.parse(r.body).lastUpdated;
-    });
+    }, SLOW);
     const ok = JSON.parse((await get(hz, '/healthz')).body);
     assert.equal(ok.healthy, true);
     assert.equal(ok.nodeEligible, true);
@@ -100,7 +96,7 @@ test('health follows syncs, node deletion and recovery; metrics carry kube-proxy
     // applying fails: unhealthy once the update has waited 2 x syncPeriod
     writeFileSync(flag, '');
     write(['10.1.0.1', '10.1.0.2']);
-    await until('unhealthy', async () => (await get(hz, '/healthz')).code === 503);
+    await until('unhealthy', async () => (await get(hz, '/healthz')).code === 503, SLOW);
     assert.equal((await get(hz, '/livez')).code, 503);
     assert.equal(JSON.parse((await get(hz, '/healthz')).body).healthy, false);
     // the last good rules stayed
@@ -108,12 +104,12 @@ test('health follows syncs, node deletion and recovery; metrics carry kube-proxy
 
     // recovery: the retry applies the change and health comes back
     unlinkSync(flag);
-    await until('healthy again', async () => (await get(hz, '/healthz')).code === 200);
+    await until('healthy again', async () => (await get(hz, '/healthz')).code === 200, SLOW);
     assert.match(ns.exec('nft', ['list', 'map', 'ip', 'kpng', 'cluster-endpoints-tcp']), /10\.1\.0\.2 \. 8080/);
 
     // the Node going away: /healthz fails (drain me), /livez does not (do not restart me)
     write(['10.1.0.1', '10.1.0.2'], true);
-    await until('node not eligible', async () => (await get(hz, '/healthz')).code === 503);
+    await until('node not eligible', async () => (await get(hz, '/healthz')).code === 503, SLOW);
     assert.equal(JSON.parse((await get(hz, '/healthz')).body).nodeEligible, false);
     assert.equal((await get(hz, '/livez')).code, 200);
 

@@ -17,6 +17,7 @@ import { skipOrFailInCI } from '../helpers/ci.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
 import { OVERLAYS, kustomize, kustomizeMissing, renderOverlay } from '../helpers/deploy.js';
 import { brain, httpGet, nodeAgent, splitAgent, writeCluster, type Kpng, type Served } from '../helpers/running-kpng.js';
+import { until } from '../helpers/until.js';
 
 type Obj = Record<string, any>;
 
@@ -272,13 +273,8 @@ function describeScrape() {
     // a change after the start: programming latency, changes, partial syncs
     writeCluster(dir, ['10.1.0.1', '10.1.0.2', '10.1.0.4']);
     const scrape = (s: Served) => httpGet(s.netns, s.metricsPort, '/metrics').then((r) => r.body);
-    const programmedOnce = async (s: Served) => {
-      const end = Date.now() + 30_000;
-      while (!/^kubeproxy_network_programming_duration_seconds_count\{[^}]*\} [1-9]/m.test(await scrape(s))) {
-        if (Date.now() > end) throw new Error('no network programming observed');
-        await new Promise((r) => setTimeout(r, 200));
-      }
-    };
+    const programmedOnce = (s: Served) =>
+      until('network programming observed', async () => /^kubeproxy_network_programming_duration_seconds_count\{[^}]*\} [1-9]/m.test(await scrape(s)), { timeoutMs: 30_000, everyMs: 200 });
     await Promise.all([programmedOnce(agent), programmedOnce(split)]);
     const served = new Set((await Promise.all([agent, b, split].map(scrape))).flatMap((text) => [...text.matchAll(/^([a-zA-Z_:][\w:]*)[{ ]/gm)].map((m) => m[1]!)));
 

@@ -17,6 +17,7 @@ import { registerBackend } from '../../src/backends/registry.js';
 import { runLocal } from '../../src/sinks/local/remote.js';
 import { ServiceViews } from '../../src/localstate/views.js';
 import { freePort } from '../helpers/port.js';
+import { until } from '../helpers/until.js';
 import { quiet, smallCluster, startServer, syncedStore } from '../api/helpers.js';
 
 const setService = (path: string): LocalOp => ({ kind: 'set', set: LocalSet.ServicesSet, path, value: undefined as never, bytes: new Uint8Array() });
@@ -207,11 +208,7 @@ for (const mode of ['to-local', 'kpng local'] as const) {
     running.catch(() => {});
     const metrics = `http://127.0.0.1:${metricsPort}/metrics`;
     const healthz = `http://127.0.0.1:${healthzPort}/healthz`;
-    const end = Date.now() + 10_000;
-    while (!((await answers(metrics)) && (await answers(healthz)))) {
-      if (Date.now() > end) assert.fail('the servers never answered');
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    await until('the servers to answer', async () => (await answers(metrics)) && (await answers(healthz)), { timeoutMs: 10_000, everyMs: 50 });
     ac.abort();
     await running;
     assert.equal(await answers(metrics), false, '/metrics still answers');

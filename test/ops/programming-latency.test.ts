@@ -10,7 +10,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { kpngSpawn } from '../helpers/cli.js';
 import { freePort } from '../helpers/port.js';
+import { sleep, until } from '../helpers/until.js';
+import { fetchState } from '../../src/get/fetch.js';
 import { node, service, slice } from '../helpers/k8s.js';
+
+/** metrics are fetched: a look costs */
+const SLOW = { timeoutMs: 15_000, everyMs: 100 };
 
 const dir = mkdtempSync(join(tmpdir(), 'kpng-npl-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
@@ -38,18 +43,16 @@ async function histogram(port: number): Promise<{ count: number; sum: number }> 
 
 const observations = async (port: number) => (await histogram(port)).count;
 
+/** whether the kpng serving its state at address holds an endpoint with this IP */
+async function holds(address: string, ip: string): Promise<boolean> {
+  const state = await fetchState(address);
+  return [...state.slices.values()].flat().some((s) => s.endpoints.some((e) => e.Endpoint?.IPs?.V4.includes(ip)));
+}
+
 /** the first sync succeeded: the last-sync timestamp is set */
 async function synced(port: number): Promise<boolean> {
   const m = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
   return /^kubeproxy_sync_proxy_rules_last_timestamp_seconds\{[^}]*\} [1-9]/m.test(m);
-}
-
-async function until(what: string, cond: () => Promise<boolean>, ms = 15_000) {
-  const end = Date.now() + ms;
-  while (!(await cond())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
 }
 
 for (const mode of ['to-local', 'kpng local'] as const) {
@@ -58,29 +61,39 @@ for (const mode of ['to-local', 'kpng local'] as const) {
     write(input, '10.244.2.5', '10.244.1.10');
     const metricsPort = await freePort();
     const backend = ['to-nft', '--dry-run', '--node-name', 'node-a', '--metrics-bind-address', `127.0.0.1:${metricsPort}`, '--healthz-bind-address', '', '--min-sync-period', '0s'];
-    const sock = join(input, '..', `${Math.random().toString(36).slice(2)}.sock`);
+    const sock = `unix://${join(input, '..', `${Math.random().toString(36).slice(2)}.sock`)}`;
     const procs =
       mode === 'to-local'
-        ? [kpngSpawn(['file', '--input', input, '--debounce', '20', 'to-local', ...backend])]
-        : [kpngSpawn(['file', '--input', input, '--debounce', '20', 'to-api', '--listen', `unix://${sock}`, '--metrics-bind-address', '']), kpngSpawn(['local', '--api', `unix://${sock}`, ...backend])];
+        ? [kpngSpawn(['file', '--input', input, '--debounce', '20', 'to-local', '--state-socket', sock, ...backend])]
+        : [kpngSpawn(['file', '--input', input, '--debounce', '20', 'to-api', '--listen', sock, '--metrics-bind-address', '']), kpngSpawn(['local', '--api', sock, ...backend])];
+    // The store that computes node-a's view answers on sock (the to-local process's state
+    // socket, the brain's API). Node-a's diff wakes within the store's update, before any
+    // answer goes out: once the store is seen holding a change, node-a's diff has looked at it.
+    const unseenChange = async (remoteIP: string, webIP: string, localIP?: string) => {
+      write(input, remoteIP, webIP, localIP);
+      await until(`the store to hold ${remoteIP}`, () => holds(sock, remoteIP).catch(() => false), SLOW);
+    };
     try {
       // the first sync carries both Services: the state at start, not timed
-      await until('the first sync', async () => await synced(metricsPort).catch(() => false));
+      await until('the first sync', async () => await synced(metricsPort).catch(() => false), SLOW);
       assert.equal(await observations(metricsPort), 0);
       // the remote endpoint of the Local Service moves: node-a's view does not change
-      write(input, '10.244.2.6', '10.244.1.10');
-      await new Promise((r) => setTimeout(r, 2500));
+      const unseenAt = Date.now();
+      await unseenChange('10.244.2.6', '10.244.1.10');
       const before = await histogram(metricsPort);
       assert.equal(before.count, 0);
       // an endpoint of it comes to node-a: timed from this change, not from the one node-a never saw
+      // (which comes well before it, so that timing from it would show in the sum)
+      await sleep(unseenAt + 2500 - Date.now());
       write(input, '10.244.2.6', '10.244.1.10', '10.244.1.20');
-      await until('the change to be timed', async () => (await observations(metricsPort)) === 1);
+      await until('the change to be timed', async () => (await observations(metricsPort)) === 1, SLOW);
       const after = await histogram(metricsPort);
       assert.ok(after.sum - before.sum < 1.5, `timed ${after.sum - before.sum} s`);
       // web's endpoint changes: one more
       write(input, '10.244.2.6', '10.244.1.11', '10.244.1.20');
-      await until('the change to be timed', async () => (await observations(metricsPort)) === 2);
-      await new Promise((r) => setTimeout(r, 500));
+      await until('the change to be timed', async () => (await observations(metricsPort)) === 2, SLOW);
+      // and only once: still two after a later change node-a does not see
+      await unseenChange('10.244.2.7', '10.244.1.11', '10.244.1.20');
       assert.equal(await observations(metricsPort), 2);
     } finally {
       for (const p of procs.reverse()) await p.stop();

@@ -15,6 +15,7 @@ import { kpngSync } from '../helpers/cli.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
 import { formatStatus, metricFigures } from '../../src/get/status.js';
 import { brain, nodeAgent, splitAgent, writeCluster, type Kpng, type Served } from '../helpers/running-kpng.js';
+import { until } from '../helpers/until.js';
 
 type Obj = Record<string, any>;
 
@@ -50,13 +51,9 @@ function status({ socket, netns }: Served): { text: string; json: Obj } {
 
 /** polls kpng status until cond holds */
 async function statusUntil(kpng: Served, what: string, cond: (json: Obj) => boolean): Promise<{ text: string; json: Obj }> {
-  const end = Date.now() + 30_000;
-  for (;;) {
-    const s = status(kpng);
-    if (cond(s.json)) return s;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}: ${JSON.stringify(s.json)}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
+  let s: { text: string; json: Obj } | undefined;
+  await until(what, () => cond((s = status(kpng)).json), { timeoutMs: 30_000, everyMs: 200, detail: () => JSON.stringify(s?.json) });
+  return s!;
 }
 
 test('kpng status of a node agent: source, backend, syncs, health, programmed state, a drift repaired', { skip, timeout: 120_000 }, async () => {

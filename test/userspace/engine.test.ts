@@ -10,6 +10,7 @@ import { spawn } from 'node:child_process';
 import { UserspaceEngine, type ListenerSpec } from '../../src/backends/shared/userspace/engine.js';
 import { registry } from '../../src/runtime/metrics.js';
 import { createLogger } from '../../src/runtime/log.js';
+import { until } from '../helpers/until.js';
 
 const log = createLogger({ level: 'error' });
 const closers: (() => unknown)[] = [];
@@ -204,9 +205,7 @@ describe('userspace engine', () => {
     }
     assert.deepEqual(answers.sort(), Array.from({ length: 10 }, (_, i) => `ep:c${i}`).sort());
     assert.ok(e.stats.udpSessions <= 4, `${e.stats.udpSessions} sessions`);
-    const end = Date.now() + 3000;
-    while (e.stats.udpSessions > 0 && Date.now() < end) await new Promise((r) => setTimeout(r, 50));
-    assert.equal(e.stats.udpSessions, 0, 'idle sessions were not closed');
+    await until('the idle sessions to be closed', () => e.stats.udpSessions === 0, { timeoutMs: 3000, everyMs: 50 });
     const text = await registry.getSingleMetricAsString('kpng_userspace_errors_total');
     assert.match(text, /reason="udp_session_evicted"[^\n]* 6/);
   });

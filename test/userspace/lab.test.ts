@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import { POD_GATEWAY, describeOutcome, seenSource, type Outcome } from '../../src/lab/index.js';
 import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
 import { KpngLab, backendConfig, describeBackends } from '../helpers/lab-kpng.js';
+import { until, type UntilOptions } from '../helpers/until.js';
 
 const NODE4 = '192.168.0.2';
 const NODE6 = '2001:db8::1';
@@ -175,18 +176,15 @@ await describeBackends(
         assert.ok(was.includes('10.244.1.10:8080'), `none of ${was.join(', ')} on web-1`);
         // web-1 leaves the Service (the pod still runs: its open connections may go on)
         kl.setState(objects({ 4: [WEB[4][1]], 6: WEB[6] }));
-        const moved = await pollNew(kl, () => kl.lab.burst({ from: CLIENT.pod[4], to: VIP[4], port: 80, count: 6 }), (o) => o.every((x) => endpointOf(x) === '10.244.1.11:8080'));
-        assert.ok(moved, 'new connections still reach web-1');
+        const burst = () => kl.lab.burst({ from: CLIENT.pod[4], to: VIP[4], port: 80, count: 6 });
+        await until('new connections to leave web-1', async () => (await burst()).every((x) => endpointOf(x) === '10.244.1.11:8080'), whileKpngRuns(kl));
         for (let i = 0; i < conns.length; i++) {
           const again = await conns[i].send();
           assert.equal(endpointOf(again), was[i], `connection ${i}: ${describeOutcome(again)}`);
         }
         // and back: both again, nothing reopened (the listener keeps its port)
         kl.setState(objects());
-        assert.ok(
-          await pollNew(kl, () => kl.lab.burst({ from: CLIENT.pod[4], to: VIP[4], port: 80, count: 6 }), (o) => new Set(o.map(endpointOf)).size === 2),
-          'web-1 never came back',
-        );
+        await until('web-1 to come back', async () => new Set((await burst()).map(endpointOf)).size === 2, whileKpngRuns(kl));
       } finally {
         await Promise.all(conns.map((c) => c.close().catch(() => {})));
       }
@@ -227,11 +225,11 @@ await describeBackends(
   [{ name: 'userspace' }],
 );
 
-async function pollNew(kl: KpngLab, fn: () => Promise<Outcome[]>, ok: (o: Outcome[]) => boolean): Promise<boolean> {
-  for (let i = 0; i < 50; i++) {
-    if (ok(await fn())) return true;
-    await new Promise((r) => setTimeout(r, 200));
-    if (kl.kpng && kl.kpng.process.exitCode !== null) throw new Error(`kpng exited:\n${kl.kpng.stderr.slice(-2000)}`);
-  }
-  return false;
+/** until() options for a lab's bursts: they take a while, and kpng must stay up */
+function whileKpngRuns(kl: KpngLab): UntilOptions {
+  return {
+    timeoutMs: 15_000,
+    everyMs: 200,
+    failIf: () => (kl.kpng && kl.kpng.process.exitCode !== null ? `kpng exited:\n${kl.kpng.stderr.slice(-2000)}\n` : undefined),
+  };
 }

@@ -3,35 +3,22 @@
 // unsupported input costs one Service, not the sync.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import { syncedStore, service, slice, node, serviceCIDR } from '../helpers/k8s.js';
-import { ServiceViews } from '../../src/localstate/views.js';
-import { LocalDiff } from '../../src/diff/local-diff.js';
-import { DecoderSink } from '../../src/diff/decoder.js';
-import { LocalSet } from '../../src/api/model.js';
 import { UserspaceProxier } from '../../src/backends/userspace/proxier.js';
-import { defaultConfig } from '../../src/backends/shared/config.js';
+import type { KubeProxyConfiguration } from '../../src/backends/shared/config.js';
+import { driveProxier, printed, testConfig } from '../helpers/proxier-harness.js';
 
-async function render(objects: Record<string, any>[], over: (c: ReturnType<typeof defaultConfig>) => void = () => {}): Promise<string> {
-  const store = syncedStore(objects);
-  const out: string[] = [];
-  const c = defaultConfig();
-  c.clusterCIDRs = ['10.244.0.0/16'];
-  over(c);
-  const proxier = new UserspaceProxier({
-    nodeName: 'n1',
-    config: c,
-    log: pino({ level: 'silent' }),
-    dryRun: true,
-    once: true,
-    healthChecks: false,
-    out: new Writable({ write: (chunk, _e, cb) => (out.push(String(chunk)), cb()) }),
+async function render(objects: Record<string, any>[], over: (c: KubeProxyConfiguration) => void = () => {}): Promise<string> {
+  const { out, sink } = printed();
+  const config = testConfig((c) => {
+    c.clusterCIDRs = ['10.244.0.0/16'];
+    over(c);
   });
-  const decoder = new DecoderSink(proxier);
-  const diff = new LocalDiff(store, new ServiceViews(store), 'n1', { sets: [LocalSet.NodesSet, LocalSet.ServiceCIDRsSet] });
-  for (const op of diff.next()) await decoder.send(op);
-  await proxier.close();
+  const proxier = new UserspaceProxier({ nodeName: 'n1', config, log: pino({ level: 'silent' }), dryRun: true, once: true, healthChecks: false, out: sink });
+  const h = driveProxier(syncedStore(objects), proxier);
+  await h.sync();
+  await h.close();
   return out.join('');
 }
 

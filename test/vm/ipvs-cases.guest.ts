@@ -232,7 +232,7 @@ async function cases(): Promise<IpvsCases> {
         const down = await lab.connect({ from: CLIENT, to: VIP.rr, port: 80, timeoutMs });
         check(p, verdict(down, VIP.rr, 80) === `${A}:8080`, `a new connection while kpng is down: ${describeOutcome(down)}`);
         kl.start({ pre: ['--log-level', 'debug'] });
-        await kl.kpng!.until(() => /ipvs: synced/.test(kl.kpng!.stderr), 'the first sync after the restart', 90_000);
+        await kl.kpng!.until('the first sync after the restart', () => /ipvs: synced/.test(kl.kpng!.stderr), { timeoutMs: 90_000 });
         const line = kl.kpng!.stderr.split('\n').find((l) => /ipvs: synced/.test(l)) ?? '';
         check(p, /full=true/.test(line) && /operations=0\b/.test(line) && /elementChanges=0\b/.test(line) && /addresses=0\b/.test(line), `the restarted kpng changed something: ${line}`);
         for (const { c, to, port } of conns) {

@@ -11,6 +11,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { kernelLabDir, listRuns, readManifest, removeStaleRuns, runInVm, type VmRunResult } from '../../src/lab/vm/index.js';
 import { kernelLabSkip, requireKernelLab } from '../helpers/kernel-lab.js';
+import { until } from '../helpers/until.js';
 
 const RUN_INDEX = fileURLToPath(new URL('../../src/lab/vm/index.ts', import.meta.url));
 
@@ -32,13 +33,8 @@ function qemusOf(pid: number): number[] {
 
 const runsOf = (pid: number) => listRuns().filter((r) => r.startsWith(`${pid}-`));
 
-async function until(cond: () => boolean, what: string, timeoutMs = 30_000): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
+/** QEMU without KVM is slow to start */
+const VM_WAIT = { timeoutMs: 30_000, everyMs: 100 };
 
 describe('kernel lab', { skip: kernelLabSkip() }, () => {
   let run: VmRunResult;
@@ -102,7 +98,7 @@ exit 7`,
   it('an abort kills the VM and rejects with the reason', async () => {
     const ac = new AbortController();
     const p = runInVm('sleep 600', { signal: ac.signal, timeoutMs: 120_000 });
-    await until(() => qemusOf(process.pid).length > 0, 'QEMU to start');
+    await until('QEMU to start', () => qemusOf(process.pid).length > 0, VM_WAIT);
     ac.abort(new Error('test abort'));
     await assert.rejects(p, /test abort/);
     assert.deepEqual(qemusOf(process.pid), []);
@@ -113,7 +109,7 @@ exit 7`,
     const code = `import { runInVm } from ${JSON.stringify(RUN_INDEX)}; await runInVm('sleep 600', { timeoutMs: 300000 });`;
     const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', code], { stdio: 'ignore' });
     children.push(child);
-    return { child, ready: until(() => qemusOf(child.pid!).length > 0 && runsOf(child.pid!).length > 0, 'the parent to start QEMU') };
+    return { child, ready: until('the parent to start QEMU', () => qemusOf(child.pid!).length > 0 && runsOf(child.pid!).length > 0, VM_WAIT) };
   }
 
   it('an interrupted parent (SIGINT) kills its VM and removes its run directory', async () => {
@@ -122,7 +118,7 @@ exit 7`,
     const exited = new Promise<NodeJS.Signals | null>((r) => child.once('exit', (_c, s) => r(s)));
     child.kill('SIGINT');
     assert.equal(await exited, 'SIGINT', 'the parent still dies of the signal');
-    await until(() => qemusOf(child.pid!).length === 0, 'QEMU to end', 10_000);
+    await until('QEMU to end', () => qemusOf(child.pid!).length === 0, { timeoutMs: 10_000 });
     assert.deepEqual(runsOf(child.pid!), []);
   });
 
@@ -132,7 +128,7 @@ exit 7`,
     const exited = new Promise<void>((r) => child.once('exit', () => r()));
     child.kill('SIGKILL');
     await exited;
-    await until(() => qemusOf(child.pid!).length === 0, 'QEMU to end (setpriv --pdeathsig)', 10_000);
+    await until('QEMU to end (setpriv --pdeathsig)', () => qemusOf(child.pid!).length === 0, { timeoutMs: 10_000 });
     const left = runsOf(child.pid!);
     assert.equal(left.length, 1, 'a killed process cannot clean up: its run directory is left');
     assert.ok(removeStaleRuns().includes(left[0]));

@@ -87,7 +87,10 @@ export interface PortFacts {
   readonly healthCheckNodePort: number;
 }
 
-/** Renders one service port into out (upstream syncProxyRules, one loop iteration). */
+/**
+ * Renders one service port into out: upstream syncProxyRules, one loop
+ * iteration, kept as one function so that it reads beside upstream's loop.
+ */
 export function renderPort(sp: ServicePort, facts: PortFacts, ctx: RenderContext, out: PortRules): void {
   const f = ctx.family;
   const proto = sp.protocol;

@@ -117,7 +117,7 @@ export class IpvsProxier extends ProxierBase {
   /**
    * The node's interface addresses, read at a full sync, when the node
    * changes and at each periodic check: listing them costs as much as
-   * kube-ipvs0 holds addresses (10k: ~20 ms here), too much for every sync.
+   * kube-ipvs0 holds addresses (one per Service IP), too much for every sync.
    */
   private localAddresses?: string[];
   /** ipvs.excludeCIDRs: virtual servers and kube-ipvs0 addresses there are never taken over or removed unless a Service wants them */
@@ -495,7 +495,7 @@ export class IpvsProxier extends ProxierBase {
     if (!add.length && !del.length) return;
     const failed = await this.host.change(add, del);
     if (!failed.length) {
-      // as asked: no need to list kube-ipvs0 again (at 10k addresses a listing is a megabyte)
+      // as asked: no need to list kube-ipvs0 again (a listing grows with the Service IPs)
       for (const a of del) this.boundAddresses.delete(a);
       for (const a of add) this.boundAddresses.add(a);
       return;

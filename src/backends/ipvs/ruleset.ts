@@ -114,7 +114,7 @@ export function chains(f: FamilyNames, s: StaticInputs): Map<string, string[]> {
     ],
     // externalTrafficPolicy Local, pods and the node itself: to the cluster IP (all endpoints), the node masqueraded
     ['external-local', [...(s.podSource ? [`${s.podSource} ${shortcut}`] : []), `fib saddr type local ${mark} ${shortcut}`]],
-    // IPVS's connections pass here with net.ipv4.vs.conntrack=1
+    // IPVS's connections go through here with net.ipv4.vs.conntrack=1
     ['nat-postrouting', [`meta mark & ${s.mark} != 0 meta mark set meta mark xor ${s.mark} masquerade fully-random`, `${ip} saddr . ${ip} daddr @hairpin masquerade fully-random`]],
   ]);
 }

@@ -10,7 +10,8 @@
 import type { Family } from '../../api/ip.js';
 import { ipSetOf } from '../../api/model.js';
 import { metrics } from '../../runtime/metrics.js';
-import { ProxierBase, sameRules, type ApplyRequest, type SyncStats } from '../shared/proxier.js';
+import { ProxierBase, type ApplyRequest, type SyncStats } from '../shared/proxier.js';
+import { sameRules } from '../shared/chain-rules.js';
 import type { DataplaneOptions } from '../shared/backend.js';
 import { servicePorts, normalizeCIDRs } from '../shared/service-ports.js';
 import { detectLocal, nodePortAddresses, serviceCIDRsOf } from '../shared/node-facts.js';
@@ -322,8 +323,8 @@ export class NftProxier extends ProxierBase {
   /**
    * One Service computed again the way a change is, with nothing to apply:
    * the code a cold start made fast for loading in bulk is made again for a
-   * single change here, not when the first change waits for it (the first
-   * change at 100k Services took 15-28 ms, the next ones 4 ms).
+   * single change here, not when the first change waits for it (it would
+   * take several times as long as the changes after it).
    */
   private warmUp(key: string): void {
     this.recompute([key], false);

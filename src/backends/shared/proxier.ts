@@ -19,7 +19,7 @@ import { ConntrackCleaner, StaleFlowTracker, type StaleFlow } from './conntrack.
 import { HealthCheckServers, type HealthCheckService } from './healthcheck.js';
 import { metrics } from '../../runtime/metrics.js';
 import { SyncRunner, type Clock, type SyncReason, type SyncResult } from './runner.js';
-import { PackedEndpoints } from './packed-endpoints.js';
+import { copyOf, endpointDelete, endpointSet, endpointValues, type EndpointSet } from './endpoint-set.js';
 
 export interface ProxierBaseOptions {
   readonly log: Logger;
@@ -70,58 +70,6 @@ export interface ApplyRequest {
   /** only check that the dataplane would take it: change nothing on the node, commit nothing */
   readonly check: boolean;
 }
-
-/**
- * A Service's endpoints by key. Most Services have a few: they are kept as
- * key, endpoint pairs in one array of the exact size (a Map costs about 340
- * bytes even for five); past SMALL_ENDPOINTS pairs, a Map. A set that gains
- * a pair is a new array (the caller keeps the one returned).
- */
-type EndpointSet = (string | Endpoint)[] | Map<string, Endpoint> | PackedEndpoints;
-const SMALL_ENDPOINTS = 16;
-
-function endpointSet(set: EndpointSet | undefined, key: string, ep: Endpoint, packed?: { bytes?: Uint8Array }): EndpointSet {
-  // packed (kpng local): encoded while small, decoded in a Map past that
-  if (packed && (!set || set instanceof PackedEndpoints)) {
-    const from = set ?? PackedEndpoints.EMPTY;
-    if (from.size < SMALL_ENDPOINTS || from.keys.includes(key)) return from.with(key, ep, packed.bytes);
-    return new Map([...from.entries(), [key, ep]]);
-  }
-  if (!set) return [key, ep];
-  if (set instanceof PackedEndpoints) return new Map([...set.entries(), [key, ep]]);
-  if (set instanceof Map) return set.set(key, ep);
-  for (let i = 0; i < set.length; i += 2) {
-    if (set[i] !== key) continue;
-    set[i + 1] = ep;
-    return set;
-  }
-  if (set.length < 2 * SMALL_ENDPOINTS) {
-    // a new array of the exact size: one grown by push keeps room for 16
-    // more pairs' worth (a Service's five endpoints: 100 bytes unused)
-    const next = new Array<string | Endpoint>(set.length + 2);
-    for (let i = 0; i < set.length; i++) next[i] = set[i];
-    next[set.length] = key;
-    next[set.length + 1] = ep;
-    return next;
-  }
-  const m = new Map<string, Endpoint>();
-  for (let i = 0; i < set.length; i += 2) m.set(set[i] as string, set[i + 1] as Endpoint);
-  return m.set(key, ep);
-}
-
-function endpointDelete(set: EndpointSet, key: string): EndpointSet {
-  if (set instanceof PackedEndpoints) return set.without(key);
-  if (set instanceof Map) return (set.delete(key), set);
-  for (let i = 0; i < set.length; i += 2) if (set[i] === key) return (set.splice(i, 2), set);
-  return set;
-}
-
-function* endpointValues(set: (string | Endpoint)[]): Generator<Endpoint> {
-  for (let i = 1; i < set.length; i += 2) yield set[i] as Endpoint;
-}
-
-// (packed sets never change: a change makes a new one)
-const copyOf = (set: EndpointSet): EndpointSet => (set instanceof PackedEndpoints ? set : set instanceof Map ? new Map(set) : set.slice());
 
 /** A Service's version the last time it was applied (undefined: not programmed). */
 interface Applied {
@@ -295,8 +243,7 @@ export abstract class ProxierBase implements DecoderHandler {
   /** Its endpoints, likewise. */
   protected endpointsOf(key: string): Iterable<Endpoint> {
     const set = this.held.has(key) ? this.pending.get(key)?.eps : this.endpoints.get(key);
-    if (!set) return [];
-    return set instanceof PackedEndpoints || set instanceof Map ? set.values() : endpointValues(set);
+    return set ? endpointValues(set) : [];
   }
 
   /** true while a Service is shown at its last applied version (held back: refused, or during the search for what is) */
@@ -442,7 +389,7 @@ export abstract class ProxierBase implements DecoderHandler {
 
   /** A sync succeeded: state, health, metrics, then health-check servers and conntrack cleanup. */
   private async succeeded(reason: SyncReason, full: boolean, t0: number, changes: number): Promise<SyncResult> {
-    // (a cold start's 100k keys one by one: 40 ms before the node counts as programmed)
+    // (a cold start's keys one by one would delay the moment the node counts as programmed)
     if (this.held.size === 0) this.pending.clear();
     else for (const k of [...this.pending.keys()]) if (!this.held.has(k)) this.pending.delete(k);
     this.needFull = false;
@@ -485,8 +432,4 @@ export abstract class ProxierBase implements DecoderHandler {
 
 function errorText(e: unknown): string {
   return e instanceof Error ? e.message : String(e);
-}
-
-export function sameRules(a: readonly string[], b: readonly string[]): boolean {
-  return a === b || (a.length === b.length && a.every((r, i) => r === b[i]));
 }

@@ -187,7 +187,7 @@ export class UserspaceProxier extends ProxierBase {
     const keys = new Set(req.keys);
     if (this.nodeDirty) for (const [k, svc] of this.services) if (svc.IPFilters.length) keys.add(k);
     // the plans follow what was asked, applied or not: a failed sync is retried with the same keys,
-    // and isolation's checks pass only the Services they toggled
+    // and isolation's checks give only the Services they toggled
     for (const key of keys) {
       const p = this.plan(key);
       if (p.length) this.plans.set(key, p);

@@ -165,12 +165,11 @@ export { DEFAULT_HEAP_GROWTH_PERCENT } from './defaults.js';
  * - Pretenuring off: a node's first state is tens of thousands of messages
  *   whose objects live only until their write completes; V8's allocation-site
  *   pretenuring sees them survive a scavenge and starts allocating them in
- *   the old generation, which then fills with garbage (125 instead of 33 full
- *   GCs and twice the CPU for the initial sync of 200 nodes, bench api-fanout,
- *   --trace-gc).
+ *   the old generation, which then fills with garbage: several times the
+ *   full GCs and CPU for an initial sync (docs/design/h2-server.md).
  * - Heap growth: V8 lets the heap grow up to 4x what survived the last full
- *   GC (an initial sync of 1,000 nodes then peaks at ~750 MB RSS for a 128 MB
- *   live heap). heapGrowthPercent (0: V8's own) bounds that in proportion to
+ *   GC, so a large initial sync peaks at several times the live heap.
+ *   heapGrowthPercent (0: V8's own) bounds that in proportion to
  *   the cluster, where a fixed --max-old-space-size would crash a brain whose
  *   cluster outgrew it.
  */

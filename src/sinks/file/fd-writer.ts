@@ -1,7 +1,6 @@
 // Text to a file descriptor through one reused buffer: strings written as
-// they come are garbage at once (joined into large writes, they outlived
-// V8's young generation and grew its old one by hundreds of MB at 30k
-// Services).
+// they come are garbage at once (joined into large writes, they would
+// outlive V8's young generation and grow its old one with the state).
 import { writeSync } from 'node:fs';
 
 /** bytes per write */

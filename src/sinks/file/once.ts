@@ -1,8 +1,8 @@
 // One node's state for `to-file --once`, computed straight from the store one
 // Service at a time as it is written: the same services, endpoints and order
 // as LocalDiff's first diff through FullStateSink, without the views, ops and
-// full state a stream that goes on keeps (at 30k Services, most of the
-// process's memory and a third of its time).
+// full state a stream that goes on keeps (most of the process's memory,
+// and a good part of its time, for one write).
 import type { Store } from '../../store/store.js';
 import type { LocalNode, ServiceCIDR } from '../../api/model.js';
 import type { ServiceEndpoints } from '../../diff/fullstate.js';

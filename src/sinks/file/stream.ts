@@ -1,8 +1,8 @@
 // The state documents as a stream of text: the same bytes as rendering the
 // whole document (JSON.stringify(doc, null, 2), or the yaml library with
 // lineWidth 0), produced one Service at a time, so that neither the whole
-// document, nor a YAML tree of it, nor the output string is ever held: at
-// 30k Services these took seconds and over a gigabyte.
+// document, nor a YAML tree of it, nor the output string is ever held: for
+// a large cluster those would take seconds and gigabytes.
 //
 // YAML is written here for the JSON values protobuf's toJson gives (maps,
 // arrays, strings, numbers, booleans, null), in the yaml library's block
@@ -23,8 +23,8 @@ const YAML_OPTIONS = { lineWidth: 0 } as const;
 /**
  * JSON.stringify(v, null, 2) as it reads at nesting depth `depth` of a
  * document: stringified inside `depth` arrays, which indent it, and cut out
- * (one pass; indenting every line afterwards was a third of a JSON state's
- * rendering)
+ * (one walk over the value; indenting every line afterwards would cost a
+ * good part of a JSON state's rendering)
  */
 function jsonAt(v: unknown, depth: number): string {
   let wrapped: unknown = v;

@@ -74,7 +74,7 @@ export function serviceOfOp(op: LocalOp): string | undefined {
   if (op.set === LocalSet.ServicesSet) return (lastService = op.path);
   if (op.set === LocalSet.EndpointsSet) {
     // a Service's endpoints come one after another: its key is sliced once,
-    // not once per endpoint (600k endpoint ops in a 100k Services start)
+    // not once per endpoint (a start brings several endpoint ops per Service)
     const p = op.path;
     const last = lastService;
     if (last && p.charCodeAt(last.length) === SLASH && p.startsWith(last)) return last;
@@ -110,8 +110,8 @@ export class ProgrammingLatency {
   private lastKey?: string;
   /**
    * the first diff is the node's state at start, not changes: not timed, as
-   * kube-proxy times no change from before it started (at 100k Services it
-   * was 100k observations of the start time, and 0.3 s of it)
+   * kube-proxy times no change from before it started (it would be one
+   * observation of the start time per Service, and cost time of the start)
    */
   private initial = true;
 

@@ -1,256 +1,19 @@
 // What `kpng local` holds of its node, once: the reset filter (a resend after
-// a reconnect becomes only what changed, and a resume's HeldDigests) and the
-// state socket's answer both read it. Values are copied into a few large
-// chunks: keeping the received op.bytes (views into gRPC message buffers,
-// one JS object each) held whole buffers and cost more than the bytes.
+// a reconnect becomes only what changed, and a resume's HeldDigests:
+// FilterResetSink) and the state socket's answer both read it.
 //
 // A value the backend refused (ValidatingSink) is still what the filter
 // knows (its resend is not news), but the state socket shows the last good
 // one: those few are kept apart (refused).
-import { LocalSet, bytesEqual } from '../../api/model.js';
+//
+// Each backend's proxier keeps its own decoded copy of what it programs
+// (ProxierBase): its applied version of a Service while it holds a change
+// back (isolation), and its own for each of several backends (to-local
+// to-ebpf to-nft). That is not the stream's state, so it cannot stand in
+// for this one, nor this for it.
+import { LocalSet } from '../../api/model.js';
+import { FilterResetSink } from '../../diff/filter-reset.js';
 import type { LocalOp, LocalSink } from '../../diff/ops.js';
-import { BucketDigests, bucketCountFor, bucketOf, entryDigest, keyHash, serviceKeyOf } from '../../diff/resume.js';
-
-const CHUNK_BYTES = 256 << 10;
-/** a value above this gets a chunk of its own (a chunk's tail is not wasted on it) */
-const BIG_BYTES = CHUNK_BYTES >> 2;
-/** compaction once dead bytes pass both the live ones and this */
-const MIN_GARBAGE = 1 << 20;
-
-const LIVE = 1;
-const HAS_DIGEST = 2;
-const HAS_HASH = 4;
-
-/**
- * The node's entries (set, path, value) by slot number, a slot's number
- * staying while it lives. Paths and values are bytes in shared chunks, found
- * through an open-addressing index of typed arrays: 60k paths as strings
- * in Maps cost more than the values.
- */
-export class EntryTable {
-  private chunks: Buffer[] = [];
-  private pos = CHUNK_BYTES; // no current chunk yet
-  private pChunk = new Uint32Array(1024);
-  private pOff = new Uint32Array(1024);
-  private pLen = new Uint32Array(1024);
-  private vChunk = new Uint32Array(1024);
-  private vOff = new Uint32Array(1024);
-  private vLen = new Uint32Array(1024);
-  /** the index's hash of (set, path) */
-  private keyHash = new Uint32Array(1024);
-  /** resume: the value's digest and the key hash of its service, cached */
-  private digestLo = new Uint32Array(1024);
-  private digestHi = new Uint32Array(1024);
-  private hash = new Uint32Array(1024);
-  private set = new Uint8Array(1024);
-  private flags = new Uint8Array(1024);
-  /** slot + 1 by keyHash, linear probing; 0: empty */
-  private index = new Int32Array(2048);
-  private next = 0;
-  private readonly free: number[] = [];
-  private count = 0;
-  private liveBytes = 0;
-  private deadBytes = 0;
-
-  get size(): number {
-    return this.count;
-  }
-
-  /** slot numbers in use are below this */
-  get slots(): number {
-    return this.next;
-  }
-
-  find(set: LocalSet, path: string): number | undefined {
-    const h = keyHashOf(set, path);
-    const mask = this.index.length - 1;
-    for (let i = h & mask; this.index[i]; i = (i + 1) & mask) {
-      const s = this.index[i] - 1;
-      if (this.keyHash[s] === h && this.set[s] === set && this.path(s) === path) return s;
-    }
-    return undefined;
-  }
-
-  add(set: LocalSet, path: string, bytes: Uint8Array): number {
-    const slot = this.free.pop() ?? this.grow();
-    this.flags[slot] = LIVE;
-    this.set[slot] = set;
-    const p = Buffer.from(path);
-    this.pLen[slot] = p.length;
-    [this.pChunk[slot], this.pOff[slot]] = this.place(p);
-    this.writeValue(slot, bytes);
-    const h = (this.keyHash[slot] = keyHashOf(set, path));
-    if (++this.count * 2 > this.index.length) this.rehash(this.index.length * 2);
-    else this.insert(slot, h);
-    return slot;
-  }
-
-  /** a new value in the slot (its path, and so its service's key hash, stays) */
-  replace(slot: number, bytes: Uint8Array): void {
-    this.dead(this.vLen[slot]);
-    this.flags[slot] &= ~HAS_DIGEST;
-    this.writeValue(slot, bytes);
-  }
-
-  release(slot: number): void {
-    this.unindex(slot);
-    this.dead(this.vLen[slot] + this.pLen[slot]);
-    this.vLen[slot] = this.pLen[slot] = 0;
-    this.flags[slot] = 0;
-    this.free.push(slot);
-    this.count--;
-  }
-
-  live(slot: number): boolean {
-    return (this.flags[slot] & LIVE) !== 0;
-  }
-
-  setOf(slot: number): LocalSet {
-    return this.set[slot];
-  }
-
-  path(slot: number): string {
-    return this.chunks[this.pChunk[slot]].toString('utf8', this.pOff[slot], this.pOff[slot] + this.pLen[slot]);
-  }
-
-  /** a view of the slot's value: valid until the next change */
-  value(slot: number): Uint8Array {
-    const o = this.vOff[slot];
-    return this.chunks[this.vChunk[slot]].subarray(o, o + this.vLen[slot]);
-  }
-
-  equals(slot: number, bytes: Uint8Array): boolean {
-    return this.vLen[slot] === bytes.length && bytesEqual(this.value(slot), bytes);
-  }
-
-  digest(slot: number, compute: () => [number, number]): [number, number] {
-    if (!(this.flags[slot] & HAS_DIGEST)) {
-      const [lo, hi] = compute();
-      this.digestLo[slot] = lo;
-      this.digestHi[slot] = hi;
-      this.flags[slot] |= HAS_DIGEST;
-    }
-    return [this.digestLo[slot], this.digestHi[slot]];
-  }
-
-  serviceHash(slot: number, compute: () => number): number {
-    if (!(this.flags[slot] & HAS_HASH)) {
-      this.hash[slot] = compute();
-      this.flags[slot] |= HAS_HASH;
-    }
-    return this.hash[slot];
-  }
-
-  /** bytes in chunks (for tests and stats) */
-  get bytes(): { live: number; dead: number; chunks: number } {
-    return { live: this.liveBytes, dead: this.deadBytes, chunks: this.chunks.length };
-  }
-
-  private grow(): number {
-    const n = this.next++;
-    if (n === this.flags.length) {
-      const more = <T extends Uint32Array | Uint8Array>(a: T): T => {
-        const b = new (a.constructor as new (n: number) => T)(a.length * 2);
-        b.set(a);
-        return b;
-      };
-      this.pChunk = more(this.pChunk);
-      this.pOff = more(this.pOff);
-      this.pLen = more(this.pLen);
-      this.vChunk = more(this.vChunk);
-      this.vOff = more(this.vOff);
-      this.vLen = more(this.vLen);
-      this.keyHash = more(this.keyHash);
-      this.digestLo = more(this.digestLo);
-      this.digestHi = more(this.digestHi);
-      this.hash = more(this.hash);
-      this.set = more(this.set);
-      this.flags = more(this.flags);
-    }
-    return n;
-  }
-
-  private insert(slot: number, h: number): void {
-    const mask = this.index.length - 1;
-    let i = h & mask;
-    while (this.index[i]) i = (i + 1) & mask;
-    this.index[i] = slot + 1;
-  }
-
-  private rehash(capacity: number): void {
-    this.index = new Int32Array(capacity);
-    for (let s = 0; s < this.next; s++) if (this.flags[s] & LIVE) this.insert(s, this.keyHash[s]);
-  }
-
-  /** linear probing's deletion: the entries after it move back over the hole */
-  private unindex(slot: number): void {
-    const mask = this.index.length - 1;
-    let i = this.keyHash[slot] & mask;
-    while (this.index[i] !== slot + 1) i = (i + 1) & mask;
-    for (let j = (i + 1) & mask; this.index[j]; j = (j + 1) & mask) {
-      const home = this.keyHash[this.index[j] - 1] & mask;
-      // j's entry may fill the hole at i unless its home lies cyclically in (i, j]
-      if (i <= j ? home <= i || home > j : home <= i && home > j) {
-        this.index[i] = this.index[j];
-        i = j;
-      }
-    }
-    this.index[i] = 0;
-  }
-
-  private dead(n: number): void {
-    this.liveBytes -= n;
-    this.deadBytes += n;
-  }
-
-  private writeValue(slot: number, bytes: Uint8Array): void {
-    this.vLen[slot] = bytes.length;
-    [this.vChunk[slot], this.vOff[slot]] = this.place(bytes);
-    if (this.deadBytes > MIN_GARBAGE && this.deadBytes > this.liveBytes) this.compact();
-  }
-
-  /** copies bytes into a chunk: [chunk, offset] */
-  private place(bytes: Uint8Array): [number, number] {
-    const n = bytes.length;
-    this.liveBytes += n;
-    if (n > BIG_BYTES) {
-      this.chunks.push(Buffer.from(bytes));
-      return [this.chunks.length - 1, 0];
-    }
-    if (this.pos + n > CHUNK_BYTES) {
-      // allocUnsafeSlow: outside Buffer's shared pool, whose slabs small buffers elsewhere would pin
-      this.chunks.push(Buffer.allocUnsafeSlow(CHUNK_BYTES));
-      this.pos = 0;
-    }
-    const c = this.chunks.length - 1;
-    this.chunks[c].set(bytes, this.pos);
-    this.pos += n;
-    return [c, this.pos - n];
-  }
-
-  /** copies the live paths and values into new chunks (slot numbers stay) */
-  private compact(): void {
-    const old = this.chunks;
-    this.chunks = [];
-    this.pos = CHUNK_BYTES;
-    this.liveBytes = this.deadBytes = 0;
-    for (let s = 0; s < this.next; s++) {
-      if (!(this.flags[s] & LIVE)) continue;
-      [this.pChunk[s], this.pOff[s]] = this.place(old[this.pChunk[s]].subarray(this.pOff[s], this.pOff[s] + this.pLen[s]));
-      [this.vChunk[s], this.vOff[s]] = this.place(old[this.vChunk[s]].subarray(this.vOff[s], this.vOff[s] + this.vLen[s]));
-    }
-  }
-}
-
-/** FNV-1a of the set and the path's UTF-16 code units: the index's hash, not the wire's */
-function keyHashOf(set: LocalSet, path: string): number {
-  let h = Math.imul(0x811c9dc5 ^ set, 0x01000193);
-  for (let i = 0; i < path.length; i++) h = Math.imul(h ^ path.charCodeAt(i), 0x01000193);
-  return h >>> 0;
-}
-
-/** deletes after a resend: endpoints first, services last (kpng's order) */
-const rank = (set: LocalSet) => (set === LocalSet.EndpointsSet ? 0 : set === LocalSet.ServicesSet ? 1 : 2);
 
 /**
  * The node's state as received, as a sink: turns a Reset (after the first)
@@ -258,24 +21,15 @@ const rank = (set: LocalSet) => (set === LocalSet.EndpointsSet ? 0 : set === Loc
  * in front of the backend, behind ValidatingSink, to learn which Sets the
  * backend took; entries() then gives what it holds.
  */
-export class HeldState implements LocalSink {
-  private readonly table = new EntryTable();
+export class HeldState extends FilterResetSink {
   /** slots whose value the backend refused: the last good one it holds (a copy), or null when none */
   private readonly refused = new Map<number, Uint8Array | null>();
-  /** during a resend: the slots it set again (stale at its Sync otherwise) */
-  private seen?: Uint8Array;
-  /** during a Resume: whether a held entry is in a resent bucket */
-  private inScope?: (slot: number) => boolean;
-  private started = false;
   private tracking = false;
   private took = false;
-  private services = 0;
-
-  constructor(private readonly next: LocalSink) {}
 
   /**
    * Wraps the backend's sink; Sets that do not reach it were refused. The
-   * sinks in between pass or drop an op before they return (ValidatingSink).
+   * sinks in between forward or drop an op before they return (ValidatingSink).
    */
   backend(inner: LocalSink): LocalSink {
     this.tracking = true;
@@ -284,121 +38,38 @@ export class HeldState implements LocalSink {
 
   /** what the backend holds of a set, paths in no order (the bytes are views valid until the next op) */
   *entries(set: LocalSet): Generator<[string, Uint8Array]> {
-    for (let s = 0; s < this.table.slots; s++) {
-      if (!this.table.live(s) || this.table.setOf(s) !== set) continue;
+    const t = this.filter.table;
+    for (let s = 0; s < t.slots; s++) {
+      if (!t.live(s) || t.setOf(s) !== set) continue;
       const r = this.refused.get(s);
       if (r === null) continue;
-      yield [this.table.path(s), r ?? this.table.value(s)];
+      yield [t.path(s), r ?? t.value(s)];
     }
   }
 
   /** bytes in chunks (for tests) */
   get stored(): { live: number; dead: number; chunks: number } {
-    return this.table.bytes;
+    return this.filter.table.bytes;
   }
 
-  /**
-   * What is held of ServicesSet and EndpointsSet as HeldDigests; empty when
-   * nothing was received yet (a first stream asks for the full state).
-   */
-  heldDigests(): Uint8Array {
-    if (!this.started) return new Uint8Array(0);
-    const t = this.table;
-    const d = new BucketDigests(bucketCountFor(this.services));
-    for (let s = 0; s < t.slots; s++) {
-      const h = t.live(s) ? this.hashOf(s) : undefined;
-      if (h === undefined) continue;
-      d.add(bucketOf(h, d.buckets), t.digest(s, () => entryDigest(t.setOf(s), t.path(s), t.value(s))));
+  /** after the Set of a held slot went down: whether the backend took it, and so what it holds */
+  protected override forward(op: Extract<LocalOp, { kind: 'set' }>, slot: number | undefined): void | Promise<void> {
+    this.took = false;
+    const r = this.next.send(op);
+    if (this.tracking && slot !== undefined) {
+      if (this.took) this.refused.delete(slot);
+      // the slot still holds the last good one
+      else if (!this.refused.has(slot)) this.refused.set(slot, Buffer.from(this.filter.table.value(slot)));
     }
-    return d.toBytes();
+    return r;
   }
 
-  private hashOf(slot: number): number | undefined {
-    const set = this.table.setOf(slot);
-    if (set !== LocalSet.ServicesSet && set !== LocalSet.EndpointsSet) return undefined;
-    return this.table.serviceHash(slot, () => keyHash(serviceKeyOf(set, this.table.path(slot)) ?? ''));
+  protected override added(slot: number): void {
+    if (this.tracking && !this.took) this.refused.set(slot, null);
   }
 
-  async send(op: LocalOp): Promise<void> {
-    const t = this.table;
-    switch (op.kind) {
-      case 'reset':
-        // the very first Reset goes through: the sink starts from nothing
-        if (!this.started) {
-          this.started = true;
-          await this.next.send({ kind: 'reset' });
-        }
-        this.seen = new Uint8Array(t.slots);
-        this.inScope = undefined;
-        if (op.resume) {
-          const { buckets } = op.resume;
-          const resent = new Set(op.resume.resent);
-          this.inScope = (slot) => {
-            const h = this.hashOf(slot);
-            return h === undefined || resent.has(bucketOf(h, buckets));
-          };
-        }
-        return;
-      case 'set': {
-        const slot = t.find(op.set, op.path);
-        if (slot !== undefined && slot < (this.seen?.length ?? 0)) this.seen![slot] = 1;
-        if (slot !== undefined && t.equals(slot, op.bytes)) return;
-        this.took = false;
-        const r = this.next.send(op);
-        if (this.tracking) this.noteTaken(slot);
-        if (slot !== undefined) t.replace(slot, op.bytes);
-        else {
-          // a new slot is past seen's end, or a freed one set to 1: not stale either way
-          const s = t.add(op.set, op.path, op.bytes);
-          if (s < (this.seen?.length ?? 0)) this.seen![s] = 1;
-          if (!this.took && this.tracking) this.refused.set(s, null);
-          if (op.set === LocalSet.ServicesSet) this.services++;
-        }
-        await r;
-        return;
-      }
-      case 'delete': {
-        const slot = t.find(op.set, op.path);
-        if (slot === undefined) return;
-        this.forget(slot);
-        await this.next.send(op);
-        return;
-      }
-      case 'sync': {
-        const seen = this.seen;
-        if (seen) {
-          const inScope = this.inScope;
-          const stale: [LocalSet, string][] = [];
-          // slots past seen's end came with this resend
-          for (let s = 0; s < seen.length; s++) {
-            if (t.live(s) && !seen[s] && (!inScope || inScope(s))) stale.push([t.setOf(s), t.path(s)]);
-          }
-          stale.sort(([a], [b]) => rank(a) - rank(b));
-          this.seen = undefined;
-          this.inScope = undefined;
-          for (const [set, path] of stale) {
-            const slot = t.find(set, path);
-            if (slot === undefined) continue;
-            this.forget(slot);
-            await this.next.send({ kind: 'delete', set, path });
-          }
-        }
-        await this.next.send(op);
-        return;
-      }
-    }
-  }
-
-  /** after a Set of a held slot went down: whether the backend took it, and so what it holds */
-  private noteTaken(slot: number | undefined): void {
-    if (slot === undefined) return; // a new one: see send
-    if (this.took) this.refused.delete(slot);
-    else if (!this.refused.has(slot)) this.refused.set(slot, Buffer.from(this.table.value(slot))); // still the last good one
-  }
-
-  private forget(slot: number): void {
-    if (this.table.setOf(slot) === LocalSet.ServicesSet) this.services--;
-    this.table.release(slot);
+  protected override forget(slot: number): void {
+    super.forget(slot);
     this.refused.delete(slot);
   }
 }

@@ -84,7 +84,7 @@ const heldBucketCountOk = (n: number) => n > 0 && n <= MAX_BUCKETS && (n & (n - 
 /**
  * After a reconnect the resend ends with a Sync even when HeldState
  * found nothing changed: that Sync is dropped, so the backend does not even
- * wake up. Other Syncs pass (the server never sends an empty diff).
+ * wake up. Other Syncs go through (the server never sends an empty diff).
  */
 export class QuietResyncSink implements LocalSink {
   private resending = false;

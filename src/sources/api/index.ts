@@ -2,37 +2,122 @@
 // to chain brains (e.g. a regional cache in front of the API server's brain).
 //
 // Ops are buffered until Sync, then the whole diff is applied in one store
-// update, and every kind is marked synced after the first Sync. Endpoints
-// come twice (by service and by slice, kpng's double index); only the
-// by-slice copies ("ns||slice|hash") are used, to rebuild each slice. After a
-// reconnect the full resend is diffed against what we had, so the store (and
-// every node behind it) sees only what really changed.
+// update, and every kind is marked synced after the first Sync. After a
+// reconnect the full resend goes through the reset filter (what the upstream
+// sent, as bytes), so the store (and every node behind it) sees only what
+// really changed. Endpoints come twice (by service and by slice, kpng's
+// double index); only the by-slice copies ("ns||slice|hash") are used, to
+// rebuild each slice. A value that does not decode or is not valid costs one
+// log line; the store keeps its last good version.
 import type * as L from '../../api/gen/api/localv1/api_pb.js';
 import * as G from '../../api/gen/api/globalv1/api_pb.js';
 import { hostname } from 'node:os';
 import { fromBinary } from '@bufbuild/protobuf';
 import { LocalSet } from '../../api/model.js';
-import { endpointInfoProblem, globalPath, nodeProblem, serviceCIDRProblem, serviceProblem } from '../../api/validate.js';
+import { endpointInfoProblem, globalPath, nodeProblem, serviceCIDRProblem, serviceProblem, type GlobalPath } from '../../api/validate.js';
+import { ResetFilter } from '../../api/reset-filter.js';
 import { runWatch } from '../../api/grpc/client.js';
 import type { ClientTLS } from '../../api/grpc/tls.js';
 import { GLOBAL_SETS_HEADER, globalWatchMethod } from '../../api/grpc/wire.js';
-import { KINDS, type Store } from '../../store/store.js';
+import { KINDS, type Store, type StoreTx } from '../../store/store.js';
 import type { Logger } from '../../runtime/log.js';
 
+/** A slice's endpoints by their key: the upstream sends them one by one, the store takes whole slices. */
 interface MirrorSlice {
   namespace: string;
   name: string;
-  /** endpoint key (hex hash) -> info */
   endpoints: Map<string, G.EndpointInfo>;
 }
 
-/** What the upstream sent us, as our store wants it. */
-class Mirror {
-  nodes = new Map<string, G.Node>();
-  services = new Map<string, L.Service>();
-  slices = new Map<string, MirrorSlice>();
-  cidrs = new Map<string, L.ServiceCIDR>();
+/** What one diff changes in the store: per object, its new value or undefined (deleted); slices touched, written whole. */
+class StoreWrites {
+  readonly nodes = new Map<string, G.Node | undefined>();
+  readonly services = new Map<string, L.Service | undefined>();
+  readonly cidrs = new Map<string, L.ServiceCIDR | undefined>();
+  readonly slices = new Set<string>();
+
+  constructor(private readonly mirror: Map<string, MirrorSlice>) {}
+
+  endpoint(p: GlobalPath, info: G.EndpointInfo | undefined): void {
+    const key = `${p.namespace}/${p.source}`;
+    this.slices.add(key);
+    let s = this.mirror.get(key);
+    if (info) {
+      info.Hash = 0n; // ours is computed when we serve it
+      if (!s) this.mirror.set(key, (s = { namespace: p.namespace, name: p.source, endpoints: new Map() }));
+      s.endpoints.set(p.key, info);
+    } else if (s) {
+      s.endpoints.delete(p.key);
+      if (s.endpoints.size === 0) this.mirror.delete(key);
+    }
+  }
+
+  /** all of it, in one store transaction */
+  apply(tx: StoreTx): void {
+    for (const [name, node] of this.nodes) {
+      if (node) tx.setNode(node);
+      else tx.deleteNode(name);
+    }
+    for (const [key, svc] of this.services) {
+      const i = key.indexOf('/');
+      if (svc) tx.setService(svc);
+      else tx.deleteService(key.slice(0, i), key.slice(i + 1));
+    }
+    for (const key of this.slices) {
+      const s = this.mirror.get(key);
+      if (!s) {
+        const i = key.indexOf('/');
+        tx.deleteSlice(key.slice(0, i), key.slice(i + 1));
+        continue;
+      }
+      // the upstream's endpoint order is not on the wire: keep a stable one
+      const eps = [...s.endpoints.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)).map(([, e]) => e);
+      tx.setSlice(s.namespace, s.name, eps[0].ServiceName, eps);
+    }
+    for (const [name, cidr] of this.cidrs) {
+      if (cidr) tx.setServiceCIDR(cidr);
+      else tx.deleteServiceCIDR(name);
+    }
+  }
 }
+
+/** A set of the global stream: how log lines name its objects, how a value decodes, what makes one invalid, and what it writes (undefined: a Delete). */
+interface GlobalKind<V> {
+  name(p: GlobalPath): string;
+  decode(bytes: Uint8Array): V | undefined;
+  problem(v: V, p: GlobalPath): string | undefined;
+  write(w: StoreWrites, p: GlobalPath, v: V | undefined): void;
+}
+
+const kind = <V>(k: GlobalKind<V>) => k as GlobalKind<unknown>;
+const same = (what: string, got: string, want: string) => (got === want ? undefined : `${what} ${JSON.stringify(got)} is not its path's ${JSON.stringify(want)}`);
+
+const GLOBAL_KINDS: Partial<Record<LocalSet, GlobalKind<unknown>>> = {
+  [LocalSet.GlobalNodeInfos]: kind<G.Node>({
+    name: (p) => `Node ${p.name}`,
+    decode: (b) => fromBinary(G.NodeInfoSchema, b).Node,
+    problem: (n, p) => nodeProblem(n) ?? same('Name', n.Name, p.name),
+    write: (w, p, n) => w.nodes.set(p.name, n),
+  }),
+  [LocalSet.GlobalServiceInfos]: kind<L.Service>({
+    name: (p) => `Service ${p.namespace}/${p.name}`,
+    decode: (b) => fromBinary(G.ServiceInfoSchema, b).Service,
+    problem: (s, p) => serviceProblem(s) ?? same('Namespace/Name', `${s.Namespace}/${s.Name}`, `${p.namespace}/${p.name}`),
+    write: (w, p, s) => w.services.set(`${p.namespace}/${p.name}`, s),
+  }),
+  [LocalSet.GlobalEndpointInfos]: kind<G.EndpointInfo>({
+    name: (p) => `endpoint ${p.key} of EndpointSlice ${p.namespace}/${p.source}`,
+    decode: (b) => fromBinary(G.EndpointInfoSchema, b),
+    problem: (i, p) => endpointInfoProblem(i) ?? same('Namespace', i.Namespace, p.namespace) ?? (i.SourceName === '' ? undefined : same('SourceName', i.SourceName, p.source)),
+    write: (w, p, i) => w.endpoint(p, i),
+  }),
+  [LocalSet.GlobalServiceCIDRInfos]: kind<L.ServiceCIDR>({
+    name: (p) => `ServiceCIDR ${p.name}`,
+    decode: (b) => fromBinary(G.ServiceCIDRInfoSchema, b).ServiceCIDR,
+    problem: (c, p) => serviceCIDRProblem(c) ?? same('Name', c.Name, p.name),
+    write: (w, p, c) => w.cidrs.set(p.name, c),
+  }),
+};
 
 export interface ApiSourceOptions {
   readonly address: string;
@@ -45,7 +130,9 @@ export interface ApiSourceOptions {
 }
 
 export class ApiSource {
-  private mirror = new Mirror();
+  /** what the upstream sent, as bytes: after a reconnect its resend becomes only what changed */
+  private readonly held = new ResetFilter();
+  private readonly slices = new Map<string, MirrorSlice>();
   private pending: L.OpItem[] = [];
   private synced = false;
   private readonly ac = new AbortController();
@@ -92,147 +179,70 @@ export class ApiSource {
     await this.running;
   }
 
-  private apply() {
+  /** A diff, at its Sync: through the reset filter, then into the store in one update. */
+  private apply(): void {
     const ops = this.pending;
     this.pending = [];
-    const nodes = new Set<string>();
-    const services = new Set<string>();
-    const slices = new Set<string>();
-    const cidrs = new Set<string>();
-    const m = this.mirror;
-    for (const item of ops) {
-      const op = item.Op;
-      if (op.case === 'Reset') {
-        // everything we had is in question: what is not resent goes
-        for (const k of m.nodes.keys()) nodes.add(k);
-        for (const k of m.services.keys()) services.add(k);
-        for (const k of m.slices.keys()) slices.add(k);
-        for (const k of m.cidrs.keys()) cidrs.add(k);
-        this.mirror = new Mirror();
-        continue;
-      }
-      const cur = this.mirror;
-      if (op.case !== 'Set' && op.case !== 'Delete') {
-        this.log.warn('api: ignoring an op of an unknown kind');
-        continue;
-      }
-      const set = op.case === 'Set' ? (op.value.Ref?.Set ?? LocalSet.UnknownSet) : op.value.Set;
-      const path = op.case === 'Set' ? (op.value.Ref?.Path ?? '') : op.value.Path;
-      const parsed = globalPath(set, path);
-      if (typeof parsed === 'string') {
-        this.log.warn({ set: LocalSet[set] ?? set, path, problem: parsed }, `api: ignoring a ${op.case} of ${LocalSet[set] ?? set} ${JSON.stringify(path)} (${parsed})`);
-        continue;
-      }
-      const { namespace: ns, name, source, key } = parsed;
-      const bytes = op.case === 'Set' ? op.value.Bytes : undefined;
-      /** a value that does not decode or is not valid: one line; the last good one (from before a Reset too) stays */
-      const refuse = (what: string, problem: string, keepLast: () => void) => {
-        this.log.warn({ set: LocalSet[set], path, problem }, `api: ignoring an invalid ${what} (${problem}); its last good version stays`);
-        keepLast();
-      };
-      const decode = <T>(f: () => T): T | Error => {
-        try {
-          return f();
-        } catch (e) {
-          return e as Error;
-        }
-      };
-      /** why a decoded value is refused: it does not decode, is invalid, or names another object than its path */
-      const problemOf = <T>(v: T | Error | undefined, check: (v: T) => string | undefined): string | undefined =>
-        v instanceof Error ? `does not decode: ${v.message}` : v === undefined ? (bytes ? 'no value' : undefined) : check(v);
-      const same = (what: string, got: string, want: string) => (got === want ? undefined : `${what} ${JSON.stringify(got)} is not its path's ${JSON.stringify(want)}`);
-      switch (set) {
-        case LocalSet.GlobalNodeInfos: {
-          nodes.add(name);
-          const node = bytes && decode(() => fromBinary(G.NodeInfoSchema, bytes).Node);
-          const problem = problemOf(node, (n) => nodeProblem(n) ?? same('Name', n.Name, name));
-          if (problem) refuse(`Node ${name}`, problem, () => (m.nodes.has(name) ? cur.nodes.set(name, m.nodes.get(name)!) : undefined));
-          else if (node && !(node instanceof Error)) cur.nodes.set(name, node);
-          else cur.nodes.delete(name);
-          break;
-        }
-        case LocalSet.GlobalServiceInfos: {
-          const k = `${ns}/${name}`;
-          services.add(k);
-          const svc = bytes && decode(() => fromBinary(G.ServiceInfoSchema, bytes).Service);
-          const problem = problemOf(svc, (s) => serviceProblem(s) ?? same('Namespace/Name', `${s.Namespace}/${s.Name}`, k));
-          if (problem) refuse(`Service ${k}`, problem, () => (m.services.has(k) ? cur.services.set(k, m.services.get(k)!) : undefined));
-          else if (svc && !(svc instanceof Error)) cur.services.set(k, svc);
-          else cur.services.delete(k);
-          break;
-        }
-        case LocalSet.GlobalEndpointInfos: {
-          if (name !== '') break; // the by-service copy of a by-slice endpoint
-          const sk = `${ns}/${source}`;
-          slices.add(sk);
-          let s = cur.slices.get(sk);
-          if (bytes) {
-            const info = decode(() => fromBinary(G.EndpointInfoSchema, bytes));
-            const problem = problemOf(info, (i) => endpointInfoProblem(i) ?? same('Namespace', i.Namespace, ns) ?? (i.SourceName === '' ? undefined : same('SourceName', i.SourceName, source)));
-            if (problem || info instanceof Error) {
-              refuse(`endpoint ${key} of EndpointSlice ${sk}`, problem ?? 'does not decode', () => {
-                const last = m.slices.get(sk)?.endpoints.get(key);
-                if (!last) return;
-                if (!s) cur.slices.set(sk, (s = { namespace: ns, name: source, endpoints: new Map() }));
-                s.endpoints.set(key, last);
-              });
-              break;
-            }
-            info.Hash = 0n; // ours is computed when we serve it
-            if (!s) cur.slices.set(sk, (s = { namespace: ns, name: source, endpoints: new Map() }));
-            s.endpoints.set(key, info);
-          } else if (s) {
-            s.endpoints.delete(key);
-            if (s.endpoints.size === 0) cur.slices.delete(sk);
-          }
-          break;
-        }
-        case LocalSet.GlobalServiceCIDRInfos: {
-          cidrs.add(name);
-          const c = bytes && decode(() => fromBinary(G.ServiceCIDRInfoSchema, bytes).ServiceCIDR);
-          const problem = problemOf(c, (x) => serviceCIDRProblem(x) ?? same('Name', x.Name, name));
-          if (problem) refuse(`ServiceCIDR ${name}`, problem, () => (m.cidrs.has(name) ? cur.cidrs.set(name, m.cidrs.get(name)!) : undefined));
-          else if (c && !(c instanceof Error)) cur.cidrs.set(name, c);
-          else cur.cidrs.delete(name);
-          break;
-        }
-      }
+    const w = new StoreWrites(this.slices);
+    for (const item of ops) this.take(item, w);
+    for (const [set, path] of this.held.stale()) {
+      const slot = this.held.table.find(set, path);
+      const p = globalPath(set, path);
+      if (slot === undefined || typeof p === 'string') continue;
+      this.held.release(slot);
+      GLOBAL_KINDS[set]!.write(w, p, undefined);
     }
-
-    const cur = this.mirror;
     const first = !this.synced;
     this.synced = true;
     this.store.update((tx) => {
-      for (const n of nodes) {
-        const node = cur.nodes.get(n);
-        if (node) tx.setNode(node);
-        else tx.deleteNode(n);
-      }
-      for (const k of services) {
-        const svc = cur.services.get(k);
-        const i = k.indexOf('/');
-        if (svc) tx.setService(svc);
-        else tx.deleteService(k.slice(0, i), k.slice(i + 1));
-      }
-      for (const k of slices) {
-        const s = cur.slices.get(k);
-        if (!s) {
-          const i = k.indexOf('/');
-          tx.deleteSlice(k.slice(0, i), k.slice(i + 1));
-          continue;
-        }
-        // the upstream's endpoint order is not on the wire: keep a stable one
-        const eps = [...s.endpoints.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)).map(([, e]) => e);
-        tx.setSlice(s.namespace, s.name, eps[0].ServiceName, eps);
-      }
-      for (const n of cidrs) {
-        const c = cur.cidrs.get(n);
-        if (c) tx.setServiceCIDR(c);
-        else tx.deleteServiceCIDR(n);
-      }
+      w.apply(tx);
       if (first) for (const k of KINDS) tx.setSynced(k);
     });
     this.applied++;
-    if (first) this.log.info({ api: this.opts.address, services: cur.services.size, slices: cur.slices.size, nodes: cur.nodes.size }, 'api: initial state received');
+    if (first) this.log.info({ api: this.opts.address, services: count(this.store.serviceKeys()), slices: this.slices.size, nodes: count(this.store.allNodes()) }, 'api: initial state received');
   }
+
+  /** One op of a diff: what it changes, if it is news and valid. */
+  private take(item: L.OpItem, w: StoreWrites): void {
+    const op = item.Op;
+    if (op.case === 'Reset') return void this.held.reset();
+    if (op.case !== 'Set' && op.case !== 'Delete') return this.log.warn('api: ignoring an op of an unknown kind');
+    const set = op.case === 'Set' ? (op.value.Ref?.Set ?? LocalSet.UnknownSet) : op.value.Set;
+    const path = op.case === 'Set' ? (op.value.Ref?.Path ?? '') : op.value.Path;
+    const p = globalPath(set, path);
+    if (typeof p === 'string') {
+      this.log.warn({ set: LocalSet[set] ?? set, path, problem: p }, `api: ignoring a ${op.case} of ${LocalSet[set] ?? set} ${JSON.stringify(path)} (${p})`);
+      return;
+    }
+    // the by-service copy of a by-slice endpoint
+    if (set === LocalSet.GlobalEndpointInfos && p.name !== '') return;
+    const kind = GLOBAL_KINDS[set]!;
+    if (op.case === 'Delete') {
+      const slot = this.held.table.find(set, path);
+      if (slot === undefined) return;
+      this.held.release(slot);
+      return kind.write(w, p, undefined);
+    }
+    const bytes = op.value.Bytes;
+    const slot = this.held.saw(set, path);
+    if (!this.held.isNews(slot, bytes)) return;
+    // held as received, valid or not: its resend is no news either
+    this.held.hold(slot, set, path, bytes);
+    let value: unknown;
+    let problem: string | undefined;
+    try {
+      value = kind.decode(bytes);
+      problem = value === undefined ? 'no value' : kind.problem(value, p);
+    } catch (e) {
+      problem = `does not decode: ${(e as Error).message}`;
+    }
+    if (problem) this.log.warn({ set: LocalSet[set], path, problem }, `api: ignoring an invalid ${kind.name(p)} (${problem}); its last good version stays`);
+    else kind.write(w, p, value);
+  }
+}
+
+function count(it: Iterable<unknown>): number {
+  let n = 0;
+  for (const _ of it) n++;
+  return n;
 }

@@ -105,8 +105,8 @@ export class FileSource {
   // while the threads parse a directory of large files, the main thread
   // mostly waits: on two cores, two threads halve a cold start's parsing.
   // Read once, the main thread is busy too (it writes each file to the store
-  // as it comes): one thread less (on two cores, a third thread added its
-  // start, its memory and CPU time: 2.7-3.1 s of CPU to 2.5-2.7 at 30k)
+  // as it comes): one thread less (on two cores, a third thread adds its
+  // start, its memory and CPU time and parses no sooner)
   private readonly parsers: ParserThread[];
   private running?: Promise<void>;
   private queued?: Promise<void>;

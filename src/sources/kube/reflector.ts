@@ -47,8 +47,8 @@ export interface ReflectorOptions {
   /**
    * an EndpointSlice or Service list page at least this long is parsed and
    * converted in the parser thread, beside the main thread (a slice costs
-   * the main thread about 17 µs to parse, convert and encode, 1.4 µs to
-   * take in converted; a Service encoded, its decoding and copy)
+   * the main thread about ten times as much to parse, convert and encode as
+   * to take in converted; a Service encoded, its decoding and copy)
    */
   pageInThreadBytes: number;
 }
@@ -291,17 +291,16 @@ export class Reflector {
    * Lists every page, then applies the difference to what we had in one
    * store update. The first list (nothing reaches the sinks before every
    * kind is synced) writes each page as it comes instead: held until the
-   * last page, 10k Services' converted objects outlived many young
-   * collections, were copied to V8's old space and died there after the
-   * store's update, leaving its pages half empty (about 14 MB of heap more
-   * at 10k Services, docs/benchmarks.md).
+   * last page, the converted objects would outlive many young collections,
+   * be copied to V8's old space and die there after the store's update,
+   * leaving its pages half empty (docs/design/memory-trimming.md).
    */
   private async list(): Promise<void> {
     const r = this.resource;
     const t0 = performance.now();
     const first = !this.synced;
     // a first list writes each object as it comes (known at once): what it
-    // saw is what it knows, one map (two of 100k keys each cost their growth)
+    // saw is what it knows, one map (two large ones would each cost their growth)
     let seen = first && this.known.size === 0 ? this.known : new Map<string, string>();
     let writes: ((tx: StoreTx) => void)[] = [];
     let changed = 0;

@@ -63,7 +63,7 @@ export class ElementTable {
 
   /** The elements of an owner that count (a key two owners declare counts once); not to be changed. */
   winnersOf(owner: string): readonly Element[] {
-    // no key was ever declared twice: every element counts (a cold start's 600k at 100k Services)
+    // no key was ever declared twice: every element counts (a cold start's many, uncopied)
     if (!this.declaredTwice) return this.byOwner.get(owner) ?? [];
     const out: Element[] = [];
     for (const e of this.byOwner.get(owner) ?? []) if (this.desired.get(e.set)?.get(e.key) === e) out.push(e);

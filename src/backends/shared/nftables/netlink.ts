@@ -1,9 +1,10 @@
 // Elements over netlink: a transaction of element adds and deletes only (a
 // cold start's chunks, a sync's changes) goes to the kernel as one
 // nf_tables batch built here, instead of as text for nft to parse. nft
-// spends about 6 µs of CPU per element parsing and evaluating it (1.2 s for
-// a 30k-Service node's 210k elements); building the same messages here
-// costs a fraction of that, and a change's few skip nft's round trip.
+// spends microseconds of CPU per element parsing and evaluating it, and a
+// large node has hundreds of thousands; building the same messages here
+// costs a fraction of that, and a change's few skip nft's round trip
+// (docs/design/netlink-batches.md).
 // Only sets and maps whose declaration kpng made (learned from the
 // transactions it ran) and whose key and data are plain concatenations of
 // addresses, protocols, ports and numgen values qualify: no intervals, no
@@ -308,9 +309,9 @@ export class NetlinkElements {
 
   /**
    * Whether the kernel has this table: a question without a process (`nft
-   * list` of a missing table is a fork of this process, 20-30 ms at 30k
-   * Services, twice in a cold start). Throws a KernelError when netlink
-   * does not tell.
+   * list` of a missing table is a fork of this process, which costs more
+   * as the process grows, twice in a cold start). Throws a KernelError when
+   * netlink does not tell.
    */
   hasTable(family: TableFamily, name: string): Promise<boolean> {
     return this.exclusive((nl) => {

@@ -93,7 +93,7 @@ export class ProcessNft implements Nft {
     }
     await this.acquire();
     try {
-      // a change's few elements too: nft would parse them and read back what it needs of the table (3-25 ms at 100k Services)
+      // a change's few elements too: nft would parse them and read back what it needs of the table, which grows with the Services
       if (typeof tx !== 'string' && this.netlink && (!opts.bulk || tx.elementCount >= NETLINK_MIN_ELEMENTS) && this.netlink.takes(tx)) {
         try {
           return await this.netlink.run(tx);
@@ -194,7 +194,7 @@ export class SessionNft extends ProcessNft {
     for (const s of this.idle.splice(0)) s.close();
   }
 
-  /** Starts the session's nft now: a fork of this process costs more as it grows (20 ms at 30k Services). */
+  /** Starts the session's nft now: a fork of this process costs more as it grows. */
   warm(): void {
     if (!this.sessionsWork || this.idle.length) return;
     const s = this.session();
@@ -337,7 +337,8 @@ function verdictOrData(v: J): string {
  * A long-lived `nft -i` for small transactions. A fresh `nft` per
  * transaction costs a process start and, after any delete, an RCU grace
  * period when its netlink socket closes (the kernel flushes deleted objects
- * then): 6-24 ms here, against 0.3-0.5 ms for a line sent to a running nft.
+ * then): milliseconds, where a line sent to a running nft costs a fraction
+ * of one (docs/nft.md).
  *
  * Each transaction is one line (its commands joined by ';', so nft applies
  * it atomically), followed by a marker line nft rejects: the marker's error
