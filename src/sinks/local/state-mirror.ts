@@ -12,7 +12,7 @@ import { LocalSet, encodeLocalNode } from '../../api/model.js';
 import { NodeSchema, WatchReqSchema, type WatchReq } from '../../api/gen/api/localv1/api_pb.js';
 import type { LocalOp, LocalSink } from '../../diff/ops.js';
 import { parseAddress } from '../../api/grpc/address.js';
-import { prepareUnixSocket } from '../api/server.js';
+import { prepareUnixSocket } from '../../api/grpc/unix-socket.js';
 import { encodeSetOp, LOCAL_WATCH_PATH, RESET_FRAME, SYNC_FRAME } from '../../api/grpc/wire.js';
 import { GrpcStatus, StreamServer, type ServerCall } from '../../api/grpc/h2-server.js';
 import { StreamWriter } from '../../api/grpc/server-stream.js';
