@@ -17,8 +17,6 @@ import { grpcFrames, GrpcStatus, type ServerCall } from '../api/grpc/h2-server.j
 import { TenantListSchema, TenantReplySchema, TenantRequestSchema, type TenantReply, type TenantRequest } from '../api/gen/kpng/aggregator/v1/aggregator_pb.js';
 import type { Aggregator, SessionPort } from './aggregator.js';
 
-export const DEFAULT_RULES_SOCKET = 'unix:///run/kpng/rules.sock';
-export const RULES_SOCKET_HELP = "serve the tenant API (other agents' packet-filter rules, docs/aggregator.md) here (unix:///path, mode 0600; '': not at all)";
 export const TENANT_SESSION_PATH = '/kpng.aggregator.v1.Tenants/Session';
 export const TENANT_LIST_PATH = '/kpng.aggregator.v1.TenantStatus/List';
 

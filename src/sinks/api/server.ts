@@ -67,6 +67,8 @@ export interface ApiServerOptions {
   readonly socketMode?: number;
   /** what its start is logged as (default to-api) */
   readonly logName?: string;
+  /** more methods to serve, by path (a node agent's state socket: its tenants' status) */
+  readonly routes?: ReadonlyMap<string, (call: ServerCall) => void>;
 }
 
 type Api = 'local' | 'global';
@@ -197,6 +199,7 @@ export class ApiServer {
     const methods = new Map<string, (call: ServerCall) => void>();
     if (opts.localApi !== false) methods.set(LOCAL_WATCH_PATH, (call) => this.serveLocal(call));
     if (opts.globalApi !== false) methods.set(GLOBAL_WATCH_PATH, (call) => this.serveGlobal(call));
+    for (const [path, serve] of opts.routes ?? []) methods.set(path, serve);
     this.server = new StreamServer(methods, {
       // notice nodes that vanished without closing their connection
       keepaliveMs: 60_000,

@@ -8,6 +8,7 @@ import type { Logger } from '../../runtime/log.js';
 import type { Store } from '../../store/store.js';
 import type { ServiceViews } from '../../localstate/views.js';
 import { ApiServer } from './server.js';
+import type { ServerCall } from '../../api/grpc/h2-server.js';
 
 export { DEFAULT_BRAIN_SOCKET, DEFAULT_NODE_SOCKET, STATE_SOCKET_HELP } from './defaults.js';
 
@@ -24,14 +25,14 @@ export interface StateSocket {
   stop(): Promise<void>;
 }
 
-export async function startStateSocket(o: { address: string; store: Store; views: ServiceViews; log: Logger; defaultNode?: string }): Promise<StateSocket | undefined> {
+export async function startStateSocket(o: { address: string; store: Store; views: ServiceViews; log: Logger; defaultNode?: string; routes?: ReadonlyMap<string, (call: ServerCall) => void> }): Promise<StateSocket | undefined> {
   if (!o.address || o.address === 'none') return undefined;
   let server: ApiServer | undefined;
   const stop = async () => {
     await bounded(server!.stop(100), 'closing the state socket').catch((e) => o.log.info({ reason: (e as Error).message }, 'state socket: not closed cleanly'));
   };
   try {
-    server = new ApiServer({ store: o.store, views: o.views, log: o.log, listen: o.address, socketMode: 0o600, defaultNode: o.defaultNode, maxConnections: 64, logName: 'state socket' });
+    server = new ApiServer({ store: o.store, views: o.views, log: o.log, listen: o.address, socketMode: 0o600, defaultNode: o.defaultNode, maxConnections: 64, logName: 'state socket', routes: o.routes });
     // it logs "state socket: serving"
     await bounded(server.start(), 'opening the state socket');
     return { stop };

@@ -16,6 +16,7 @@ import { localWatchMethod } from '../../api/grpc/wire.js';
 import type { LocalOp, LocalSink, LocalValue } from '../../diff/ops.js';
 import type { BackendSpec } from '../../backends/run.js';
 import { runNodeAgent } from './agent.js';
+import { tenantFlags } from '../../aggregator/defaults.js';
 import { NodeStateMirror, serveMirror } from './state-mirror.js';
 import { HeldState } from './held-state.js';
 import type { Logger } from '../../runtime/log.js';
@@ -199,14 +200,16 @@ export async function runLocal(localOpts: Record<string, any>, backends: readonl
     signal,
     // the reset filter holds the endpoints' bytes; nothing here keeps them decoded
     packEndpoints: true,
-    async feed(sink, stop, b) {
+    tenants: tenantFlags(localOpts),
+    async feed(sink, stop, b, tenants) {
       log.info({ node: b.nodeName, backends: backends.map((x) => x.name).join(','), api: localOpts.api }, 'local: starting');
       // what the backend gets, served read-only for kpng get; the mirror
       // answers from the reset filter's state, which learns what the backend took
       let mirror!: NodeStateMirror;
       const quiet = new QuietResyncSink((held) => new ValidatingSink(held.backend((mirror = new NodeStateMirror(held)).wrap(sink)), log));
       const once = backends.some((x) => x.opts.once);
-      const served = once ? undefined : await serveMirror(localOpts.stateSocket ?? '', b.nodeName, mirror, log);
+      const routes = tenants ? new Map([(await import('../../aggregator/server.js')).tenantListMethod(tenants)]) : undefined;
+      const served = once ? undefined : await serveMirror(localOpts.stateSocket ?? '', b.nodeName, mirror, log, routes);
       try {
         await watchLocalApi(
           {

@@ -68,7 +68,7 @@ export class NodeStateMirror {
 }
 
 /** Serves the mirror on a unix socket; undefined (one log line) when it cannot. */
-export async function serveMirror(address: string, node: string, mirror: NodeStateMirror, log: Logger): Promise<{ stop(): Promise<void> } | undefined> {
+export async function serveMirror(address: string, node: string, mirror: NodeStateMirror, log: Logger, routes: ReadonlyMap<string, (call: ServerCall) => void> = new Map()): Promise<{ stop(): Promise<void> } | undefined> {
   if (!address || address === 'none') return undefined;
   let path: string;
   try {
@@ -112,7 +112,7 @@ export async function serveMirror(address: string, node: string, mirror: NodeSta
     });
   };
   // no keepalive: a local socket, and kpng get's calls are short
-  const server = new StreamServer(new Map([[LOCAL_WATCH_PATH, serve]]), { keepaliveMs: 0, keepaliveTimeoutMs: 0, idleMs: 5 * 60_000 });
+  const server = new StreamServer(new Map([[LOCAL_WATCH_PATH, serve], ...routes]), { keepaliveMs: 0, keepaliveTimeoutMs: 0, idleMs: 5 * 60_000 });
   const listener = net.createServer((socket) => server.injectConnection(socket));
   const old = process.umask(0o177);
   try {
