@@ -378,7 +378,9 @@ function components(raw: string, types: readonly (string | undefined)[], interva
 }
 
 function component(part: string, type: string | undefined, interval: boolean, where: string): string {
-  const bad = () => new TenantError(`${where}: element part ${JSON.stringify(part)}${type ? ` is not of type ${type}${interval ? ' (or prefix, or range)' : ''}` : ': letters, digits and _ . : / - only, or a quoted name'}`);
+  const known = type === 'ipv4_addr' || type === 'ipv6_addr' || type === 'inet_service';
+  const bad = () =>
+    new TenantError(`${where}: element part ${JSON.stringify(part)}${type ? ` is not of type ${type}` : ''}${known ? (interval ? ' (an address, prefix or range)' : '') : ': letters, digits and _ . : / - * only, or a quoted name'}`);
   if (type === 'ipv4_addr' || type === 'ipv6_addr') {
     const family = type === 'ipv4_addr' ? 4 : 6;
     const range = part.split('-');

@@ -51,7 +51,7 @@ export async function startTenantServer(o: { address: string; aggregator: Aggreg
     path = a.path;
     await prepareUnixSocket(path);
   } catch (e) {
-    o.log.error({ socket: o.address, reason: (e as Error).message }, 'tenant API: not serving');
+    o.log.warn({ socket: o.address, reason: (e as Error).message }, 'tenant API: not serving');
     return undefined;
   }
   const server = new g.Server({ 'grpc.max_receive_message_length': MAX_MESSAGE_BYTES, 'grpc.max_send_message_length': MAX_MESSAGE_BYTES });
@@ -64,7 +64,7 @@ export async function startTenantServer(o: { address: string; aggregator: Aggreg
     await new Promise<void>((resolve, reject) => server.bindAsync(`unix://${path}`, g.ServerCredentials.createInsecure(), (e) => (e ? reject(e) : resolve())));
     chmodSync(path, 0o600);
   } catch (e) {
-    o.log.error({ socket: o.address, reason: (e as Error).message }, 'tenant API: not serving');
+    o.log.warn({ socket: o.address, reason: (e as Error).message }, 'tenant API: not serving');
     server.forceShutdown();
     return undefined;
   } finally {
