@@ -23,8 +23,7 @@ import { TABLE, FAMILIES, BASE_CHAINS, setDeclarationList, staticChains, lbChain
 import { ProcessNft, SessionNft, type Nft } from '../shared/nftables/nft.js';
 import { Transaction, type TableRef } from '../shared/nftables/transaction.js';
 import { nftDrift, type DriftSource } from '../shared/nftables/watch.js';
-import { NftTenantTables } from '../shared/nftables/tenants.js';
-import { tenantOfKey } from '../../aggregator/names.js';
+import { nftTenantTables, serviceKeys, type NftTenantTables } from '../shared/nftables/tenants.js';
 import { availableParallelism } from 'node:os';
 import { LocalhostNodePorts, localhostNodePortFamilies, removeLocalhostTable, LOCALHOST_TABLE } from '../shared/userspace/localhost.js';
 
@@ -140,11 +139,7 @@ export class NftProxier extends ProxierBase {
     );
     const lhFamilies = localhostNodePortFamilies(o.config).filter((f) => this.fam.has(f));
     if (lhFamilies.length && !o.dryRun) this.localhost = new LocalhostNodePorts({ log: o.log, nft: new ProcessNft({ path: o.nftPath }), families: lhFamilies, udpIdleMs: o.config.udpIdleTimeoutMs });
-    if (o.tenants && !o.dryRun && !o.once) {
-      const tables = new NftTenantTables({ nft: this.nft, ledger: o.tenants, log: o.log, reservedMark: 1 << o.config.nftables.masqueradeBit, changed: (key) => this.otherChanged(key) });
-      if (o.tenants.attach(tables)) this.tenantTables = tables;
-      else o.log.info("tenants' content is written by another backend of this node");
-    }
+    this.tenantTables = nftTenantTables({ ...o, nft: this.nft, reservedMark: 1 << o.config.nftables.masqueradeBit, changed: (key) => this.otherChanged(key) });
     if (!o.dryRun && (o.watch ?? !o.once)) {
       const families = new Set([...this.fam.values()].map((st) => (st.names.table === 'ip' ? NFPROTO_IPV4 : NFPROTO_IPV6)));
       const tenants = this.tenantTables;
@@ -279,7 +274,7 @@ export class NftProxier extends ProxierBase {
 
   protected async apply(req: ApplyRequest): Promise<{ changes: number }> {
     // tenants' keys go to the tenants' tables, the Services' to kpng's own
-    const own = this.tenantTables ? { ...req, keys: req.keys.filter((k) => tenantOfKey(k) === undefined) } : req;
+    const own = this.tenantTables ? { ...req, keys: serviceKeys(req.keys) } : req;
     const r = await this.applyTables(own, req.keys);
     if (!this.localhost && req.full && !req.check && !this.o.dryRun && this.ownNft) await removeLocalhostTable(this.nft, this.o.nftPath);
     if (this.localhost && !req.check) {
@@ -297,8 +292,7 @@ export class NftProxier extends ProxierBase {
     const t0 = Date.now();
     if (req.full && !req.check) await this.adopt();
     const keys = this.nodeKeys(req.keys);
-    await this.tenantTables?.prepare(allKeys);
-    const tenants = this.tenantTables?.render({ keys: allKeys, full: req.full, check: req.check }, (k) => this.isHeldBack(k));
+    const tenants = await this.tenantTables?.sync({ keys: allKeys, full: req.full, check: req.check }, (k) => this.isHeldBack(k));
     const fresh = req.full && !req.check && !this.o.dryRun && [...this.fam.values()].every((st) => st.committedChains.size === 0);
     if (fresh && keys.length > this.chunk) {
       const r = await this.freshLoad(keys);
@@ -376,7 +370,7 @@ export class NftProxier extends ProxierBase {
 
   override async close(): Promise<void> {
     await super.close();
-    if (this.tenantTables) this.o.tenants?.detach(this.tenantTables);
+    this.tenantTables?.close();
     await this.localhost?.close();
     this.watch?.close();
     if (this.ownNft) this.nft.close();
@@ -564,8 +558,7 @@ export class NftProxier extends ProxierBase {
 
   /** a tenant's content the kernel refuses: the tenant goes back to its last good content */
   protected override onRefused(key: string, why: string): boolean {
-    const name = tenantOfKey(key);
-    return name !== undefined && !!this.tenantTables && !!this.o.tenants?.refused(name, why);
+    return !!this.tenantTables?.refused(key, why);
   }
 
   /** a full sync failed and no Service was to blame: the next one builds the tables again */

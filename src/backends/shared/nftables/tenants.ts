@@ -53,6 +53,22 @@ export interface NftTenantTablesOptions {
   readonly changed: (key: string) => void;
 }
 
+/**
+ * The tenants' tables of an nftables backend, when the node agent has
+ * tenants and no other backend of its stream writes them (not for a dry
+ * run or --once, which take no tenants).
+ */
+export function nftTenantTables(o: Omit<NftTenantTablesOptions, 'ledger'> & { readonly tenants?: TenantLedger; readonly dryRun?: boolean; readonly once?: boolean }): NftTenantTables | undefined {
+  if (!o.tenants || o.dryRun || o.once) return undefined;
+  const tables = new NftTenantTables({ ...o, ledger: o.tenants });
+  if (o.tenants.attach(tables)) return tables;
+  o.log.info("tenants' content is written by another backend of this node");
+  return undefined;
+}
+
+/** The keys of a sync that are the Services' (the others are tenants'). */
+export const serviceKeys = (keys: readonly string[]): string[] => keys.filter((k) => tenantOfKey(k) === undefined);
+
 /** The tenants' part of an nftables backend's syncs. */
 export class NftTenantTables implements TenantDataplane {
   readonly family = 'nftables' as const;
@@ -118,7 +134,7 @@ export class NftTenantTables implements TenantDataplane {
    * was unknown at the last read-back (a kpng restarted while they were
    * away) are read now, so that declaring what the kernel holds writes nothing.
    */
-  async prepare(keys: readonly string[]): Promise<void> {
+  private async prepare(keys: readonly string[]): Promise<void> {
     if (!this.unlisted.size) return;
     for (const k of keys) {
       const name = tenantOfKey(k);
@@ -135,6 +151,27 @@ export class NftTenantTables implements TenantDataplane {
     let m = this.committed.get(tenant);
     if (!m) this.committed.set(tenant, (m = new Map()));
     m.set(`${family} ${name}`, fromListing(doc));
+  }
+
+  /**
+   * The tenants' part of a sync (after the backend read the kernel back in
+   * a full one, adopt): the tables of tenants it carries that were not read
+   * yet are read, then render.
+   */
+  async sync(req: { keys: readonly string[]; full: boolean; check: boolean }, heldBack: (key: string) => boolean): Promise<{ tx: Transaction; commit(): void }> {
+    await this.prepare(req.keys);
+    return this.render(req, heldBack);
+  }
+
+  /** ProxierBase.onRefused: a tenant's key the kernel refuses puts the tenant back to its last good content */
+  refused(key: string, why: string): boolean {
+    const name = tenantOfKey(key);
+    return name !== undefined && this.o.ledger.refused(name, why);
+  }
+
+  /** the backend stops: the tenants' tables stay, nobody writes them until another backend attaches */
+  close(): void {
+    this.o.ledger.detach(this);
   }
 
   /**
