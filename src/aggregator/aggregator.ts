@@ -208,9 +208,8 @@ export class Aggregator implements TenantLedger {
       const found = declaredSet(t.tables, ch.family, ch.table, ch.set);
       if (!found) throw new TenantError(`${where}: no such set or map declared`);
       const id = setId(found.table.family, found.table.kernelName, found.set.name);
-      const regular = new Set([...found.table.chains.values()].filter((x) => !x.hook).map((x) => x.name));
       const deletes = ch.delete.map((k) => elementKey(k, found.set, where));
-      const adds = ch.add.map((e) => element(e, found.set, { regular }, where));
+      const adds = ch.add.map((e) => element(e, found.set, found.table, where));
       const present = (k: string) => seen.get(`${id}\0${k}`) ?? t.has(id, k);
       for (const k of deletes) {
         if (present(k)) projected--;

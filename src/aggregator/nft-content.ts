@@ -75,6 +75,8 @@ export interface TenantNftTable {
   readonly kernelName: string;
   readonly chains: ReadonlyMap<string, TenantNftChain>;
   readonly sets: ReadonlyMap<string, TenantNftSet>;
+  /** its regular chains (what jumps and verdict maps may reach) */
+  readonly regular: ReadonlySet<string>;
 }
 
 /** An element in the form nft lists it. */
@@ -176,7 +178,7 @@ function nftTable(t: NftTable, p: NftPolicy, elements: ElementsBySet): TenantNft
     const id = setId(family, kernelName, set.name);
     elements.set(id, elementMap(s.elements, set, scope, `${where} set ${set.name}`));
   }
-  return { family, name: t.name, kernelName, chains, sets };
+  return { family, name: t.name, kernelName, chains, sets, regular: scope.regular };
 }
 
 function nftChain(c: NftChain, p: NftPolicy, scope: Scope): TenantNftChain {
