@@ -357,8 +357,9 @@ export class TenantSession {
         case 'elements':
           return this.agg.changeElements(t, r.value, this.pending(req.id));
         case 'unregister':
+          this.agg.unregister(t, this.pending(req.id));
           this.unregistering = true;
-          return this.agg.unregister(t, this.pending(req.id));
+          return;
         default:
           throw new TenantError('an empty request');
       }

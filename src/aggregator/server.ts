@@ -72,8 +72,8 @@ export async function startTenantServer(o: { address: string; aggregator: Aggreg
   }
   o.log.info({ socket: o.address }, 'tenant API: serving');
   return {
+    /** after the aggregator ended its sessions (Aggregator.close) */
     async stop() {
-      o.aggregator.close();
       await new Promise<void>((resolve) => {
         const timer = setTimeout(() => (server.forceShutdown(), resolve()), 1000);
         server.tryShutdown(() => (clearTimeout(timer), resolve()));

@@ -188,8 +188,8 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
     cancelTrim();
     unsubscribe();
     // tenants' sessions end first; their content stays in the kernel, as kpng's own
-    await tenantServer?.stop();
     tenants?.close();
+    await tenantServer?.stop();
     await b.close();
   }
 }
