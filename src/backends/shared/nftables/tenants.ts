@@ -146,7 +146,14 @@ export class NftTenantTables implements TenantDataplane {
   }
 
   private async readBack(tenant: string, family: NftFamily, name: string): Promise<void> {
-    const doc = await this.o.nft.listJson?.(family, name);
+    let doc: unknown;
+    try {
+      doc = await this.o.nft.listJson?.(family, name);
+    } catch (e) {
+      // not known: the next write makes it whole
+      this.o.log.warn({ tenant, table: `${family} ${name}`, err: (e as Error).message }, `tenant ${tenant}: its table ${family} ${name} could not be read back; it is written whole`);
+      return;
+    }
     if (doc === undefined) return;
     let m = this.committed.get(tenant);
     if (!m) this.committed.set(tenant, (m = new Map()));
@@ -200,9 +207,21 @@ export class NftTenantTables implements TenantDataplane {
       if (carried.has(name)) this.o.ledger.take(name);
       const t = this.o.ledger.tenant(name);
       if (!t?.known) continue;
-      const before = elements.elementCount + structure.ops.length + removals.ops.length;
-      const commit = this.renderTenant(t, req.full, now, { structure, elements, removals });
-      const changes = elements.elementCount + structure.ops.length + removals.ops.length - before;
+      // its own part first: a tenant that cannot be rendered leaves nothing behind
+      const mine = { structure: new Transaction(), elements: new Transaction(), removals: new Transaction() };
+      let commit: () => void;
+      try {
+        commit = this.renderTenant(t, req.full, now, mine);
+      } catch (e) {
+        // one tenant's content never stops the others' sync
+        this.o.log.error({ tenant: name, err: (e as Error).message }, `tenant ${name}: its content could not be rendered; left out`);
+        if (!req.check) this.o.ledger.refused(name, `kpng could not render it: ${(e as Error).message}`);
+        continue;
+      }
+      const changes = mine.elements.elementCount + mine.structure.ops.length + mine.removals.ops.length;
+      structure.append(mine.structure);
+      elements.append(mine.elements);
+      removals.append(mine.removals);
       commits.push(() => {
         commit();
         this.o.ledger.applied(name, changes);
@@ -222,11 +241,10 @@ export class NftTenantTables implements TenantDataplane {
       const id = `${table.family} ${table.kernelName}`;
       const ref = refOf(table);
       let c = before.get(id);
-      if (c && needsRebuild(table, c)) {
-        tx.structure.add({ kind: 'table', ...ref }).delete({ kind: 'table', ...ref });
-        c = undefined;
-      }
+      if (c && needsRebuild(table, c)) c = undefined;
       if (!c) {
+        // made whole: whatever the kernel has of it goes first (one being rebuilt, one a failed read-back did not see)
+        tx.structure.add({ kind: 'table', ...ref }).delete({ kind: 'table', ...ref });
         writeTable(tx.structure, tx.elements, table, (sid) => t.desired.elements.get(sid));
         const fresh = committedOf(table, t, now);
         after.set(id, fresh);
