@@ -11,7 +11,7 @@ import { Outcome, type TenantList, type TenantRequest, type ChangeElements, type
 import { allowanceOf, type AggregatorConfig } from './config.js';
 import type { DeclaredContent, TenantDataplane, TenantLedger } from './dataplane.js';
 import { tenantNameProblem } from './names.js';
-import { declareNft, element, elementKey, setId, TenantError, type NftDeclaration, type NftPolicy, type TenantElement } from './nft-content.js';
+import { declareNft, element, elementKey, nameHint, setId, TenantError, type NftDeclaration, type NftPolicy, type TenantElement } from './nft-content.js';
 import { declaredSet, Tenant, type PendingRequest } from './tenant.js';
 import { forgetTenantMetrics, tenantMetrics } from './metrics.js';
 
@@ -188,7 +188,7 @@ export class Aggregator implements TenantLedger {
       try {
         await dp.check(t.name, content);
       } catch (e) {
-        throw new TenantError(`the kernel refuses it: ${(e as Error).message}`);
+        throw new TenantError(`the kernel refuses it: ${nameHint(decl, (e as Error).message)}`);
       }
     }
     t.stageDeclaration(decl, req);

@@ -127,6 +127,20 @@ export const tagOfComment = (comment: string | undefined): string => (comment?.s
 export const chainDigest = (hook: string, tags: readonly string[]): string => digestOf(hook, ...tags);
 export const hookText = (h: NftBaseHook | undefined): string => (h ? `${h.type} ${h.hook} ${h.priority} ${h.policy}` : '');
 
+/**
+ * The kernel's check refused a declaration: nft cannot take some words as
+ * names (drop, counter, fwd, ... depending on its version) and says only
+ * "syntax error, unexpected drop": name the chain or set it is.
+ */
+export function nameHint(d: NftDeclaration, message: string): string {
+  const m = /unexpected ([A-Za-z][A-Za-z0-9_-]*), expecting string/.exec(message);
+  if (!m) return message;
+  for (const t of d.tables.values()) {
+    if (t.chains.has(m[1]!) || t.sets.has(m[1]!)) return `${m[1]} (in table ${t.family} ${t.name}) is a word nft reserves: give the chain or set another name. ${message}`;
+  }
+  return message;
+}
+
 /** Checks a Declare's nftables content against the tenant's policy; throws TenantError with what is wrong. */
 export function declareNft(content: NftablesContent, p: NftPolicy): NftDeclaration {
   if (content.tables.length > p.quotas.tables) throw new TenantError(`quota: ${content.tables.length} tables, at most ${p.quotas.tables} for tenant ${p.tenant}`);

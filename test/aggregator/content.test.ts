@@ -7,7 +7,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { NftablesContentSchema } from '../../src/api/gen/kpng/aggregator/v1/aggregator_pb.js';
-import { declareNft, TenantError, type NftPolicy } from '../../src/aggregator/nft-content.js';
+import { declareNft, nameHint, TenantError, type NftPolicy } from '../../src/aggregator/nft-content.js';
 import { kernelTableName, tenantOfTable } from '../../src/aggregator/names.js';
 import { DEFAULT_QUOTAS } from '../../src/aggregator/config.js';
 
@@ -120,4 +120,11 @@ test('a chain is identified by its hook and its rules (the digest a read-back is
   const c = declare(withRules('drop')).tables.get('inet filter')!.chains.get('post')!;
   assert.equal(a.digest, b.digest);
   assert.notEqual(a.digest, c.digest);
+});
+
+test("a name nft reserves is named in the kernel's refusal", () => {
+  const d = declare({ tables: [{ family: 'inet', name: 't', chains: [{ name: 'fwd' }] }] });
+  const nft = 'nft -c -f - failed (exit 1): Error: syntax error, unexpected fwd, expecting string (line 3: add chain inet kpng.netpol.t fwd)';
+  assert.match(nameHint(d, nft), /^fwd \(in table inet t\) is a word nft reserves: give the chain or set another name\. nft -c/);
+  assert.equal(nameHint(d, 'Error: Could not process rule: No such file or directory'), 'Error: Could not process rule: No such file or directory');
 });

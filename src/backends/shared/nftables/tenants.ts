@@ -232,54 +232,32 @@ export class NftTenantTables implements TenantDataplane {
     return { tx: structure.append(elements).append(removals), commit: () => commits.forEach((c) => c()) };
   }
 
-  /** Renders one tenant's differences; returns what records them as committed. */
+  /**
+   * Renders one tenant's differences; returns what records them as
+   * committed. While its structure is as committed, only the sets whose
+   * elements changed are looked at: an element change costs its elements.
+   */
   private renderTenant(t: Tenant, full: boolean, now: number, tx: { structure: Transaction; elements: Transaction; removals: Transaction }): () => void {
     const before = this.committed.get(t.name) ?? new Map<string, CommittedTable>();
     const after = new Map<string, CommittedTable>();
-    const elementCommits: (() => void)[] = [];
+    const commits: (() => void)[] = [];
+    const structural = full || t.desired.structureChanged;
     for (const table of t.desired.tables.values()) {
       const id = `${table.family} ${table.kernelName}`;
       const ref = refOf(table);
       let c = before.get(id);
-      if (c && needsRebuild(table, c)) c = undefined;
+      if (c && structural && needsRebuild(table, c)) c = undefined;
       if (!c) {
         // made whole: whatever the kernel has of it goes first (one being rebuilt, one a failed read-back did not see)
         tx.structure.add({ kind: 'table', ...ref }).delete({ kind: 'table', ...ref });
         writeTable(tx.structure, tx.elements, table, (sid) => t.desired.elements.get(sid));
-        const fresh = committedOf(table, t, now);
-        after.set(id, fresh);
+        after.set(id, committedOf(table, t, now));
         continue;
       }
       after.set(id, c);
-      const changedChains: string[] = [];
-      for (const s of table.sets.values()) if (!c.sets.has(s.name)) tx.structure.add({ kind: s.kind, table: ref, name: s.name, body: s.body });
-      for (const ch of table.chains.values()) {
-        const have = c.chains.get(ch.name);
-        if (have?.digest === ch.digest) continue;
-        if (!have) tx.structure.add({ kind: 'chain', table: ref, name: ch.name, hook: hookDeclaration(ch) });
-        changedChains.push(ch.name);
-      }
-      for (const name of changedChains) {
-        const ch = table.chains.get(name)!;
-        if (c.chains.has(name)) tx.structure.flush({ kind: 'chain', table: ref, name });
-        for (const rule of ch.rules) tx.structure.add({ kind: 'rule', table: ref, chain: name, rule });
-      }
-      for (const s of table.sets.values()) elementCommits.push(this.renderElements(t, table, s, c, full || !before.has(id), now, tx.elements));
-      // no longer declared: chains (flushed first: they may jump to each other), then sets
-      const goneChains = [...c.chains.keys()].filter((n) => !table.chains.has(n));
-      for (const name of goneChains) tx.removals.flush({ kind: 'chain', table: ref, name });
-      for (const name of goneChains) tx.removals.delete({ kind: 'chain', table: ref, name });
-      const goneSets = [...c.sets.keys()].filter((n) => !table.sets.has(n));
-      for (const name of goneSets) tx.removals.delete({ kind: 'set', table: ref, name, body: '' });
-      elementCommits.push(() => {
-        for (const name of changedChains) {
-          const ch = table.chains.get(name)!;
-          c!.chains.set(name, { digest: ch.digest, hook: hookText(ch.hook) });
-        }
-        for (const name of goneChains) c!.chains.delete(name);
-        for (const s of table.sets.values()) c!.sets.set(s.name, s.tag);
-        for (const name of goneSets) (c!.sets.delete(name), c!.elements.delete(name), c!.expires.delete(name));
-      });
+      if (structural) commits.push(renderStructure(table, c, tx));
+      const sets = structural ? [...table.sets.values()] : touchedSets(table, t.desired.touched);
+      for (const s of sets) commits.push(this.renderElements(t, table, s, c, full, now, tx.elements));
     }
     for (const id of before.keys()) {
       if (after.has(id)) continue;
@@ -287,7 +265,7 @@ export class NftTenantTables implements TenantDataplane {
       tx.removals.delete({ kind: 'table', family, name });
     }
     return () => {
-      for (const c of elementCommits) c();
+      for (const c of commits) c();
       t.desired.touched.clear();
       t.desired.structureChanged = false;
       if (after.size) this.committed.set(t.name, after);
@@ -355,6 +333,49 @@ function needsRebuild(t: TenantNftTable, c: CommittedTable): boolean {
     if (have && have.hook !== hookText(ch.hook)) return true;
   }
   return false;
+}
+
+/** A committed table's sets, chains and rules against the declared ones; returns what records them as committed. */
+function renderStructure(table: TenantNftTable, c: CommittedTable, tx: { structure: Transaction; removals: Transaction }): () => void {
+  const ref = refOf(table);
+  const changedChains: string[] = [];
+  for (const s of table.sets.values()) if (!c.sets.has(s.name)) tx.structure.add({ kind: s.kind, table: ref, name: s.name, body: s.body });
+  for (const ch of table.chains.values()) {
+    const have = c.chains.get(ch.name);
+    if (have?.digest === ch.digest) continue;
+    if (!have) tx.structure.add({ kind: 'chain', table: ref, name: ch.name, hook: hookDeclaration(ch) });
+    changedChains.push(ch.name);
+  }
+  for (const name of changedChains) {
+    if (c.chains.has(name)) tx.structure.flush({ kind: 'chain', table: ref, name });
+    for (const rule of table.chains.get(name)!.rules) tx.structure.add({ kind: 'rule', table: ref, chain: name, rule });
+  }
+  // no longer declared: chains (flushed first: they may jump to each other), then sets
+  const goneChains = [...c.chains.keys()].filter((n) => !table.chains.has(n));
+  for (const name of goneChains) tx.removals.flush({ kind: 'chain', table: ref, name });
+  for (const name of goneChains) tx.removals.delete({ kind: 'chain', table: ref, name });
+  const goneSets = [...c.sets.keys()].filter((n) => !table.sets.has(n));
+  for (const name of goneSets) tx.removals.delete({ kind: 'set', table: ref, name, body: '' });
+  return () => {
+    for (const name of changedChains) {
+      const ch = table.chains.get(name)!;
+      c.chains.set(name, { digest: ch.digest, hook: hookText(ch.hook) });
+    }
+    for (const name of goneChains) c.chains.delete(name);
+    for (const s of table.sets.values()) c.sets.set(s.name, s.tag);
+    for (const name of goneSets) (c.sets.delete(name), c.elements.delete(name), c.expires.delete(name));
+  };
+}
+
+/** the sets of a table whose elements changed since the last commit */
+function touchedSets(table: TenantNftTable, touched: ReadonlyMap<string, unknown>): TenantNftSet[] {
+  const prefix = `${table.family} ${table.kernelName} `;
+  const out: TenantNftSet[] = [];
+  for (const id of touched.keys()) {
+    const s = id.startsWith(prefix) ? table.sets.get(id.slice(prefix.length)) : undefined;
+    if (s) out.push(s);
+  }
+  return out;
 }
 
 /** A whole table: declared, with its sets, chains, rules and elements. */
