@@ -187,7 +187,7 @@ export class NftTenantTables implements TenantDataplane {
    * the kernel refuses); commit() records it as applied and answers the
    * tenants' requests.
    */
-  render(req: { keys: readonly string[]; full: boolean; check: boolean }, heldBack: (key: string) => boolean): { tx: Transaction; commit(): void } {
+  private render(req: { keys: readonly string[]; full: boolean; check: boolean }, heldBack: (key: string) => boolean): { tx: Transaction; commit(): void } {
     const structure = new Transaction();
     const elements = new Transaction();
     const removals = new Transaction();
