@@ -11,7 +11,7 @@ const TABLE_NAME = /^[a-z][a-z0-9_-]{0,31}$/;
 /** chains, sets and maps inside a tenant's table */
 const OBJECT_NAME = /^[A-Za-z][A-Za-z0-9_-]{0,63}$/;
 
-export const TENANT_TABLE_PREFIX = 'kpng.';
+const TENANT_TABLE_PREFIX = 'kpng.';
 const TENANT_KEY_PREFIX = 'tenant:';
 
 export function tenantNameProblem(name: string): string | undefined {

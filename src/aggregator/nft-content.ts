@@ -22,7 +22,7 @@ import type { NftablesContent, NftElement, NftSet, NftTable, NftChain } from '..
 import { kernelTableName, objectNameProblem, tableNameProblem } from './names.js';
 
 export type NftFamily = 'inet' | 'ip' | 'ip6';
-export const NFT_FAMILIES: readonly NftFamily[] = ['inet', 'ip', 'ip6'];
+const NFT_FAMILIES: readonly NftFamily[] = ['inet', 'ip', 'ip6'];
 export const HOOKS = ['prerouting', 'input', 'forward', 'output', 'postrouting'] as const;
 export type HookName = (typeof HOOKS)[number];
 
@@ -92,7 +92,7 @@ export interface TenantElement {
 export type ElementsBySet = Map<string, Map<string, TenantElement>>;
 
 export const setId = (family: NftFamily, kernelTable: string, set: string): string => `${family} ${kernelTable} ${set}`;
-export const tableId = (family: string, name: string): string => `${family} ${name}`;
+const tableId = (family: string, name: string): string => `${family} ${name}`;
 
 export interface Quotas {
   readonly tables: number;
@@ -233,7 +233,7 @@ interface Scope {
 }
 
 /** Checks a rule's text; returns it with its whitespace made single spaces. */
-export function ruleText(raw: string, where: string, scope: Scope): string {
+function ruleText(raw: string, where: string, scope: Scope): string {
   const text = raw.trim().replace(/[ \t]+/g, ' ');
   if (!text) throw new TenantError(`${where}: empty`);
   if (text.length > 4096) throw new TenantError(`${where}: longer than 4096 characters`);
@@ -356,7 +356,7 @@ function nftSet(s: NftSet, table: string): TenantNftSet {
   };
 }
 
-export function elementMap(list: readonly NftElement[], set: TenantNftSet, scope: Pick<Scope, 'regular'>, where: string): Map<string, TenantElement> {
+function elementMap(list: readonly NftElement[], set: TenantNftSet, scope: Pick<Scope, 'regular'>, where: string): Map<string, TenantElement> {
   const out = new Map<string, TenantElement>();
   for (const e of list) {
     const el = element(e, set, scope, where);

@@ -14,7 +14,7 @@
 // - kpng get tenants, the metrics and kpng trace show the tenants.
 import { it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describeOutcome, type Outcome } from '../../src/lab/index.js';
@@ -153,7 +153,8 @@ await describeBackends(
       assert.doesNotMatch(kl.kpng!.stderr, /sync failed; the last good rules stay in place/);
     });
 
-    it('the allow-list and quotas refuse, saying why', async () => {
+    it('the tenant socket is for root only; the allow-list and quotas refuse, saying why', async () => {
+      assert.equal(statSync(join(dir, 'rules.sock')).mode & 0o777, 0o600);
       await assert.rejects(TenantClient.connect(socket, 'stranger'), /allow-list: tenant stranger is not allowed on this node/);
       const netpol = clients[0]!;
       const pre = await netpol.declare({ nftables: { tables: [{ family: 'inet', name: 'x', chains: [{ name: 'c', hook: { hook: 'prerouting', priority: 0 } }] }] } });
