@@ -19,7 +19,7 @@ export interface PendingRequest {
   readonly id: bigint;
   /** when kpng received it (the change-duration metric's start) */
   readonly at: number;
-  /** set by the session: undefined once it is gone (the change still goes on) */
+  /** how its tenant is answered (none for kpng's own: the removal at the grace's end); a gone session ignores it */
   readonly answer?: (outcome: 'applied' | 'refused', detail: { error?: string; changes?: number }) => void;
   /** an Unregister, or the grace running out: the tenant is forgotten once it is applied */
   readonly removal?: boolean;
@@ -109,7 +109,7 @@ export class Tenant {
     this.stagedRequests.push(req);
   }
 
-  /** Element changes (checked): deletes, then adds, per change; quotas counted by the caller through elementDelta. */
+  /** Element changes (checked, within the quota the caller counted with has()): deletes, then adds, per change. */
   stageElements(changes: readonly { id: string; deletes: readonly string[]; adds: readonly TenantElement[] }[], req: PendingRequest): void {
     for (const c of changes) {
       const o = this.overlay(c.id, false);
