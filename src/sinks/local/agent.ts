@@ -16,6 +16,7 @@ import { metrics } from '../../runtime/metrics.js';
 import { TRIM_AFTER_BURST_MS, trimMemory } from '../../runtime/memory.js';
 import type { TenantFlags } from '../../aggregator/defaults.js';
 import type { Aggregator } from '../../aggregator/aggregator.js';
+import type { ServerCall } from '../../api/grpc/h2-server.js';
 
 export interface NodeAgentOptions {
   /** one backend, or several on the same stream (each gets every op) */
@@ -32,8 +33,8 @@ export interface NodeAgentOptions {
   readonly packEndpoints?: boolean;
   /** the tenant API's flags (none, or --once: no tenants) */
   readonly tenants?: TenantFlags;
-  /** feeds the ops to sink until the signal aborts (or the backend is done, with --once); tenants: for the state socket */
-  feed(sink: LocalSink, signal: AbortSignal, backend: StartedBackend, tenants: Aggregator | undefined): Promise<void>;
+  /** feeds the ops to sink until the signal aborts (or the backend is done, with --once); stateRoutes: more for its state socket to serve (the tenants' status) */
+  feed(sink: LocalSink, signal: AbortSignal, backend: StartedBackend, stateRoutes: ReadonlyMap<string, (call: ServerCall) => void>): Promise<void>;
 }
 
 const SLASH = 47;
@@ -158,7 +159,9 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
   const tenants = await startTenants(o);
   const b = await startBackends(o.backends, o.log, o.signal, { packEndpoints: o.packEndpoints, tenants });
   // once the backends are there: a tenant's first request finds its writer
-  const tenantServer = tenants && (await import('../../aggregator/server.js').then(({ startTenantServer }) => startTenantServer({ address: o.tenants!.socket, aggregator: tenants, log: o.log })));
+  const server = tenants && (await import('../../aggregator/server.js'));
+  const tenantServer = tenants && (await server!.startTenantServer({ address: o.tenants!.socket, aggregator: tenants, log: o.log }));
+  const stateRoutes = new Map(tenants ? [server!.tenantListMethod(tenants)] : []);
   const stop = new AbortController();
   const onAbort = () => stop.abort();
   o.signal.addEventListener('abort', onAbort, { once: true });
@@ -182,7 +185,7 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
     },
   };
   try {
-    await o.feed(sink, stop.signal, b, tenants);
+    await o.feed(sink, stop.signal, b, stateRoutes);
   } finally {
     o.signal.removeEventListener('abort', onAbort);
     cancelTrim();

@@ -39,12 +39,11 @@ registerSink({
         signal: ctx.signal,
         changedAt: (k) => since.get(k),
         tenants: tenantFlags(opts),
-        async feed(sink, signal, b, tenants) {
+        async feed(sink, signal, b, routes) {
           ctx.log.info({ node: b.nodeName, backends: backends.map((x) => x.name).join(',') }, 'to-local: starting');
           const diff = new LocalDiff(ctx.store, ctx.views, b.nodeName, { sets: b.sets, viewsWhileListing: true });
           // a one-shot run (--once) has nothing to serve for long
           const once = backends.some((x) => x.opts.once);
-          const routes = tenants ? new Map([(await import('../../aggregator/server.js')).tenantListMethod(tenants)]) : undefined;
           const state = once ? undefined : await startStateSocket({ address: opts.stateSocket, store: ctx.store, views: ctx.views, log: ctx.log, defaultNode: b.nodeName, routes });
           const onAbort = () => diff.close();
           signal.addEventListener('abort', onAbort, { once: true });

@@ -201,14 +201,13 @@ export async function runLocal(localOpts: Record<string, any>, backends: readonl
     // the reset filter holds the endpoints' bytes; nothing here keeps them decoded
     packEndpoints: true,
     tenants: tenantFlags(localOpts),
-    async feed(sink, stop, b, tenants) {
+    async feed(sink, stop, b, routes) {
       log.info({ node: b.nodeName, backends: backends.map((x) => x.name).join(','), api: localOpts.api }, 'local: starting');
       // what the backend gets, served read-only for kpng get; the mirror
       // answers from the reset filter's state, which learns what the backend took
       let mirror!: NodeStateMirror;
       const quiet = new QuietResyncSink((held) => new ValidatingSink(held.backend((mirror = new NodeStateMirror(held)).wrap(sink)), log));
       const once = backends.some((x) => x.opts.once);
-      const routes = tenants ? new Map([(await import('../../aggregator/server.js')).tenantListMethod(tenants)]) : undefined;
       const served = once ? undefined : await serveMirror(localOpts.stateSocket ?? '', b.nodeName, mirror, log, routes);
       try {
         await watchLocalApi(
