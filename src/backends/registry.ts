@@ -9,6 +9,7 @@ import type { LocalSink } from '../diff/ops.js';
 import type { LocalSet } from '../api/model.js';
 import type { KubeProxyConfiguration } from './shared/config.js';
 import type { SyncResult } from './shared/runner.js';
+import type { TenantLedger } from '../aggregator/dataplane.js';
 
 /** How a backend tells the process (health, metrics) what each sync did, whoever asked for it. */
 export type SyncReporter = (r: SyncResult) => void;
@@ -22,6 +23,8 @@ export interface BackendContext {
   readonly report: SyncReporter;
   /** nothing before the backend keeps the node's endpoints decoded (kpng local): a proxier keeps them encoded */
   readonly packEndpoints?: boolean;
+  /** the node agent's tenants (src/aggregator): an nftables backend writes their content in its syncs */
+  readonly tenants?: TenantLedger;
 }
 
 export interface BackendInstance {

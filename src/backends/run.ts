@@ -93,7 +93,7 @@ export function startBackend(name: string, opts: Record<string, any>, log: Logge
   return startBackends([{ name, opts }], log, signal);
 }
 
-export async function startBackends(specs: readonly BackendSpec[], log: Logger, signal: AbortSignal, context: Pick<BackendContext, 'packEndpoints'> = {}): Promise<StartedBackend> {
+export async function startBackends(specs: readonly BackendSpec[], log: Logger, signal: AbortSignal, context: Pick<BackendContext, 'packEndpoints' | 'tenants'> = {}): Promise<StartedBackend> {
   if (!specs.length) throw new Error('no backend');
   const defs = specs.map((s) => {
     const def = getBackend(s.name);

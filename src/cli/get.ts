@@ -4,10 +4,23 @@ import { existsSync } from 'node:fs';
 import { Option, type Command } from 'commander';
 import { registerCommand } from './commands.js';
 import { ipSetAll } from '../api/model.js';
+import { yaml } from '../runtime/lazy.js';
 import { addClientTLSOptions, clientTLSFromOpts } from '../api/grpc/tls.js';
 import { DEFAULT_BRAIN_SOCKET, DEFAULT_NODE_SOCKET } from '../sinks/api/defaults.js';
 
-const KINDS: Record<string, 'services' | 'endpoints' | 'nodes'> = { services: 'services', service: 'services', svc: 'services', endpoints: 'endpoints', endpoint: 'endpoints', ep: 'endpoints', nodes: 'nodes', node: 'nodes', no: 'nodes' };
+const KINDS: Record<string, 'services' | 'endpoints' | 'nodes' | 'tenants'> = {
+  services: 'services',
+  service: 'services',
+  svc: 'services',
+  endpoints: 'endpoints',
+  endpoint: 'endpoints',
+  ep: 'endpoints',
+  nodes: 'nodes',
+  node: 'nodes',
+  no: 'nodes',
+  tenants: 'tenants',
+  tenant: 'tenants',
+};
 
 const HELP = `
 Asks a running kpng (its state socket: a node agent's ${DEFAULT_NODE_SOCKET.slice(7)}, else a
@@ -18,6 +31,9 @@ brain's ${DEFAULT_BRAIN_SOCKET.slice(7)}; or --socket, or a brain's API with --a
   endpoints   every endpoint of the Services with its conditions, hints and, on a node,
               whether internal and external traffic use it and why
   nodes       the Nodes kpng knows
+  tenants     a node agent's tenants (other agents whose packet-filter rules kpng writes,
+              docs/aggregator.md): their tables, chains, rules, sets, elements, last
+              change and last error; -o wide: their base chains by hook and priority
 A node agent answers for its own node; a brain for the node named with --node (without
 it, no per-node reasons). A split-mode agent (kpng local) knows only the endpoints its
 node was sent: why others are left out, its brain tells (--api BRAIN --node NODE).
@@ -26,6 +42,7 @@ Examples:
   kpng get services
   kpng get services web -n demo -o wide
   kpng get endpoints --api unix:///run/kpng/kpng.sock --node node-b -o json
+  kpng get tenants -o wide
 `;
 
 /** The state socket asked by default: a node agent's, else a brain's (the node agent's when neither is there). */
@@ -37,8 +54,8 @@ export function defaultSocket(): string {
 registerCommand((program, run) => {
   const cmd = program
     .command('get')
-    .description('show what a running kpng knows: get services|endpoints|nodes [NAME] (kubectl-style)')
-    .argument('<kind>', 'services, endpoints or nodes')
+    .description('show what a running kpng knows: get services|endpoints|nodes|tenants [NAME] (kubectl-style)')
+    .argument('<kind>', 'services, endpoints, nodes or tenants')
     .argument('[name]', 'only this one')
     .option('-n, --namespace <namespace>', 'only this namespace')
     .option('--node <name>', 'explain for this node (default: the node agent\'s own)')
@@ -57,13 +74,22 @@ registerCommand((program, run) => {
       ]);
       const kind = KINDS[kindArg.toLowerCase()];
       try {
-        if (!kind) throw new GetError(`unknown kind ${JSON.stringify(kindArg)}: services, endpoints or nodes`);
+        if (!kind) throw new GetError(`unknown kind ${JSON.stringify(kindArg)}: services, endpoints, nodes or tenants`);
         if (o.socket && o.api) throw new GetError('give --socket or --api, not both');
         const address = o.api ?? (o.socket ? (o.socket.startsWith('unix:') ? o.socket : `unix://${o.socket}`) : defaultSocket());
-        const state = await fetchState(address, clientTLSFromOpts(o), o.node);
-        const node = state.node;
         const format = o.output ?? 'table';
         const style = process.stdout.isTTY ? terminal : plain;
+        if (kind === 'tenants') {
+          const { fetchTenants, tenantsTable } = await import('../get/tenants.js');
+          const { dataplane, tenants } = await fetchTenants(address, clientTLSFromOpts(o));
+          const items = tenants.filter((t) => !name || t.name === name);
+          if (name && !items.length) throw new GetError(`tenant ${name} not found`);
+          const doc = { kind: 'TenantList', dataplane, items };
+          console.log(format === 'json' ? JSON.stringify(doc, null, 2) : format === 'yaml' ? yaml().stringify(doc) : tenantsTable(items, style, format === 'wide'));
+          return;
+        }
+        const state = await fetchState(address, clientTLSFromOpts(o), o.node);
+        const node = state.node;
         if (kind === 'nodes') {
           // a kpng local node agent knows its own node only
           const nodes = state.local ? (node ? [{ name: node.Name, zone: node.Zone, ips: ipSetAll(node.IPs), podCIDRs: [...node.PodCIDRs], deleting: node.Deleting, labels: { ...node.Labels } }] : []).filter((n) => !name || n.name === name) : nodesOf(state, name);

@@ -4,6 +4,7 @@ import { addBackendCommands } from '../backends/run.js';
 import { registerCommand } from './commands.js';
 import { DEFAULT_NODE_SOCKET, STATE_SOCKET_HELP } from '../sinks/api/defaults.js';
 import { addApiClientOptions } from '../api/grpc/client-options.js';
+import { addTenantFlags } from '../aggregator/defaults.js';
 
 registerCommand((program, run) => {
   const lc = program
@@ -14,6 +15,7 @@ registerCommand((program, run) => {
     .option('--no-resume', 'after a reconnect, ask for the full state instead of sending what this node holds')
     .option('--state-socket <address>', STATE_SOCKET_HELP, DEFAULT_NODE_SOCKET);
   addApiClientOptions(lc);
+  addTenantFlags(lc);
   // the client, the reset filter and the mirror load when the command runs
   addBackendCommands(lc, (backends) =>
     run(async (log, signal) => {

@@ -3,9 +3,10 @@
 // `iptables-save` for to-iptables, and the kernel's local addresses.
 import { execFile } from 'node:child_process';
 import { canonicalIP, ipFamily } from '../api/ip.js';
-import { LocalAddresses, summarize, walk, type Packet, type Proto, type TraceResult } from './packet.js';
+import { LocalAddresses, summarize, walk, type Hook, type Packet, type Proto, type TraceResult } from './packet.js';
 import { NftTable, runNftHook } from './nft.js';
 import { IptablesRules, runIptablesHook } from './iptables.js';
+import { formatHookChains, hookChains, type HookChains } from './hooks.js';
 
 export type { Packet, TraceResult, Step, EndpointChoice, Verdict } from './packet.js';
 export { NftTable } from './nft.js';
@@ -81,24 +82,30 @@ export async function readRules(p: Packet, r: TraceRequest, exec: Exec): Promise
   throw new TraceError(`no kpng rules on this node for IPv${p.family}: ${tried.join('; ')}`);
 }
 
-/** Traces one packet over the rules on the node exec runs on. */
-export async function trace(r: TraceRequest, exec: Exec = localExec): Promise<TraceResult & { source: string }> {
+export type { HookChains, HookChain } from './hooks.js';
+
+/** Traces one packet over the rules on the node exec runs on; hooks: every table's base chains at the hooks it passed (kpng's, its tenants', others'). */
+export async function trace(r: TraceRequest, exec: Exec = localExec): Promise<TraceResult & { source: string; hooks?: HookChains[] }> {
   const p = packetOf(r);
   const rules = await readRules(p, r, exec);
   const routes = await exec(['ip', '-j', p.family === 4 ? '-4' : '-6', 'route', 'show', 'table', 'local']);
   if (routes.code !== 0) throw new TraceError(`ip route show table local: ${routes.stderr.trim()}`);
   const local = LocalAddresses.fromRoutes(routes.stdout);
   const unknown: string[] = [];
-  const { origin, branches } = walk(p, local, (hook, b, { natDone }) =>
-    rules.backend === 'nft' ? runNftHook(rules.table, p, local, unknown, hook, b, natDone) : runIptablesHook(rules.rules, p, local, unknown, hook, b, natDone),
-  );
-  return { ...summarize(rules.backend, p, origin, branches, unknown), source: rules.source };
+  const passed: Hook[] = [];
+  const { origin, branches } = walk(p, local, (hook, b, { natDone }) => {
+    if (!passed.includes(hook)) passed.push(hook);
+    return rules.backend === 'nft' ? runNftHook(rules.table, p, local, unknown, hook, b, natDone) : runIptablesHook(rules.rules, p, local, unknown, hook, b, natDone);
+  });
+  const chains = await exec(['nft', '-j', 'list', 'chains']);
+  const hooks = chains.code === 0 ? hookChains(chains.stdout, p.family, passed) : undefined;
+  return { ...summarize(rules.backend, p, origin, branches, unknown), source: rules.source, ...(hooks ? { hooks } : {}) };
 }
 
 const pct = (x: number) => `${(Math.round(x * 1000) / 10).toString()}%`;
 
 /** The trace for people: the packet, each rule it met, the verdict and why. */
-export function formatTrace(t: TraceResult & { source?: string }): string {
+export function formatTrace(t: TraceResult & { source?: string; hooks?: HookChains[] }): string {
   const p = t.packet;
   const hp = (ip: string, port: number) => (ip.includes(':') ? `[${ip}]:${port}` : `${ip}:${port}`);
   const out: string[] = [];
@@ -123,6 +130,8 @@ export function formatTrace(t: TraceResult & { source?: string }): string {
   }
   out.push(`why:     ${t.reasons.join(';\n         ')}`);
   if (t.unknown.length) out.push('', 'unknown rules (taken as not matching; the verdict may be wrong):', ...t.unknown.map((u) => `  ${u}`));
+  // only when another table hooks in too: kpng's own chains alone are the path above
+  if (t.hooks?.some((h) => h.chains.some((c) => c.owner !== 'kpng'))) out.push('', ...formatHookChains(t.hooks));
   return out.join('\n');
 }
 

@@ -18,6 +18,7 @@ const RANKS: Record<string, number> = {
   sources: 4,
   localstate: 4,
   diff: 5,
+  aggregator: 5,
   backends: 6,
   sinks: 7,
   get: 7,

@@ -106,14 +106,15 @@ export async function describeBackends<B extends LabBackend = HostBackend>(title
  * (While the file source has no --node-name, the flag goes to the backend,
  * which has it; known once backendLabUnsupported or kpngCapabilities ran.)
  */
-export function kpngArgs(b: LabBackend, state: string, node: string, config: string, opts: { once?: boolean; pre?: string[]; extra?: string[] } = {}): string[] {
+export function kpngArgs(b: LabBackend, state: string, node: string, config: string, opts: { once?: boolean; pre?: string[]; extra?: string[]; local?: string[] } = {}): string[] {
   const backend = b.name === 'iptables' ? ['to-iptables', '--iptables-mode', b.mode] : b.name === 'ebpf+nft' ? ['to-ebpf', '--cgroup-path', b.cgroupPath, '--bpffs', b.bpffs] : [`to-${b.name}`];
   // to-ebpf's flags, then to-nft beside it with the same configuration
   const beside = b.name === 'ebpf+nft' ? ['to-nft', '--config', config] : [];
   const tail = ['--config', config, ...(opts.once ? ['--once'] : []), ...(opts.extra ?? []), ...beside];
+  const local = ['to-local', ...(opts.local ?? [])];
   return caps?.fileNodeName
-    ? [...(opts.pre ?? []), 'file', '--input', state, '--node-name', node, 'to-local', ...backend, ...tail]
-    : [...(opts.pre ?? []), 'file', '--input', state, 'to-local', ...backend, '--node-name', node, ...tail];
+    ? [...(opts.pre ?? []), 'file', '--input', state, '--node-name', node, ...local, ...backend, ...tail]
+    : [...(opts.pre ?? []), 'file', '--input', state, ...local, ...backend, '--node-name', node, ...tail];
 }
 
 export function list(items: Obj[]): Obj {
@@ -199,8 +200,8 @@ export class KpngLab {
     renameSync(tmp, join(this.statePath, 'state.json'));
   }
 
-  /** Starts kpng following the state directory (pre: global options such as --log-level; extra: after the backend's). */
-  start(opts: { pre?: string[]; extra?: string[] } = {}): KpngProcess {
+  /** Starts kpng following the state directory (pre: global options such as --log-level; local: to-local's flags; extra: after the backend's). */
+  start(opts: { pre?: string[]; extra?: string[]; local?: string[] } = {}): KpngProcess {
     this.kpng = this.lab.startKpng(kpngArgs(this.backend, this.statePath, this.lab.nodeName, this.configPath, opts));
     return this.kpng;
   }
@@ -209,7 +210,7 @@ export class KpngLab {
    * Starts kpng and waits until probe is answered by an endpoint, not by the
    * world (a ClusterIP not programmed yet is routed there); throws if never.
    */
-  async startAndWait(probe: () => Promise<Outcome>, opts: { pre?: string[]; extra?: string[]; timeoutMs?: number } = {}): Promise<KpngProcess> {
+  async startAndWait(probe: () => Promise<Outcome>, opts: { pre?: string[]; extra?: string[]; local?: string[]; timeoutMs?: number } = {}): Promise<KpngProcess> {
     const kpng = this.start(opts);
     const ready = await pollUntil(probe, (o) => o.kind === 'answered' && o.by !== 'world', opts.timeoutMs ?? 20_000);
     if (!ready.ok) throw new Error(`kpng never programmed the Service: ${describeOutcome(ready.value)}\n${kpng.stderr.slice(-3000)}`);

@@ -23,6 +23,7 @@ import { ElementTable, type Element } from '../shared/nftables/elements.js';
 import { ProcessNft, SessionNft, type Nft } from '../shared/nftables/nft.js';
 import { Transaction, type TableRef } from '../shared/nftables/transaction.js';
 import { nftDrift, type DriftSource } from '../shared/nftables/watch.js';
+import { nftTenantTables, serviceKeys, type NftTenantTables } from '../shared/nftables/tenants.js';
 import { metrics } from '../../runtime/metrics.js';
 import { FLAG_PERSISTENT, FLAG_SCHED1, FLAG_SCHED2, Ipvs, rsKey, vsKey, type IpvsError, type IpvsOp, type RealServer, type VirtualServer } from './ipvs.js';
 import { ToolNode, type IpvsNode } from './node.js';
@@ -89,6 +90,8 @@ export class IpvsProxier extends ProxierBase {
   private readonly nft: Nft;
   private readonly host: IpvsNode;
   private readonly watch?: DriftSource;
+  /** the node's tenants' tables, written in the same transactions as kpng's table (when this backend is their writer) */
+  private readonly tenantTables?: NftTenantTables;
   private started = false;
   private readonly families: Family[];
   private readonly owners = new Map<string, OwnerState>();
@@ -136,14 +139,17 @@ export class IpvsProxier extends ProxierBase {
       return p;
     });
     this.nft = o.nft ?? (!o.dryRun && (o.session ?? !o.once) ? new SessionNft({ path: o.nftPath, onFallback: (m) => this.warnOnce('nft session', m) }) : new ProcessNft({ path: o.nftPath }));
+    this.tenantTables = nftTenantTables({ ...o, nft: this.nft, reservedMark: 1 << o.config.iptables.masqueradeBit, changed: (key) => this.otherChanged(key) });
     if (!o.dryRun && !o.once && o.watch !== false) {
       const fams = new Set<number>(this.families.map((f) => (f === 4 ? 2 : 10)));
-      this.watch = nftDrift(this.nft, { ours: (e) => e.table === TABLE && fams.has(e.family), netns: o.netns, log: o.log });
+      const tenants = this.tenantTables;
+      this.watch = nftDrift(this.nft, { ours: (e) => (e.table === TABLE && fams.has(e.family)) || !!tenants?.ours(e), netns: o.netns, log: o.log });
     }
   }
 
   override async close(): Promise<void> {
     await super.close();
+    this.tenantTables?.close();
     this.watch?.close();
     this.nft.close();
     this.ipvs?.close();
@@ -379,9 +385,12 @@ export class IpvsProxier extends ProxierBase {
     await this.start();
     const found = req.full && !req.check ? await this.adopt() : undefined;
     if (req.full) this.localAddresses = undefined;
-    this.recompute(this.nodeKeys(req.keys), !req.check);
+    this.recompute(this.nodeKeys(this.tenantTables ? serviceKeys(req.keys) : req.keys), !req.check);
     if (found) this.adoptServers(found);
     const tx = this.render(req.full || req.check || !this.structureKnown || this.nodeDirty);
+    // the tenants' tables in the same transaction
+    const tenants = await this.tenantTables?.sync(req, (k) => this.isHeldBack(k));
+    if (tenants) tx.tx.append(tenants.tx);
     const { ops, owners } = this.operations(req.full && !req.check);
     if (req.check) {
       // IPVS cannot check without applying: what it refused in the last sync is what it refuses
@@ -404,6 +413,7 @@ export class IpvsProxier extends ProxierBase {
     const t1 = Date.now();
     await this.nft.run(tx.tx);
     tx.commit();
+    tenants?.commit();
     this.structureKnown = true;
     const t2 = Date.now();
     const results = this.ipvs!.apply(ops);
@@ -519,6 +529,7 @@ export class IpvsProxier extends ProxierBase {
   private async adopt(): Promise<VirtualServer[]> {
     this.watch?.start();
     this.structureKnown = false;
+    await this.tenantTables?.adopt();
     this.boundAddresses = this.o.dryRun ? new Set() : await this.readAddresses();
     for (const f of this.families) {
       const listing = this.o.dryRun ? undefined : await this.nft.list(FAMILIES[f].table, TABLE);
@@ -575,6 +586,11 @@ export class IpvsProxier extends ProxierBase {
     const c = this.o.config;
     const local = detectLocal(c, this.node, f.family, (m) => this.warnOnce(`detect-local-${f.family}`, m));
     return { mark: `0x${(1 << c.iptables.masqueradeBit).toString(16)}`, masqueradeAll: c.iptables.masqueradeAll, ...podSourceMatches(local, f.ip) };
+  }
+
+  /** a tenant's content the kernel refuses: the tenant goes back to its last good content */
+  protected override onRefused(key: string, why: string): boolean {
+    return !!this.tenantTables?.refused(key, why);
   }
 
   /** the periodic check: nftables' events for the table, IPVS's virtual servers and kube-ipvs0's addresses against what kpng committed; drains real servers */

@@ -24,6 +24,7 @@ import { TABLE, FAMILIES, BASE_CHAINS, setDeclarationList, staticChains, lbChain
 import { ProcessNft, SessionNft, type Nft } from '../shared/nftables/nft.js';
 import { Transaction, type TableRef } from '../shared/nftables/transaction.js';
 import { nftDrift, type DriftSource } from '../shared/nftables/watch.js';
+import { nftTenantTables, serviceKeys, type NftTenantTables } from '../shared/nftables/tenants.js';
 import { availableParallelism } from 'node:os';
 import { LocalhostNodePorts, localhostNodePortFamilies, removeLocalhostTable, LOCALHOST_TABLE } from '../shared/userspace/localhost.js';
 
@@ -96,6 +97,8 @@ export class NftProxier extends ProxierBase {
   private readonly watch?: DriftSource;
   /** 127.0.0.1 / ::1 NodePorts through the userspace proxy (KEP-6032), when the configuration asks */
   private readonly localhost?: LocalhostNodePorts;
+  /** the node's tenants' tables, written in the same transactions (when this backend is their writer) */
+  private readonly tenantTables?: NftTenantTables;
   /** the table as committed includes the header (table, sets, fixed chains) */
   private structureKnown = false;
   readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, repairs: 0, lastElementChanges: 0, lastTransactionBytes: 0, lastVia: '' };
@@ -137,9 +140,11 @@ export class NftProxier extends ProxierBase {
     );
     const lhFamilies = localhostNodePortFamilies(o.config).filter((f) => this.fam.has(f));
     if (lhFamilies.length && !o.dryRun) this.localhost = new LocalhostNodePorts({ log: o.log, nft: new ProcessNft({ path: o.nftPath }), families: lhFamilies, udpIdleMs: o.config.udpIdleTimeoutMs });
+    this.tenantTables = nftTenantTables({ ...o, nft: this.nft, reservedMark: 1 << o.config.nftables.masqueradeBit, changed: (key) => this.otherChanged(key) });
     if (!o.dryRun && (o.watch ?? !o.once)) {
       const families = new Set([...this.fam.values()].map((st) => (st.names.table === 'ip' ? NFPROTO_IPV4 : NFPROTO_IPV6)));
-      this.watch = nftDrift(this.nft, { ours: (e) => e.table === TABLE && families.has(e.family), netns: o.netns, log: o.log });
+      const tenants = this.tenantTables;
+      this.watch = nftDrift(this.nft, { ours: (e) => (e.table === TABLE && families.has(e.family)) || !!tenants?.ours(e), netns: o.netns, log: o.log });
     }
   }
 
@@ -269,10 +274,12 @@ export class NftProxier extends ProxierBase {
   // --- applying
 
   protected async apply(req: ApplyRequest): Promise<{ changes: number }> {
-    const r = await this.applyTables(req);
+    // tenants' keys go to the tenants' tables, the Services' to kpng's own
+    const own = this.tenantTables ? { ...req, keys: serviceKeys(req.keys) } : req;
+    const r = await this.applyTables(own, req.keys);
     if (!this.localhost && req.full && !req.check && !this.o.dryRun && this.ownNft) await removeLocalhostTable(this.nft, this.o.nftPath);
     if (this.localhost && !req.check) {
-      for (const key of req.keys) {
+      for (const key of own.keys) {
         const svc = this.serviceOf(key);
         this.localhost.set(key, svc ? this.localhost.families.flatMap((f) => servicePorts(svc, this.endpointsOf(key), f)) : []);
       }
@@ -281,15 +288,19 @@ export class NftProxier extends ProxierBase {
     return r;
   }
 
-  private async applyTables(req: ApplyRequest): Promise<{ changes: number }> {
+  /** kpng's tables for req.keys (the Services' keys), the tenants' for allKeys (theirs among them) */
+  private async applyTables(req: ApplyRequest, allKeys: readonly string[]): Promise<{ changes: number }> {
     const t0 = Date.now();
     if (req.full && !req.check) await this.adopt();
     const keys = this.nodeKeys(req.keys);
+    const tenants = await this.tenantTables?.sync({ keys: allKeys, full: req.full, check: req.check }, (k) => this.isHeldBack(k));
     const fresh = req.full && !req.check && !this.o.dryRun && [...this.fam.values()].every((st) => st.committedChains.size === 0);
     if (fresh && keys.length > this.chunk) {
       const r = await this.freshLoad(keys);
       this.stats.lastVia = 'chunks';
       this.warmUp(keys[0]);
+      // a cold start's chunks are kpng's alone; the tenants' tables come right after
+      if (tenants) (await this.transact(tenants.tx), tenants.commit());
       return this.done(r, true, t0);
     }
     this.recompute(keys, !req.check);
@@ -297,6 +308,7 @@ export class NftProxier extends ProxierBase {
     // a check must stand on its own: with the table's declarations, in case the table is not there
     const header = req.check || req.full || !this.structureKnown;
     const tx = this.render({ header, baseChains: header, elements: true });
+    if (tenants) tx.tx.append(tenants.tx);
     const text = tx.tx.render();
     if (!req.check) {
       metrics.stageDuration.observe({ stage: 'compute' }, (computed - t0) / 1000);
@@ -314,6 +326,7 @@ export class NftProxier extends ProxierBase {
     }
     if (req.check) return { changes: tx.tx.elementCount };
     tx.commit();
+    tenants?.commit();
     if (header) this.structureKnown = true;
     this.stats.lastVia = 'transaction';
     if (req.full && !this.o.dryRun) await this.deleteUnusedChains();
@@ -358,6 +371,7 @@ export class NftProxier extends ProxierBase {
 
   override async close(): Promise<void> {
     await super.close();
+    this.tenantTables?.close();
     await this.localhost?.close();
     this.watch?.close();
     if (this.ownNft) this.nft.close();
@@ -442,6 +456,7 @@ export class NftProxier extends ProxierBase {
   private async adopt(): Promise<void> {
     this.watch?.start();
     this.structureKnown = false;
+    await this.tenantTables?.adopt();
     for (const st of this.fam.values()) {
       const listing = this.o.dryRun || st.rebuild ? undefined : await this.nft.list(st.table.family, TABLE);
       if (!listing) {
@@ -540,6 +555,11 @@ export class NftProxier extends ProxierBase {
         this.o.log.debug({ err: (e as Error).message }, 'nft: unused chains stay for now');
       }
     }
+  }
+
+  /** a tenant's content the kernel refuses: the tenant goes back to its last good content */
+  protected override onRefused(key: string, why: string): boolean {
+    return !!this.tenantTables?.refused(key, why);
   }
 
   /** a full sync failed and no Service was to blame: the next one builds the tables again */

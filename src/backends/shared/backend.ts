@@ -8,6 +8,7 @@ import { DecoderSink } from '../../diff/decoder.js';
 import type { BackendContext, BackendInstance } from '../registry.js';
 import type { KubeProxyConfiguration } from './config.js';
 import type { ProxierBase, ProxierBaseOptions } from './proxier.js';
+import type { TenantLedger } from '../../aggregator/dataplane.js';
 
 /** What a dataplane proxier is told, whatever its dataplane. */
 export interface DataplaneOptions extends ProxierBaseOptions {
@@ -20,6 +21,8 @@ export interface DataplaneOptions extends ProxierBaseOptions {
   readonly watch?: boolean;
   /** the network namespace the dataplane is in, when not this process's (tests: a name under /run/netns) */
   readonly netns?: string;
+  /** the node's tenants (src/aggregator), whose content a backend that can writes beside its own */
+  readonly tenants?: TenantLedger;
 }
 
 /** --dry-run (what it prints), --conntrack-path, --no-health-checks */
@@ -42,6 +45,7 @@ export function dataplaneOptions(opts: Record<string, any>, ctx: BackendContext)
     healthChecks: opts.healthChecks,
     report: ctx.report,
     packEndpoints: ctx.packEndpoints,
+    tenants: ctx.tenants,
   };
 }
 

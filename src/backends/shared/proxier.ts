@@ -101,6 +101,8 @@ export abstract class ProxierBase implements DecoderHandler {
   /** the next sync reads the dataplane back first */
   private needFull = true;
   private synced = false;
+  /** the diff stream gave its first whole state: a change from elsewhere (otherChanged) may start a sync */
+  private streamSynced = false;
   private readonly runner: SyncRunner;
   private readonly warned = new Set<string>();
   // kept as services change, never recomputed over the whole cluster
@@ -143,6 +145,13 @@ export abstract class ProxierBase implements DecoderHandler {
 
   /** told when a sync failed for good (after the read-back and the search for a Service to blame) */
   protected onSyncFailed?(full: boolean): void;
+
+  /**
+   * told when the dataplane refuses a key that is not a Service's (a
+   * tenant's, see otherChanged): true when the backend shows its last good
+   * version from now on, so it is neither held back nor logged as a Service
+   */
+  protected onRefused?(key: string, why: string): boolean;
 
   // --- the diff stream
 
@@ -204,6 +213,7 @@ export abstract class ProxierBase implements DecoderHandler {
 
   /** Applies everything received so far; resolves with what the sync did (with --once, throws if it failed). */
   async sync(): Promise<SyncResult> {
+    this.streamSynced = true;
     const r = await this.runner.request();
     if (this.base.once && !r.ok) throw new Error(r.error);
     return r;
@@ -249,6 +259,18 @@ export abstract class ProxierBase implements DecoderHandler {
   /** true while a Service is shown at its last applied version (held back: refused, or during the search for what is) */
   protected isHeldBack(key: string): boolean {
     return this.held.has(key);
+  }
+
+  /**
+   * Something that is not a Service changed (a tenant's content, by its key
+   * from src/aggregator): the next sync carries the key, isolated like a
+   * Service's; it starts now (within minSyncPeriod), or once the diff
+   * stream gave its first state (a sync before that would program a partial
+   * node).
+   */
+  protected otherChanged(key: string): void {
+    this.changing(key);
+    if (this.streamSynced && !this.closed) this.runner.request().catch(() => {});
   }
 
   /** the next sync reads the dataplane back (a backend that lost track of it) */
@@ -302,26 +324,29 @@ export abstract class ProxierBase implements DecoderHandler {
     const recompute = new Set<string>();
     const hold = (list: readonly string[]) => list.forEach((k) => (this.held.add(k), recompute.add(k)));
     const release = (list: readonly string[]) => list.forEach((k) => (this.held.delete(k), recompute.add(k)));
-    const check = async () => {
+    /** a check-only transaction of what changed since the last one: undefined when the dataplane takes it, else its error */
+    const check = async (): Promise<unknown> => {
       const toggled = [...recompute];
       recompute.clear();
       return this.apply({ keys: toggled, full: false, check: true }).then(
-        () => true,
-        () => false,
+        () => undefined,
+        (e: unknown) => e ?? new Error('refused'),
       );
     };
     // with every change held back, is the dataplane still refused? then it is not a Service's fault
     hold(keys);
-    if (!keys.length || !(await check())) {
+    if (!keys.length || (await check()) !== undefined) {
       release(keys);
       return this.failed(reason, true, t0, error);
     }
-    const bad: string[] = [];
+    /** the keys refused, each with the error of the check that found it (the dataplane's own message) */
+    const bad: [string, unknown][] = [];
     const search = async (list: readonly string[]): Promise<void> => {
       release(list);
-      if (await check()) return;
+      const refused = await check();
+      if (refused === undefined) return;
       hold(list);
-      if (list.length === 1) return void bad.push(list[0]);
+      if (list.length === 1) return void bad.push([list[0], refused]);
       const half = list.length >> 1;
       await search(list.slice(0, half));
       await search(list.slice(half));
@@ -329,9 +354,16 @@ export abstract class ProxierBase implements DecoderHandler {
     await search(keys);
     // none to blame (refused only together, or it passed this time): everything, once more
     if (!bad.length) release(keys);
-    const why = errorText(error);
-    for (const k of bad) {
+    const refusedHere: string[] = [];
+    for (const [k, e] of bad) {
+      const why = errorText(e);
+      // the backend shows its last good version now: nothing to hold
+      if (this.onRefused?.(k, why)) {
+        release([k]);
+        continue;
+      }
       this.refused.set(k, why);
+      refusedHere.push(k);
       this.base.log.error({ service: k, err: why }, `skipping Service ${k}: the dataplane refuses it; its last applied version stays (none if it was never applied) until it changes`);
     }
     const flowsBefore = this.pendingFlows.length;
@@ -340,7 +372,7 @@ export abstract class ProxierBase implements DecoderHandler {
       return await this.succeeded(reason, true, t0, r.changes);
     } catch (e) {
       this.pendingFlows.length = flowsBefore;
-      for (const k of bad) this.refused.delete(k);
+      for (const k of refusedHere) this.refused.delete(k);
       release(keys);
       return this.failed(reason, true, t0, e);
     }

@@ -14,6 +14,8 @@ import { detectLocal, nodePortAddresses } from '../shared/node-facts.js';
 import { ProcessNft, type Nft } from '../shared/nftables/nft.js';
 import { UserspaceEngine, type ListenerSpec } from '../shared/userspace/engine.js';
 import { redirectTransaction, type RedirectRules } from '../shared/userspace/redirect.js';
+import { nftTenantTables, serviceKeys, type NftTenantTables } from '../shared/nftables/tenants.js';
+import { nftDrift, type DriftSource } from '../shared/nftables/watch.js';
 
 export const TABLE = 'kpng-userspace';
 
@@ -49,11 +51,17 @@ export class UserspaceProxier extends ProxierBase {
   private readonly families: readonly Family[];
   private readonly plans = new Map<string, PortPlan[]>();
   private podCIDRs: { 4: ReturnType<typeof parseCIDR>[]; 6: ReturnType<typeof parseCIDR>[] } = { 4: [], 6: [] };
+  /** the node's tenants' tables, written in the same transactions as kpng's table (when this backend is their writer) */
+  private readonly tenantTables?: NftTenantTables;
+  /** their drift: nftables' change events (kpng's own table is checked by listing it) */
+  private readonly tenantWatch?: DriftSource;
 
   constructor(private readonly o: UserspaceProxierOptions) {
     super(o, { minSyncPeriodMs: o.config.nftables.minSyncPeriodMs, syncPeriodMs: o.config.nftables.syncPeriodMs });
     this.nft = o.nft ?? new ProcessNft({ path: o.nftPath });
     this.families = o.families ?? [4, 6];
+    const tenants = (this.tenantTables = nftTenantTables({ ...o, nft: this.nft, reservedMark: 1 << o.config.nftables.masqueradeBit, changed: (key) => this.otherChanged(key) }));
+    if (tenants && o.watch !== false) this.tenantWatch = nftDrift(this.nft, { ours: (e) => tenants.ours(e), netns: o.netns, log: o.log });
     this.engine = new UserspaceEngine({
       log: o.log,
       udpIdleMs: o.udpIdleMs ?? o.config.udpIdleTimeoutMs,
@@ -67,6 +75,8 @@ export class UserspaceProxier extends ProxierBase {
 
   override async close(): Promise<void> {
     await super.close();
+    this.tenantTables?.close();
+    this.tenantWatch?.close();
     await this.engine.close();
     this.nft.close();
   }
@@ -182,9 +192,14 @@ export class UserspaceProxier extends ProxierBase {
         this.podCIDRs[f] = d?.kind === 'cidrs' ? d.cidrs.map(parseCIDR) : [];
       }
     }
-    this.trackServices(req.keys);
+    if (req.full && !req.check && this.tenantTables) {
+      this.tenantWatch?.start();
+      await this.tenantTables.adopt();
+    }
+    const services = this.tenantTables ? serviceKeys(req.keys) : req.keys;
+    this.trackServices(services);
     // a source range covering the node changes with the node's IPs
-    const keys = new Set(req.keys);
+    const keys = new Set(services);
     if (this.nodeDirty) for (const [k, svc] of this.services) if (svc.IPFilters.length) keys.add(k);
     // the plans follow what was asked, applied or not: a failed sync is retried with the same keys,
     // and isolation's checks give only the Services they toggled
@@ -198,13 +213,24 @@ export class UserspaceProxier extends ProxierBase {
       this.stats.listeners = this.engine.stats.listeners;
     }
     const tx = redirectTransaction(TABLE, this.rules(), this.families);
+    // the tenants' tables in the same transaction
+    const tenants = await this.tenantTables?.sync(req, (k) => this.isHeldBack(k));
+    if (tenants) tx.append(tenants.tx);
     if (this.o.dryRun) {
       if (!req.check) (this.o.out ?? process.stdout).write(tx.render());
     } else await this.nft.run(tx, { check: req.check });
+    if (!req.check) tenants?.commit();
     return { changes: req.keys.length };
   }
 
+  /** a tenant's content the kernel refuses: the tenant goes back to its last good content */
+  protected override onRefused(key: string, why: string): boolean {
+    return !!this.tenantTables?.refused(key, why);
+  }
+
   protected override async checkDrift(): Promise<string | undefined> {
+    const tenants = this.tenantWatch?.check();
+    if (tenants) return tenants;
     const listing = await this.nft.list('inet', TABLE);
     if (!listing) return `the table inet ${TABLE} is gone`;
     let want = 0;

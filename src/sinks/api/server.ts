@@ -9,9 +9,7 @@
 // asks, it gets one diff covering everything meanwhile. Writes wait for the
 // peer (StreamWriter), and at most a few big diffs (first syncs, mass
 // changes) are built and sent at once, so their op lists never pile up.
-import { chmodSync, lstatSync, mkdirSync, unlinkSync } from 'node:fs';
-import { connect } from 'node:net';
-import { dirname } from 'node:path';
+import { chmodSync, unlinkSync } from 'node:fs';
 import { setFlagsFromString } from 'node:v8';
 import { fromBinary } from '@bufbuild/protobuf';
 import type { Logger } from '../../runtime/log.js';
@@ -28,6 +26,7 @@ import { formatAddress, isLoopback, parseAddress, type ApiAddress } from '../../
 import { serverTLSOptions, type TLSFiles } from '../../api/grpc/tls.js';
 import { StreamWriter } from '../../api/grpc/server-stream.js';
 import { GrpcStatus, grpcFrames, StreamServer, type ServerCall } from '../../api/grpc/h2-server.js';
+import { prepareUnixSocket } from '../../api/grpc/unix-socket.js';
 import { encodeDeleteOp, encodeResumeOp, encodeSetOp, GLOBAL_SETS_HEADER, GLOBAL_WATCH_PATH, LOCAL_WATCH_PATH, RESET_FRAME, setOpFrame, SYNC_FRAME } from '../../api/grpc/wire.js';
 import { answerStatus, STATUS_PATH, type StatusReport } from '../../api/grpc/status.js';
 import { GlobalDiff, GlobalEncoder, type GlobalOp } from './global-diff.js';
@@ -71,6 +70,8 @@ export interface ApiServerOptions {
   readonly logName?: string;
   /** answers kpng status (on a unix socket only) */
   readonly status?: () => StatusReport;
+  /** more methods to serve, by path (a node agent's state socket: its tenants' status) */
+  readonly routes?: ReadonlyMap<string, (call: ServerCall) => void>;
 }
 
 type Api = 'local' | 'global';
@@ -178,24 +179,7 @@ export function tuneHeapForFanOut(heapGrowthPercent = DEFAULT_HEAP_GROWTH_PERCEN
   if (heapGrowthPercent > 0) setFlagsFromString(`--heap-growing-percent=${heapGrowthPercent}`);
 }
 
-/** Prepares a unix socket path: its directory exists, a stale socket is gone, a live one is not taken over. */
-export async function prepareUnixSocket(path: string): Promise<void> {
-  mkdirSync(dirname(path), { recursive: true, mode: 0o750 });
-  let st;
-  try {
-    st = lstatSync(path);
-  } catch {
-    return;
-  }
-  if (!st.isSocket()) throw new Error(`${path} exists and is not a socket; not removing it`);
-  const live = await new Promise<boolean>((resolve) => {
-    const s = connect(path);
-    s.once('connect', () => (s.destroy(), resolve(true)));
-    s.once('error', () => resolve(false));
-  });
-  if (live) throw new Error(`${path}: another server is listening there`);
-  unlinkSync(path);
-}
+export { prepareUnixSocket };
 
 export class ApiServer {
   readonly stats: ApiServerStats = { streams: 0, diffs: 0, messages: 0, bytes: 0 };
@@ -220,6 +204,7 @@ export class ApiServer {
     // what the process is: for whoever may open its socket (0600), not for a network listener's clients
     const status = opts.status;
     if (status && this.address.kind === 'unix') methods.set(STATUS_PATH, (call) => answerStatus(call, status));
+    for (const [path, serve] of opts.routes ?? []) methods.set(path, serve);
     this.server = new StreamServer(methods, {
       // notice nodes that vanished without closing their connection
       keepaliveMs: 60_000,

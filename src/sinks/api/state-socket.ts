@@ -11,6 +11,7 @@ import type { ServiceViews } from '../../localstate/views.js';
 import type { SinkContext } from '../registry.js';
 import type { StatusReport } from '../../api/grpc/status.js';
 import { ApiServer } from './server.js';
+import type { ServerCall } from '../../api/grpc/h2-server.js';
 
 export { DEFAULT_BRAIN_SOCKET, DEFAULT_NODE_SOCKET, STATE_SOCKET_HELP } from './defaults.js';
 
@@ -32,14 +33,14 @@ export function sourceStatus(ctx: Pick<SinkContext, 'source' | 'store'>): Status
   return ctx.source && { kind: ctx.source.name, origin: ctx.source.origin ?? '', synced: ctx.store.allSynced };
 }
 
-export async function startStateSocket(o: { address: string; store: Store; views: ServiceViews; log: Logger; defaultNode?: string; status?: () => StatusReport }): Promise<StateSocket | undefined> {
+export async function startStateSocket(o: { address: string; store: Store; views: ServiceViews; log: Logger; defaultNode?: string; status?: () => StatusReport; routes?: ReadonlyMap<string, (call: ServerCall) => void> }): Promise<StateSocket | undefined> {
   if (!o.address || o.address === 'none') return undefined;
   let server: ApiServer | undefined;
   const stop = async () => {
     await bounded(server!.stop(100), 'closing the state socket').catch((e) => o.log.info({ reason: (e as Error).message }, 'state socket: not closed cleanly'));
   };
   try {
-    server = new ApiServer({ store: o.store, views: o.views, log: o.log, listen: o.address, socketMode: 0o600, defaultNode: o.defaultNode, maxConnections: 64, logName: 'state socket', status: o.status });
+    server = new ApiServer({ store: o.store, views: o.views, log: o.log, listen: o.address, socketMode: 0o600, defaultNode: o.defaultNode, maxConnections: 64, logName: 'state socket', status: o.status, routes: o.routes });
     // it logs "state socket: serving"
     await bounded(server.start(), 'opening the state socket');
     return { stop };

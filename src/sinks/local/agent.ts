@@ -1,9 +1,11 @@
 // The node agent: runs a backend on this node's diff stream, wherever the
 // stream comes from (to-local: this process's store; `kpng local`: a brain
 // over gRPC), the same way: the backend with its health and metrics servers
-// (closed on exit), and kubeproxy_network_programming_duration_seconds for
-// each Service a diff carried once the sync that applied it succeeded (the
-// first diff, the state at start, is not a change: not timed).
+// (closed on exit), the tenant API (src/aggregator: other agents' rules,
+// written by the backend in its own syncs), and
+// kubeproxy_network_programming_duration_seconds for each Service a diff
+// carried once the sync that applied it succeeded (the first diff, the state
+// at start, is not a change: not timed).
 import type { Logger } from '../../runtime/log.js';
 import { LocalSet } from '../../api/model.js';
 import { splitEndpointPath } from '../../diff/fullstate.js';
@@ -14,6 +16,9 @@ import type { StatusReport, SyncStatus } from '../../api/grpc/status.js';
 import type { SyncResult } from '../../backends/shared/runner.js';
 import { metrics } from '../../runtime/metrics.js';
 import { TRIM_AFTER_BURST_MS, trimMemory } from '../../runtime/memory.js';
+import type { TenantFlags } from '../../aggregator/defaults.js';
+import type { Aggregator } from '../../aggregator/aggregator.js';
+import type { ServerCall } from '../../api/grpc/h2-server.js';
 
 export interface NodeAgentOptions {
   /** one backend, or several on the same stream (each gets every op) */
@@ -28,8 +33,10 @@ export interface NodeAgentOptions {
   readonly changedAt?: (serviceKey: string) => number | undefined;
   /** BackendContext.packEndpoints */
   readonly packEndpoints?: boolean;
-  /** feeds the ops to sink until the signal aborts (or the backend is done, with --once); status: the node agent's part of kpng status */
-  feed(sink: LocalSink, signal: AbortSignal, backend: StartedBackend, status: () => NodeAgentStatus): Promise<void>;
+  /** the tenant API's flags (none, or --once: no tenants) */
+  readonly tenants?: TenantFlags;
+  /** feeds the ops to sink until the signal aborts (or the backend is done, with --once); status: the node agent's part of kpng status; stateRoutes: more for its state socket to serve (the tenants' status) */
+  feed(sink: LocalSink, signal: AbortSignal, backend: StartedBackend, status: () => NodeAgentStatus, stateRoutes: ReadonlyMap<string, (call: ServerCall) => void>): Promise<void>;
 }
 
 /** What kpng status tells of a node agent: its node, its backends and their syncs, its servers. */
@@ -173,8 +180,22 @@ export class ProgrammingLatency {
   }
 }
 
+/** The aggregator and its server, when the node agent serves tenants (not with --once). */
+async function startTenants(o: NodeAgentOptions): Promise<Aggregator | undefined> {
+  if (!o.tenants?.socket || o.tenants.socket === 'none' || o.backends.some((s) => s.opts.once)) return undefined;
+  // loaded when tenants are served
+  const [{ Aggregator }, { defaultAggregatorConfig, loadAggregatorConfig }] = await Promise.all([import('../../aggregator/aggregator.js'), import('../../aggregator/config.js')]);
+  const config = o.tenants.configFile ? loadAggregatorConfig(o.tenants.configFile) : defaultAggregatorConfig();
+  return new Aggregator(config, o.log.child({ component: 'aggregator' }));
+}
+
 export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
-  const b = await startBackends(o.backends, o.log, o.signal, { packEndpoints: o.packEndpoints });
+  const tenants = await startTenants(o);
+  const b = await startBackends(o.backends, o.log, o.signal, { packEndpoints: o.packEndpoints, tenants });
+  // once the backends are there: a tenant's first request finds its writer
+  const server = tenants && (await import('../../aggregator/server.js'));
+  const tenantServer = tenants && (await server!.startTenantServer({ address: o.tenants!.socket, aggregator: tenants, log: o.log }));
+  const stateRoutes = new Map(tenants ? [server!.tenantListMethod(tenants)] : []);
   const stop = new AbortController();
   const onAbort = () => stop.abort();
   o.signal.addEventListener('abort', onAbort, { once: true });
@@ -200,11 +221,14 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
     },
   };
   try {
-    await o.feed(sink, stop.signal, b, status.report);
+    await o.feed(sink, stop.signal, b, status.report, stateRoutes);
   } finally {
     o.signal.removeEventListener('abort', onAbort);
     cancelTrim();
     unsubscribe();
+    // tenants' sessions end first; their content stays in the kernel, as kpng's own
+    tenants?.close();
+    await tenantServer?.stop();
     await b.close();
   }
 }

@@ -3,6 +3,7 @@
 import type { LocalOp } from '../../diff/ops.js';
 import { registerSink } from '../registry.js';
 import { DEFAULT_NODE_SOCKET, STATE_SOCKET_HELP } from '../api/defaults.js';
+import { addTenantFlags, tenantFlags } from '../../aggregator/defaults.js';
 
 registerSink({
   name: 'to-local',
@@ -10,6 +11,7 @@ registerSink({
   takesBackend: true,
   options(cmd) {
     cmd.option('--state-socket <address>', STATE_SOCKET_HELP, DEFAULT_NODE_SOCKET);
+    addTenantFlags(cmd);
   },
   async run(opts, ctx, backends) {
     if (!backends.length) throw new Error('to-local needs a backend: to-<backend>');
@@ -38,13 +40,14 @@ registerSink({
         log: ctx.log,
         signal: ctx.signal,
         changedAt: (k) => since.get(k),
-        async feed(sink, signal, b, agentStatus) {
+        tenants: tenantFlags(opts),
+        async feed(sink, signal, b, agentStatus, routes) {
           ctx.log.info({ node: b.nodeName, backends: backends.map((x) => x.name).join(',') }, 'to-local: starting');
           const diff = new LocalDiff(ctx.store, ctx.views, b.nodeName, { sets: b.sets, viewsWhileListing: true });
           // a one-shot run (--once) has nothing to serve for long
           const once = backends.some((x) => x.opts.once);
           const status = () => ({ ...processStatus('node', version()), source: sourceStatus(ctx), ...agentStatus() });
-          const state = once ? undefined : await startStateSocket({ address: opts.stateSocket, store: ctx.store, views: ctx.views, log: ctx.log, defaultNode: b.nodeName, status });
+          const state = once ? undefined : await startStateSocket({ address: opts.stateSocket, store: ctx.store, views: ctx.views, log: ctx.log, defaultNode: b.nodeName, status, routes });
           const onAbort = () => diff.close();
           signal.addEventListener('abort', onAbort, { once: true });
           try {

@@ -19,6 +19,7 @@ import { localWatchMethod } from '../../api/grpc/wire.js';
 import type { LocalOp, LocalSink, LocalValue } from '../../diff/ops.js';
 import type { BackendSpec } from '../../backends/run.js';
 import { runNodeAgent } from './agent.js';
+import { tenantFlags } from '../../aggregator/defaults.js';
 import { NodeStateMirror, serveMirror } from './state-mirror.js';
 import { HeldState } from './held-state.js';
 import type { Logger } from '../../runtime/log.js';
@@ -223,7 +224,8 @@ export async function runLocal(localOpts: Record<string, any>, backends: readonl
     signal,
     // the reset filter holds the endpoints' bytes; nothing here keeps them decoded
     packEndpoints: true,
-    async feed(sink, stop, b, agentStatus) {
+    tenants: tenantFlags(localOpts),
+    async feed(sink, stop, b, agentStatus, routes) {
       log.info({ node: b.nodeName, backends: backends.map((x) => x.name).join(','), api: localOpts.api }, 'local: starting');
       const brains = followBrains(localOpts.api, b.nodeName);
       const status = () => ({ ...processStatus('node', version()), brains: brains.status(), ...agentStatus() });
@@ -232,7 +234,7 @@ export async function runLocal(localOpts: Record<string, any>, backends: readonl
       let mirror!: NodeStateMirror;
       const quiet = new QuietResyncSink((held) => new ValidatingSink(held.backend((mirror = new NodeStateMirror(held)).wrap(sink)), log));
       const once = backends.some((x) => x.opts.once);
-      const served = once ? undefined : await serveMirror(localOpts.stateSocket ?? '', b.nodeName, mirror, log, status);
+      const served = once ? undefined : await serveMirror(localOpts.stateSocket ?? '', b.nodeName, mirror, log, status, routes);
       try {
         await watchLocalApi(
           {

@@ -12,7 +12,7 @@ import { LocalSet, encodeLocalNode } from '../../api/model.js';
 import { NodeSchema, WatchReqSchema, type WatchReq } from '../../api/gen/api/localv1/api_pb.js';
 import type { LocalOp, LocalSink } from '../../diff/ops.js';
 import { parseAddress } from '../../api/grpc/address.js';
-import { prepareUnixSocket } from '../api/server.js';
+import { prepareUnixSocket } from '../../api/grpc/unix-socket.js';
 import { encodeSetOp, LOCAL_WATCH_PATH, RESET_FRAME, SYNC_FRAME } from '../../api/grpc/wire.js';
 import { GrpcStatus, StreamServer, type ServerCall } from '../../api/grpc/h2-server.js';
 import { StreamWriter } from '../../api/grpc/server-stream.js';
@@ -69,7 +69,7 @@ export class NodeStateMirror {
 }
 
 /** Serves the mirror on a unix socket; undefined (one log line) when it cannot. */
-export async function serveMirror(address: string, node: string, mirror: NodeStateMirror, log: Logger, status?: () => StatusReport): Promise<{ stop(): Promise<void> } | undefined> {
+export async function serveMirror(address: string, node: string, mirror: NodeStateMirror, log: Logger, status?: () => StatusReport, routes: ReadonlyMap<string, (call: ServerCall) => void> = new Map()): Promise<{ stop(): Promise<void> } | undefined> {
   if (!address || address === 'none') return undefined;
   let path: string;
   try {
@@ -113,7 +113,7 @@ export async function serveMirror(address: string, node: string, mirror: NodeSta
     });
   };
   // no keepalive: a local socket, and kpng get's calls are short
-  const methods = new Map([[LOCAL_WATCH_PATH, serve]]);
+  const methods = new Map([[LOCAL_WATCH_PATH, serve], ...routes]);
   if (status) methods.set(STATUS_PATH, (call) => answerStatus(call, status));
   const server = new StreamServer(methods, { keepaliveMs: 0, keepaliveTimeoutMs: 0, idleMs: 5 * 60_000 });
   const listener = net.createServer((socket) => server.injectConnection(socket));

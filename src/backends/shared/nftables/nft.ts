@@ -29,6 +29,10 @@ export interface Nft {
   run(tx: Transaction | string, opts?: RunOptions): Promise<number | void>;
   /** A table as the kernel has it; undefined when it does not exist. */
   list(family: TableFamily, table: string): Promise<TableListing | undefined>;
+  /** A table as `nft -j list table` gives it (tenants' tables: their rules' comments, chains' hooks); undefined when it does not exist. */
+  listJson?(family: TableFamily, table: string): Promise<unknown>;
+  /** every table in the kernel (`nft -j list tables`) */
+  listTables?(): Promise<{ family: string; name: string }[]>;
   /** true for the pid of an nft this Nft ran: its changes to the ruleset are kpng's own */
   ownsPid(pid: number): boolean;
   /** true for the netlink port of a socket this Nft changes nftables through (its own, an nft's it ran) */
@@ -118,6 +122,11 @@ export class ProcessNft implements Nft {
   }
 
   async list(family: TableFamily, table: string): Promise<TableListing | undefined> {
+    const doc = await this.listJson(family, table);
+    return doc === undefined ? undefined : parseListing(doc);
+  }
+
+  async listJson(family: TableFamily, table: string): Promise<unknown> {
     // a node without the table (every cold start) asks no nft
     if ((await this.netlink?.hasTable(family, table).catch(() => undefined)) === false) return undefined;
     let out: string;
@@ -127,7 +136,12 @@ export class ProcessNft implements Nft {
       if (e instanceof NftError && e.isNotFound) return undefined;
       throw e;
     }
-    return parseListing(JSON.parse(out));
+    return JSON.parse(out);
+  }
+
+  async listTables(): Promise<{ family: string; name: string }[]> {
+    const doc = JSON.parse(await runNft(['-j', 'list', 'tables'], undefined, this.path, this.procOpts()));
+    return ((doc.nftables ?? []) as J[]).flatMap((o) => (o.table ? [{ family: String(o.table.family), name: String(o.table.name) }] : []));
   }
 
   ownsPid(pid: number): boolean {
@@ -307,13 +321,14 @@ export function parseListing(doc: J): TableListing {
   return { chains, sets, elements };
 }
 
-function unwrap(x: J): { val: J; comment?: string } {
-  if (x && typeof x === 'object' && 'elem' in x) return { val: x.elem.val, comment: x.elem.comment };
+/** a listed element (key) without its options: its value, comment, and timeout (seconds) */
+export function unwrap(x: J): { val: J; comment?: string; timeout?: number } {
+  if (x && typeof x === 'object' && 'elem' in x) return { val: x.elem.val, comment: x.elem.comment, timeout: x.elem.timeout };
   return { val: x };
 }
 
 /** JSON element (key or data) in the text form kpng renders */
-function atom(x: J): string {
+export function atom(x: J): string {
   if (typeof x === 'string' || typeof x === 'number') return String(x);
   if (x.concat) return (x.concat as J[]).map(atom).join(' . ');
   if (x.prefix) return `${atom(x.prefix.addr)}/${x.prefix.len}`;
@@ -322,7 +337,7 @@ function atom(x: J): string {
   return JSON.stringify(x);
 }
 
-function verdictOrData(v: J): string {
+export function verdictOrData(v: J): string {
   if (v && typeof v === 'object') {
     if (v.goto) return `goto ${v.goto.target}`;
     if (v.jump) return `jump ${v.jump.target}`;

@@ -57,6 +57,8 @@ export interface ElementData {
   readonly value: string;
   /** '' for none; already safe (see shared/comment.ts) */
   readonly comment: string;
+  /** the element's own timeout in ms (a tenant's; kpng's own elements have none) */
+  readonly timeoutMs?: number;
 }
 
 export type NftObject = Table | Chain | Rule | NftSet;
@@ -150,7 +152,7 @@ function renderOp(op: Operation, lines: string[]): void {
   if ('elements' in op) {
     const t = tableText(op.table);
     const withData = op.verb === 'add';
-    const items = op.elements.map((e) => (withData ? `${e.key}${e.comment ? ` comment "${e.comment}"` : ''}${e.value ? ` : ${e.value}` : ''}` : e.key));
+    const items = op.elements.map((e) => (withData ? `${e.key}${e.timeoutMs ? ` timeout ${e.timeoutMs}ms` : ''}${e.comment ? ` comment "${e.comment}"` : ''}${e.value ? ` : ${e.value}` : ''}` : e.key));
     for (let i = 0; i < items.length; i += ELEMENTS_PER_COMMAND) lines.push(`${op.verb} element ${t} ${op.set} { ${items.slice(i, i + ELEMENTS_PER_COMMAND).join(', ')} }`);
     return;
   }
