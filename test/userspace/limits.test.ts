@@ -29,11 +29,15 @@ const objects = (extra: Record<string, any>[] = []) => [
     ports: [
       { name: 'probe', port: 80, protocol: 'TCP', targetPort: 8080 },
       { name: 'echo', port: 81, protocol: 'TCP', targetPort: 9000 },
+      // the same server for the next case: its connections must not meet the first case's
+      // conntrack entries (TIME_WAIT, NATed to the listener of the kpng stopped since)
+      { name: 'echo-again', port: 82, protocol: 'TCP', targetPort: 9000 },
     ],
   }),
   slice('demo', 'many-1', 'many', [{ ip: '10.244.1.10', node: 'node-a' }], [
     { name: 'probe', port: 8080 },
     { name: 'echo', port: 9000 },
+    { name: 'echo-again', port: 9000 },
   ]),
   ...extra,
 ];
@@ -128,7 +132,7 @@ await describeBackends(
       try {
         const pid = k.p.pid!;
         // more clients than kpng can hold, each trickling a byte a second
-        const slow = inNs('client', PEER_FILES, [process.execPath, PEER, 'many', VIP, '81', '1500', 'trickle'], 'pipe');
+        const slow = inNs('client', PEER_FILES, [process.execPath, PEER, 'many', VIP, '82', '1500', 'trickle'], 'pipe');
         await until('the slowloris clients', () => lines(slow.out()).length > 0, 120_000);
         const got = lines(slow.out())[0];
         assert.ok(files(pid) < 1024 - 100, `kpng holds ${files(pid)} of its 1024 open files: none left for its own work`);

@@ -446,18 +446,22 @@ export class UserspaceEngine {
     const clientIP = client.remoteAddress ?? '';
     const local = this.isLocalClient(clientIP);
     const tried = new Set<string>();
+    let attempts = 0;
     const attempt = () => {
-      const t = l.pick(clientIP, local, tried);
+      // each endpoint once, then (every one tried) again with the longer timeouts, as kube-proxy's
+      // userspace proxy did: a lone endpoint that is slow to accept (its SYN lost once) gets another chance
+      const t = l.pick(clientIP, local, tried) ?? (tried.size ? l.pick(clientIP, local) : undefined);
       if (!t) {
-        userspaceMetrics.userspaceErrors.inc({ ...labels, reason: tried.size ? 'endpoint_refused' : 'no_endpoints' });
+        userspaceMetrics.userspaceErrors.inc({ ...labels, reason: 'no_endpoints' });
         // refused: the client sees a reset, as from a REJECT
         if (!client.destroyed) client.resetAndDestroy();
         return;
       }
       tried.add(tkey(t));
+      attempts++;
       const up = this.track(connect({ host: t.ip, port: t.port, allowHalfOpen: true }));
       let connected = false;
-      up.setTimeout(this.o.connectTimeoutsMs?.[tried.size - 1] ?? CONNECT_TIMEOUTS_MS[Math.min(tried.size - 1, CONNECT_TIMEOUTS_MS.length - 1)], () => {
+      up.setTimeout(this.o.connectTimeoutsMs?.[attempts - 1] ?? CONNECT_TIMEOUTS_MS[Math.min(attempts - 1, CONNECT_TIMEOUTS_MS.length - 1)], () => {
         if (!connected) up.destroy(Object.assign(new Error(`no answer from ${t.ip}:${t.port}`), { code: 'ETIMEDOUT' }));
       });
       up.once('connect', () => {
@@ -478,7 +482,7 @@ export class UserspaceEngine {
           userspaceMetrics.userspaceErrors.inc({ ...labels, reason: 'capacity' });
           return void client.resetAndDestroy();
         }
-        if (tried.size < this.attempts) attempt();
+        if (attempts < this.attempts) attempt();
         else {
           userspaceMetrics.userspaceErrors.inc({ ...labels, reason: 'endpoint_refused' });
           client.resetAndDestroy();
