@@ -4,7 +4,9 @@
 // over, one of them removed in a few map writes; kpng killed with SIGKILL
 // right after a change and started again: it adopts the pinned maps and
 // links (never a second attachment), the connection open across it keeps
-// working, and the change gets programmed; `kpng cleanup` leaves no program,
+// working, and the change gets programmed; an endpoint map too small for
+// the Service (a clear error naming the map, counted, the Service left out
+// and served by nftables); `kpng cleanup` leaves no program,
 // map, link or pin behind (bpftool, on this test's cgroup and the ids it saw).
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -129,6 +131,21 @@ describe('to-ebpf at its limits (pods in a test cgroup)', { skip: why, concurren
     } finally {
       await conn.close().catch(() => {});
     }
+  });
+
+  it('an endpoint map too small for the Service: a clear error naming the map, counted; left out, not half written, and nftables serves it', async () => {
+    await kl.kpng!.stop();
+    const k = kl.start({ pre: ['--log-level', 'debug'], extra: ['--max-endpoints', '500'] });
+    await k.until(() => /skipping Service demo\/big/.test(k.stdout + k.stderr), 'the Service left out', 30_000);
+    const line = (k.stdout + k.stderr).split('\n').find((l) => l.includes('skipping Service demo/big'))!;
+    assert.match(line, /eBPF map kpng_endpoints is full \(500 entries\): raise --max-endpoints/);
+    const script = `fetch('http://127.0.0.1:10249/metrics').then(async (r) => console.log(await r.text()))`;
+    const metrics = (await kl.lab.exec('node-a', [process.execPath, '-e', script])).stdout;
+    assert.ok(Number(/^kpng_ebpf_map_full_total\{map="endpoints"\} (\d+)/m.exec(metrics)?.[1] ?? 0) >= 1, metrics.split('\n').filter((l) => l.includes('ebpf')).join('\n'));
+    assert.match(metrics, /^kpng_sync_skipped_services 1$/m);
+    // nothing of it in the map (made again at its new size): the connection goes on untranslated, to nftables
+    const out = await burst(10);
+    assert.ok(out.every((o) => o.kind === 'answered' && o.by === 'big'), out.map(describeOutcome).join('; '));
   });
 
   it('kpng cleanup: no program, map, link or pin is left (bpftool)', async () => {
