@@ -13,9 +13,9 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { LabCgroup, labCgroupUnsupported, describeOutcome, type Outcome } from '../../src/lab/index.js';
+import { labCgroupUnsupported, describeOutcome, type LabCgroup, type Outcome } from '../../src/lab/index.js';
 import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
-import { KpngLab, backendConfig, backendLabUnsupported, pollUntil, type EbpfNftBackend } from '../helpers/lab-kpng.js';
+import { backendConfig, backendLabUnsupported, createEbpfLab, pollUntil, type EbpfLab, type EbpfNftBackend, type KpngLab } from '../helpers/lab-kpng.js';
 import { skipOrFailInCI } from '../helpers/ci.js';
 import { libbpfUnavailable } from '../../src/backends/ebpf/libbpf.js';
 
@@ -47,6 +47,7 @@ describe('to-ebpf at its limits (pods in a test cgroup)', { skip: why, concurren
   let cg: LabCgroup;
   let kl: KpngLab;
   let backend: EbpfNftBackend;
+  let lab: EbpfLab | undefined;
   const burst = (count: number) => kl.lab.burst({ from: CLIENT, to: VIP, port: 80, count });
   const endpointsSeen = (out: Outcome[]) => new Set(out.map((o) => (o.kind === 'answered' && o.by === 'big' ? o.local.split(':')[0] : o.kind)));
   const log = () => (kl.kpng ? kl.kpng.stdout + kl.kpng.stderr : '');
@@ -54,39 +55,27 @@ describe('to-ebpf at its limits (pods in a test cgroup)', { skip: why, concurren
   const attached = () => bpftool(['cgroup', 'show', cg.path]).json as { id: number; name: string }[];
 
   before(async () => {
-    cg = LabCgroup.create('ebpflim');
-    backend = { name: 'ebpf+nft', cgroupPath: cg.path, bpffs: join(cg.bpffs, 'kpng') };
-    try {
-      kl = await KpngLab.create(
-        backend,
-        {
-          tag: 'ebpflim',
-          node: { name: 'node-a', interfaces: [{ name: 'eth0', addresses: [`${NODE_IP}/24`] }] },
-          pods: [
-            { name: 'client', ips: [CLIENT] },
-            { name: 'big', ips: range(0, 2000) },
-          ],
-        },
-        state(range(0, 1000)),
-        backendConfig({ name: 'nft' }, { clusterCIDR: '10.244.0.0/16', minSyncPeriod: '0s', syncPeriod: '1s' }),
-      );
-      cg.place(kl.lab.agent('client').pid!);
-      await kl.lab.serve('big', { tcp: [8080] });
-      await kl.startAndWait(() => kl.lab.connect({ from: CLIENT, to: VIP, port: 80 }), { pre: ['--log-level', 'debug'] });
-    } catch (e) {
-      await kl?.close();
-      cg.close();
-      throw e;
-    }
+    lab = await createEbpfLab(
+      {
+        tag: 'ebpflim',
+        node: { name: 'node-a', interfaces: [{ name: 'eth0', addresses: [`${NODE_IP}/24`] }] },
+        pods: [
+          { name: 'client', ips: [CLIENT] },
+          { name: 'big', ips: range(0, 2000) },
+        ],
+      },
+      state(range(0, 1000)),
+      backendConfig({ name: 'nft' }, { clusterCIDR: '10.244.0.0/16', minSyncPeriod: '0s', syncPeriod: '1s' }),
+      async (l) => {
+        ({ kl, cg, backend } = l);
+        cg.place(kl.lab.agent('client').pid!);
+        await kl.lab.serve('big', { tcp: [8080] });
+        await kl.startAndWait(() => kl.lab.connect({ from: CLIENT, to: VIP, port: 80 }), { pre: ['--log-level', 'debug'] });
+      },
+    );
   });
 
-  after(async () => {
-    try {
-      await kl?.close();
-    } finally {
-      cg.close();
-    }
-  });
+  after(() => lab?.close());
 
   it('a Service with 1,000 endpoints: programmed, connections spread over them; one removed is a few map writes', async () => {
     const out = await burst(60);
