@@ -257,6 +257,15 @@ export async function createEbpfLab(spec: LabSpec, objects: Obj[], config: Obj, 
   }
 }
 
+/** Starts to-ebpf's kpng again (debug log) and says what it found pinned when it loaded: maps and links adopted, programs attached anew. */
+export async function restartEbpf(kl: KpngLab): Promise<{ k: KpngProcess; loaded: { adoptedMaps: number; adoptedLinks: number; attached: number } }> {
+  const k = kl.start({ pre: ['--log-level', 'debug'] });
+  await k.until(() => /eBPF programs loaded/.test(k.stdout + k.stderr), 'to-ebpf loaded');
+  const line = (k.stdout + k.stderr).split('\n').find((l) => l.includes('eBPF programs loaded'))!;
+  const n = (field: string) => Number(new RegExp(`${field}=(\\d+)`).exec(line)?.[1] ?? NaN);
+  return { k, loaded: { adoptedMaps: n('adoptedMaps'), adoptedLinks: n('adoptedLinks'), attached: n('attached') } };
+}
+
 /** Applies objects once (kpng --once, this backend) in a lab; throws with kpng's stderr on failure (or after timeoutMs). */
 export async function applyOnce(backend: LabBackend, lab: Lab, objects: Obj[], config: Obj, timeoutMs = 60_000): Promise<number> {
   const dir = mkdtempSync(join(tmpdir(), 'kpng-lab-'));

@@ -15,7 +15,7 @@ import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { labCgroupUnsupported, describeOutcome, type LabCgroup, type Outcome } from '../../src/lab/index.js';
 import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
-import { backendConfig, backendLabUnsupported, createEbpfLab, pollUntil, type EbpfLab, type EbpfNftBackend, type KpngLab } from '../helpers/lab-kpng.js';
+import { backendConfig, backendLabUnsupported, createEbpfLab, pollUntil, restartEbpf, type EbpfLab, type EbpfNftBackend, type KpngLab } from '../helpers/lab-kpng.js';
 import { skipOrFailInCI } from '../helpers/ci.js';
 import { libbpfUnavailable } from '../../src/backends/ebpf/libbpf.js';
 
@@ -106,12 +106,8 @@ describe('to-ebpf at its limits (pods in a test cgroup)', { skip: why, concurren
       assert.equal(attached().length, 8, 'the pinned links stay attached while kpng is down');
       assert.equal((await conn.send()).kind, 'answered', 'the open connection works while kpng is down');
 
-      const k = kl.start({ pre: ['--log-level', 'debug'] });
-      await k.until(() => /eBPF programs loaded/.test(k.stdout + k.stderr), 'to-ebpf loaded');
-      const line = (k.stdout + k.stderr).split('\n').find((l) => l.includes('eBPF programs loaded'))!;
-      assert.match(line, /adoptedMaps=6/);
-      assert.match(line, /adoptedLinks=8/);
-      assert.match(line, /attached=0/);
+      const { loaded } = await restartEbpf(kl);
+      assert.deepEqual(loaded, { adoptedMaps: 6, adoptedLinks: 8, attached: 0 });
       assert.equal(attached().length, 8, 'attached once, not twice');
       const moved = await pollUntil(() => burst(40), (out) => out.every((o) => o.kind === 'answered' && o.by === 'big' && Number(o.local.split('.')[2]) >= 12), 20_000);
       assert.ok(moved.ok, `the change was not programmed after the restart: ${moved.value.map(describeOutcome).slice(0, 5).join('; ')}`);

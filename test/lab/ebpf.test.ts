@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { labCgroupUnsupported, describeOutcome, type LabCgroup, type Outcome } from '../../src/lab/index.js';
 import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
-import { answeredBy, backendConfig, backendLabUnsupported, createEbpfLab, pollUntil, type EbpfLab, type EbpfNftBackend, type KpngLab } from '../helpers/lab-kpng.js';
+import { answeredBy, backendConfig, backendLabUnsupported, createEbpfLab, pollUntil, restartEbpf, type EbpfLab, type EbpfNftBackend, type KpngLab } from '../helpers/lab-kpng.js';
 import { skipOrFailInCI } from '../helpers/ci.js';
 import { unlinkSync } from 'node:fs';
 import { libbpfUnavailable, linkDetach, objGet } from '../../src/backends/ebpf/libbpf.js';
@@ -270,12 +270,8 @@ describe('to-ebpf beside to-nft (pods in a test cgroup)', { skip: why, concurren
       assert.ok(down.every(isEndpoint), down.map(describeOutcome).join('; '));
       assert.ok(counters().translated - c0.translated >= 6);
       assert.equal((await conn.send()).kind, 'answered');
-      const k = kl.start({ pre: ['--log-level', 'debug'] });
-      await k.until(() => /eBPF programs loaded/.test(k.stdout + k.stderr), 'to-ebpf loaded');
-      const line = (k.stdout + k.stderr).split('\n').find((l) => l.includes('eBPF programs loaded'))!;
-      assert.match(line, /adoptedMaps=6/);
-      assert.match(line, /adoptedLinks=8/);
-      assert.match(line, /attached=0/);
+      const { k, loaded } = await restartEbpf(kl);
+      assert.deepEqual(loaded, { adoptedMaps: 6, adoptedLinks: 8, attached: 0 });
       // the first sync read the maps back and found nothing to change
       await k.until(() => /ebpf: synced/.test(k.stdout + k.stderr), 'the first sync');
       assert.match((k.stdout + k.stderr).split('\n').find((l) => l.includes('ebpf: synced'))!, /full=true .*writes=0/, 'the restarted kpng wrote nothing');
