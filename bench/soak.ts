@@ -137,11 +137,18 @@ function rssMiB(pid: number): number {
 
 const fds = (pid: number) => readdirSync(`/proc/${pid}/fd`).length;
 
-function get(ns: string, url: string): { code: number; body: string } {
-  const r = spawnSync('ip', ['netns', 'exec', ns, 'curl', '-s', '-m', '5', '-o', '-', '-w', '\n%{http_code}', url], { encoding: 'utf8' });
-  const out = r.stdout ?? '';
-  const cut = out.lastIndexOf('\n');
-  return { code: Number(out.slice(cut + 1)) || 0, body: out.slice(0, cut) };
+/** GET inside the namespace (kpng serves on its loopback): status and body; never blocks the churn */
+function get(ns: string, url: string): Promise<{ code: number; body: string }> {
+  const script = `fetch(${JSON.stringify(url)}, { signal: AbortSignal.timeout(5000) }).then(async (r) => process.stdout.write(r.status + '\\n' + (await r.text())), () => process.stdout.write('0\\n'))`;
+  return new Promise((resolve) => {
+    const p = spawn('ip', ['netns', 'exec', ns, process.execPath, '-e', script], { stdio: ['ignore', 'pipe', 'ignore'] });
+    let out = '';
+    p.stdout!.on('data', (d) => (out += d));
+    p.on('close', () => {
+      const cut = out.indexOf('\n');
+      resolve({ code: Number(out.slice(0, cut)) || 0, body: out.slice(cut + 1) });
+    });
+  });
 }
 
 interface Sample {
@@ -184,18 +191,25 @@ export default async function (args: string[]) {
     const exited = new Promise<never>((_, reject) => p.on('exit', (code) => reject(new Error(`kpng exited (${code}) during the soak:\n${stderr}`))));
     // ip netns exec execs kpng: the same pid
     const pid = p.pid!;
-    const scrape = () => parseMetrics(get(ns, `http://${METRICS}/metrics`).body);
+    const scrape = async () => parseMetrics((await get(ns, `http://${METRICS}/metrics`)).body);
     const syncs = (s: Scrape) => s.sums.get('kubeproxy_sync_proxy_rules_duration_seconds_count') ?? 0;
     const t0 = Date.now();
-    while (!syncs(scrape())) {
+    while (!syncs(await scrape())) {
       if (Date.now() - t0 > 120_000) throw new Error(`kpng did not sync within 2 minutes:\n${stderr}`);
       await Promise.race([exited, new Promise((r) => setTimeout(r, 200))]);
     }
     console.error(`kpng programmed ${n} Services in ${Date.now() - t0} ms; churning for ${minutes} min`);
 
     const samples: Sample[] = [];
-    const sample = () => samples.push({ at: Date.now(), scrape: scrape(), rss: rssMiB(pid), fds: fds(pid), healthz: get(ns, `http://${HEALTHZ}/healthz`).code });
-    sample();
+    const sampling: Promise<unknown>[] = [];
+    const sample = () => {
+      const at = Date.now();
+      const [rss, files] = [rssMiB(pid), fds(pid)];
+      const taken = Promise.all([scrape(), get(ns, `http://${HEALTHZ}/healthz`)]).then(([m, h]) => samples.push({ at, scrape: m, rss, fds: files, healthz: h.code }));
+      sampling.push(taken);
+      return taken;
+    };
+    await sample();
     const start = Date.now();
     const end = start + minutes * 60_000;
     let nextSample = start + sampleS * 1000;
@@ -203,13 +217,15 @@ export default async function (args: string[]) {
       writeSlices(++gen);
       next += intervalMs;
       if (Date.now() >= nextSample) {
-        sample();
+        void sample();
         nextSample += sampleS * 1000;
       }
       await Promise.race([exited, new Promise((r) => setTimeout(r, Math.max(0, next - Date.now())))]);
     }
     const stoppedAt = Date.now();
-    sample();
+    await sample();
+    await Promise.all(sampling);
+    samples.sort((a, b) => a.at - b.at);
 
     // the final state, loaded fresh by --once in a namespace of its own
     const fresh = spaces.add();
@@ -222,7 +238,7 @@ export default async function (args: string[]) {
       have = tables(ns);
     }
     const convergedS = (Date.now() - stoppedAt) / 1000;
-    sample();
+    await sample();
 
     report({ n, minutes, intervalMs, syncPeriod, minSyncPeriod, gen, samples: samples.slice(0, -1) });
     const total = samples[samples.length - 1].scrape.sums;

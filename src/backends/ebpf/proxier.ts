@@ -52,7 +52,7 @@ const epKey = (ep: EpValue) => `${ep.ip}|${ep.port}`;
  * endpoint still wanted keeps its index; the others (new ones, and those past
  * the new length) fill the indexes freed, then the end.
  */
-export function stableOrder(have: readonly (EpValue | undefined)[], want: readonly EpValue[]): EpValue[] {
+function stableOrder(have: readonly (EpValue | undefined)[], want: readonly EpValue[]): EpValue[] {
   const left = new Map<string, number>();
   const take = (k: string) => {
     const c = left.get(k);
