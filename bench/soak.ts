@@ -271,7 +271,8 @@ function report(r: { n: number; minutes: number; intervalMs: number; syncPeriod:
     console.log(`  ${label.padEnd(8)} ${perMin.toFixed(1).padStart(10)} ${`${fmt(p50)} / ${fmt(p99)}`.padStart(22)} ${rss.toFixed(0).padStart(12)} ${String(fdMax).padStart(8)} ${`${bad}/${within.length}`.padStart(16)}`);
   };
   console.log(`  ${'minute'.padEnd(8)} ${'syncs/min'.padStart(10)} ${'programming p50 / p99 s'.padStart(22)} ${'RSS MiB max'.padStart(12)} ${'fds max'.padStart(8)} ${'healthz not 200'.padStart(16)}`);
-  for (let m = 0; m * 60_000 < s[s.length - 1].at - s[0].at; m++) {
+  // whole minutes (the few seconds after the last are in "all")
+  for (let m = 0; (m + 1) * 60_000 <= s[s.length - 1].at - s[0].at + 5_000; m++) {
     const lo = s[0].at + m * 60_000;
     const within = s.filter((x) => x.at >= lo && x.at <= lo + 60_000);
     if (within.length < 2) continue;
