@@ -84,7 +84,7 @@ const LISTEN_BACKLOG = 65_535;
 const CAPACITY_LOG_MS = 10_000;
 
 /** The process's open files limit (the soft RLIMIT_NOFILE), Infinity where unknown. */
-export function openFilesLimit(): number {
+function openFilesLimit(): number {
   try {
     const m = /^Max open files\s+(\d+)/m.exec(readFileSync('/proc/self/limits', 'utf8'));
     return m ? Number(m[1]) : Infinity;
