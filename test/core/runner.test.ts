@@ -151,3 +151,30 @@ test('close stops the timers and refuses new requests', async () => {
   assert.equal(clock.pending, 0);
   await assert.rejects(r.request(), /closed/);
 });
+
+test('syncs due back to back (a period below the clock resolution) give the event loop back between them', async () => {
+  // the real clock: syncPeriod 1ns, minSyncPeriod 0 make every reconcile due as the last one ends
+  const RECONCILES = 200;
+  let reconciles = 0;
+  let loopTurnedAt = -1;
+  let done!: () => void;
+  const finished = new Promise<void>((res) => (done = res));
+  const r: SyncRunner = new SyncRunner({
+    minIntervalMs: 0,
+    periodMs: 1e-6,
+    sync: async (reason) => ({ ok: true, full: false, partial: false, reason, durationMs: 0, changes: 0, skipped: [], repaired: false, endedAt: Date.now() }),
+    reconcile: async () => {
+      // bounded: the test ends even where the loop never lets go
+      if (++reconciles === RECONCILES) void r.close().then(done);
+      return undefined;
+    },
+  });
+  // the runner's timers do not hold a process open; kpng's sockets do
+  const keepAlive = setInterval(() => {}, 1000);
+  await r.request();
+  // a callback of the event loop's next turn (where a signal's handler or a health probe would run)
+  setImmediate(() => (loopTurnedAt = reconciles));
+  await finished;
+  clearInterval(keepAlive);
+  assert.ok(loopTurnedAt >= 0 && loopTurnedAt < 5, `the event loop turned only after ${loopTurnedAt < 0 ? 'all' : loopTurnedAt} of ${RECONCILES} reconciles`);
+});

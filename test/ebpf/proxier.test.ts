@@ -13,6 +13,8 @@ import { EbpfProxier } from '../../src/backends/ebpf/proxier.js';
 import { MemoryMaps } from '../../src/backends/ebpf/maps.js';
 import { LAYOUTS, decode, encode, layoutProblems } from '../../src/backends/ebpf/layout.js';
 import { cgroup2Root, onBpffs } from '../../src/backends/ebpf/datapath.js';
+import { defaultConfig } from '../../src/backends/shared/config.js';
+import { registry } from '../../src/runtime/metrics.js';
 import type { Store } from '../../src/store/store.js';
 
 function harness(store: Store, maps: MemoryMaps) {
@@ -120,6 +122,49 @@ test('a full map is a clear error before it overflows; the Services that fit are
   assert.ok(maps.services.size <= 3);
   assert.ok(h.proxier.skipped.size > 0, 'the Services that do not fit are left out');
   assert.match(h.lines.join(''), /kpng_services is full \(3 entries\): raise --max-service-ports/);
+  await h.close();
+});
+
+test('a map full at an incremental sync: the Services that fit are programmed, the one that does not is left out with why, and counted', async () => {
+  const maps = new MemoryMaps({ services: 3, endpoints: 100 });
+  const store = syncedStore([node('n1', 'z1', ['192.168.0.2']), service('ns', 'first', { clusterIP: '172.30.0.1' }), slice('ns', 'first-1', 'first', [ep('10.1.0.1')])]);
+  const h = harness(store, maps);
+  await h.sync();
+  const before = Number(/kpng_ebpf_map_full_total\{map="services"\} (\d+)/.exec(await registry.getSingleMetricAsString('kpng_ebpf_map_full_total'))?.[1] ?? 0);
+  // three more Services, one address each: one too many
+  load(store, ['a', 'b', 'c'].flatMap((n, i) => [service('ns', n, { clusterIP: `172.30.0.${10 + i}` }), slice('ns', `${n}-1`, n, [ep(`10.1.1.${i + 1}`)])]));
+  await h.sync();
+  assert.equal(maps.services.size, 3);
+  assert.equal(h.proxier.skipped.size, 1, 'one Service left out, the others programmed');
+  const [left] = h.proxier.skipped.keys();
+  assert.ok(h.lines.some((l) => l.includes(`skipping Service ${left}`) && l.includes('kpng_services is full (3 entries)')), h.lines.join(''));
+  for (const [n, i] of [['first', 1], ['a', 10], ['b', 11], ['c', 12]] as const) {
+    if (`ns/${n}` !== left) assert.ok(maps.resolve({ ip: `172.30.0.${i}`, port: 80, proto: 'tcp' }), `ns/${n} is programmed`);
+  }
+  const after = Number(/kpng_ebpf_map_full_total\{map="services"\} (\d+)/.exec(await registry.getSingleMetricAsString('kpng_ebpf_map_full_total'))?.[1] ?? 0);
+  assert.ok(after > before, 'kpng_ebpf_map_full_total counts the refused sync');
+  await h.close();
+});
+
+test('a Service of 1,000 endpoints: one endpoint removed or added is a few writes, not a rewrite of the list', async () => {
+  const maps = new MemoryMaps();
+  const eps = (n: number, without = -1) => Array.from({ length: n }, (_, i) => i).filter((i) => i !== without).map((i) => ep(`10.1.${i >> 8}.${i & 255}`));
+  const store = syncedStore([node('n1', 'z1', ['192.168.0.2']), service('ns', 'big', { clusterIP: '172.30.0.10' }), slice('ns', 'big-1', 'big', eps(1000), [{ name: 'http', port: 8080 }])]);
+  const h = harness(store, maps);
+  await h.sync();
+  const resolved = () => maps.resolve({ ip: '172.30.0.10', port: 80, proto: 'tcp' })!.endpoints.slice().sort();
+  const want = (list: { ip: string }[]) => list.map((e) => `${e.ip}:8080`).sort();
+  assert.deepEqual(resolved(), want(eps(1000)));
+  // one from the middle goes: the last one takes its index (2 writes), and the count
+  load(store, [slice('ns', 'big-1', 'big', eps(1000, 3), [{ name: 'http', port: 8080 }])]);
+  await h.sync();
+  assert.ok(h.proxier.stats.lastWrites <= 3, `${h.proxier.stats.lastWrites} writes`);
+  assert.deepEqual(resolved(), want(eps(1000, 3)));
+  // one comes (its address sorts among the others): its index at the end, and the count
+  load(store, [slice('ns', 'big-1', 'big', eps(1001, 3), [{ name: 'http', port: 8080 }])]);
+  await h.sync();
+  assert.ok(h.proxier.stats.lastWrites <= 2, `${h.proxier.stats.lastWrites} writes`);
+  assert.deepEqual(resolved(), want(eps(1001, 3)));
   await h.close();
 });
 

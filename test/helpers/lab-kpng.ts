@@ -8,7 +8,7 @@ import { existsSync, mkdirSync, mkdtempSync, renameSync, rmSync, writeFileSync }
 import { spawnSync } from 'node:child_process';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Lab, describeOutcome, labUnsupported, poll, type LabSpec, type KpngProcess, type Outcome } from '../../src/lab/index.js';
+import { Lab, LabCgroup, describeOutcome, labUnsupported, poll, type LabSpec, type KpngProcess, type Outcome } from '../../src/lab/index.js';
 import type { IptablesMode } from '../../src/backends/iptables/iptables.js';
 import { iptablesUnsupported } from './iptables.js';
 import { skipOrFailInCI } from './ci.js';
@@ -224,6 +224,47 @@ export class KpngLab {
       rmSync(this.dir, { recursive: true, force: true });
     }
   }
+}
+
+/** to-ebpf beside to-nft in a lab, with a cgroup and a bpffs of the test's own. */
+export interface EbpfLab {
+  readonly kl: KpngLab;
+  readonly cg: LabCgroup;
+  readonly backend: EbpfNftBackend;
+  /** removes the lab, then the cgroup and bpffs, whatever happened */
+  close(): Promise<void>;
+}
+
+/** Makes an EbpfLab and readies it (places clients in the cgroup, starts kpng...); on failure removes all and throws. */
+export async function createEbpfLab(spec: LabSpec, objects: Obj[], config: Obj, ready: (lab: EbpfLab) => Promise<void>): Promise<EbpfLab> {
+  const cg = LabCgroup.create(spec.tag);
+  const backend: EbpfNftBackend = { name: 'ebpf+nft', cgroupPath: cg.path, bpffs: join(cg.bpffs, 'kpng') };
+  let kl: KpngLab | undefined;
+  const close = async () => {
+    try {
+      await kl?.close();
+    } finally {
+      cg.close();
+    }
+  };
+  try {
+    kl = await KpngLab.create(backend, spec, objects, config);
+    const lab = { kl, cg, backend, close };
+    await ready(lab);
+    return lab;
+  } catch (e) {
+    await close();
+    throw e;
+  }
+}
+
+/** Starts to-ebpf's kpng again (debug log) and says what it found pinned when it loaded: maps and links adopted, programs attached anew. */
+export async function restartEbpf(kl: KpngLab): Promise<{ k: KpngProcess; loaded: { adoptedMaps: number; adoptedLinks: number; attached: number } }> {
+  const k = kl.start({ pre: ['--log-level', 'debug'] });
+  await k.until('to-ebpf loaded', () => /eBPF programs loaded/.test(k.stdout + k.stderr));
+  const line = (k.stdout + k.stderr).split('\n').find((l) => l.includes('eBPF programs loaded'))!;
+  const n = (field: string) => Number(new RegExp(`${field}=(\\d+)`).exec(line)?.[1] ?? NaN);
+  return { k, loaded: { adoptedMaps: n('adoptedMaps'), adoptedLinks: n('adoptedLinks'), attached: n('attached') } };
 }
 
 /** Applies objects once (kpng --once, this backend) in a lab; throws with kpng's stderr on failure (or after timeoutMs). */

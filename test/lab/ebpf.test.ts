@@ -8,9 +8,9 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
-import { LabCgroup, labCgroupUnsupported, describeOutcome, type Outcome } from '../../src/lab/index.js';
+import { labCgroupUnsupported, describeOutcome, type LabCgroup, type Outcome } from '../../src/lab/index.js';
 import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
-import { KpngLab, answeredBy, backendConfig, backendLabUnsupported, pollUntil, type EbpfNftBackend } from '../helpers/lab-kpng.js';
+import { answeredBy, backendConfig, backendLabUnsupported, createEbpfLab, pollUntil, restartEbpf, type EbpfLab, type EbpfNftBackend, type KpngLab } from '../helpers/lab-kpng.js';
 import { skipOrFailInCI } from '../helpers/ci.js';
 import { unlinkSync } from 'node:fs';
 import { libbpfUnavailable, linkDetach, objGet } from '../../src/backends/ebpf/libbpf.js';
@@ -83,48 +83,37 @@ describe('to-ebpf beside to-nft (pods in a test cgroup)', { skip: why, concurren
   const burst = (ip: string, to: string, count: number, port = 80, protocol: 'TCP' | 'UDP' = 'TCP') => kl.lab.burst({ from: ip, to, port, protocol, count });
   const isEndpoint = (o: Outcome) => o.kind === 'answered' && (o.by === 'ep-a' || o.by === 'ep-b');
 
+  let lab: EbpfLab | undefined;
   before(async () => {
-    cg = LabCgroup.create('ebpf');
-    backend = { name: 'ebpf+nft', cgroupPath: cg.path, bpffs: join(cg.bpffs, 'kpng') };
-    try {
-      kl = await KpngLab.create(
-        backend,
-        {
-          tag: 'ebpf',
-          node: { name: 'node-a', interfaces: [{ name: 'eth0', addresses: [`${NODE_IP}/24`, 'fd00:1::2/64'] }] },
-          pods: [
-            { name: 'client', ips: [CLIENT.v4, CLIENT.v6] },
-            { name: 'ep-a', ips: [A.v4, A.v6] },
-            { name: 'ep-b', ips: [B.v4, B.v6] },
-          ],
-        },
-        state([A, B]),
-        backendConfig({ name: 'nft' }, { clusterCIDR: '10.244.0.0/16,fd00:244::/64', minSyncPeriod: '0s', syncPeriod: '1s' }),
-      );
-      const lab = kl.lab;
-      // the client pod's agent is in the cgroup: its sockets are the programs' to translate
-      cg.place(lab.agent('client').pid!);
-      await Promise.all([lab.serve('ep-a', { tcp: [8080], udp: [5353] }), lab.serve('ep-b', { tcp: [8080], udp: [5353] }), lab.serve('node-a', { tcp: [8080] })]);
-      const probe = await lab.exec('node-a', ['nft', '-f', '-'], { input: PROBE });
-      assert.equal(probe.code, 0, probe.stderr);
-      await kl.startAndWait(() => from(CLIENT.v4, VIP4), { pre: ['--log-level', 'debug'] });
-      // both backends programmed: the node (outside the cgroup) goes through nftables
-      const ready = await pollUntil(() => from(NODE_IP, VIP4), isEndpoint);
-      assert.ok(ready.ok, describeOutcome(ready.value));
-    } catch (e) {
-      await kl?.close();
-      cg.close();
-      throw e;
-    }
+    lab = await createEbpfLab(
+      {
+        tag: 'ebpf',
+        node: { name: 'node-a', interfaces: [{ name: 'eth0', addresses: [`${NODE_IP}/24`, 'fd00:1::2/64'] }] },
+        pods: [
+          { name: 'client', ips: [CLIENT.v4, CLIENT.v6] },
+          { name: 'ep-a', ips: [A.v4, A.v6] },
+          { name: 'ep-b', ips: [B.v4, B.v6] },
+        ],
+      },
+      state([A, B]),
+      backendConfig({ name: 'nft' }, { clusterCIDR: '10.244.0.0/16,fd00:244::/64', minSyncPeriod: '0s', syncPeriod: '1s' }),
+      async (l) => {
+        ({ kl, cg, backend } = l);
+        const lab = kl.lab;
+        // the client pod's agent is in the cgroup: its sockets are the programs' to translate
+        cg.place(lab.agent('client').pid!);
+        await Promise.all([lab.serve('ep-a', { tcp: [8080], udp: [5353] }), lab.serve('ep-b', { tcp: [8080], udp: [5353] }), lab.serve('node-a', { tcp: [8080] })]);
+        const probe = await lab.exec('node-a', ['nft', '-f', '-'], { input: PROBE });
+        assert.equal(probe.code, 0, probe.stderr);
+        await kl.startAndWait(() => from(CLIENT.v4, VIP4), { pre: ['--log-level', 'debug'] });
+        // both backends programmed: the node (outside the cgroup) goes through nftables
+        const ready = await pollUntil(() => from(NODE_IP, VIP4), isEndpoint);
+        assert.ok(ready.ok, describeOutcome(ready.value));
+      },
+    );
   });
 
-  after(async () => {
-    try {
-      await kl?.close();
-    } finally {
-      cg.close();
-    }
-  });
+  after(() => lab?.close());
 
   it('pod -> ClusterIP (TCP, IPv4) is translated by eBPF: the counter rises, no packet to the ClusterIP reaches netfilter', async () => {
     const c0 = counters();
@@ -281,12 +270,8 @@ describe('to-ebpf beside to-nft (pods in a test cgroup)', { skip: why, concurren
       assert.ok(down.every(isEndpoint), down.map(describeOutcome).join('; '));
       assert.ok(counters().translated - c0.translated >= 6);
       assert.equal((await conn.send()).kind, 'answered');
-      const k = kl.start({ pre: ['--log-level', 'debug'] });
-      await k.until('to-ebpf loaded', () => /eBPF programs loaded/.test(k.stdout + k.stderr));
-      const line = (k.stdout + k.stderr).split('\n').find((l) => l.includes('eBPF programs loaded'))!;
-      assert.match(line, /adoptedMaps=6/);
-      assert.match(line, /adoptedLinks=8/);
-      assert.match(line, /attached=0/);
+      const { k, loaded } = await restartEbpf(kl);
+      assert.deepEqual(loaded, { adoptedMaps: 6, adoptedLinks: 8, attached: 0 });
       // the first sync read the maps back and found nothing to change
       await k.until('the first sync', () => /ebpf: synced/.test(k.stdout + k.stderr));
       assert.match((k.stdout + k.stderr).split('\n').find((l) => l.includes('ebpf: synced'))!, /full=true .*writes=0/, 'the restarted kpng wrote nothing');

@@ -196,6 +196,22 @@ test('the periodic check repairs what someone else changed, and counts it', asyn
   await h.close();
 });
 
+test('detectLocalMode NodeCIDR: nothing to warn of for a node with its pod CIDRs (single-stack), one line for a node without', async () => {
+  const warnings = async (podCIDRs: string[] | undefined) => {
+    const store = syncedStore([node('n1', 'z1', ['192.168.0.2'], podCIDRs ? { spec: { podCIDRs } } : {}), ...cluster().slice(1)]);
+    const h = harness(store, new FakeNft(), { configure: (c) => (c.detectLocalMode = 'NodeCIDR') });
+    await h.sync();
+    await h.close();
+    return h.lines.filter((l) => /pod CIDR|pod traffic/.test(l));
+  };
+  // an IPv4 node (both families programmed): its IPv6 side has no pods to tell apart
+  assert.deepEqual(await warnings(['10.1.0.0/24']), []);
+  assert.deepEqual(await warnings(['10.1.0.0/24', 'fd00:1::/64']), []);
+  const none = await warnings(undefined);
+  assert.equal(none.length, 1, none.join(''));
+  assert.match(none[0], /the node has no pod CIDR yet/);
+});
+
 test('a change of endpoints touches elements only; a change of the node makes the chains that depend on it again', async () => {
   const withPodCIDR = (cidr: string) => node('n1', 'z1', ['192.168.0.2'], { spec: { podCIDRs: [cidr] } });
   const store = syncedStore([withPodCIDR('10.1.0.0/24'), ...cluster().slice(1)]);

@@ -210,6 +210,77 @@ describe('userspace engine', () => {
     assert.match(text, /reason="udp_session_evicted"[^\n]* 6/);
   });
 
+  it('UDP: a session whose endpoint left the Service is closed; the client, still sending, reaches one that is there', async () => {
+    const [a, b] = [await udpEcho('a'), await udpEcho('b')];
+    // sessions never idle out here: only the endpoint change may move the client
+    const e = engine({ udpIdleMs: 60_000 });
+    await e.update([spec('u', [a, b], { protocol: 'udp' })]);
+    const port = e.portOf('u')!;
+    const c = createSocket('udp4');
+    closers.push(() => c.close());
+    const ask = () =>
+      new Promise<string>((r) => {
+        const t = setTimeout(() => r('no answer'), 2000);
+        c.once('message', (m) => (clearTimeout(t), r(String(m).split(':')[0])));
+        c.send('x', port, '127.0.0.1');
+      });
+    assert.equal(await ask(), 'a');
+    assert.equal(await ask(), 'a', 'one session, one endpoint');
+    await e.update([spec('u', [b], { protocol: 'udp' })]);
+    assert.equal(await ask(), 'b');
+    assert.equal(e.stats.udpSessions, 1);
+  });
+
+  it('past what the open files limit leaves it, a client is refused and counted; served again once others close', async () => {
+    const p = await tcpServer((s) => {
+      s.on('data', (d) => s.write(d));
+      s.on('end', () => s.end());
+    });
+    // a limit of 264 keeps 66 for kpng: 198 for the engine, one listener: 197 sockets, 98 connections
+    const e = engine({ openFilesLimit: 264 });
+    await e.update([spec('cap', [p], { service: 'test/capacity' })]);
+    const port = e.portOf('cap')!;
+    assert.equal(e.stats.maxSockets, 197);
+    const held: Socket[] = [];
+    closers.push(() => held.forEach((s) => s.destroy()));
+    const hold = () =>
+      new Promise<'ok' | 'refused'>((r) => {
+        const s = connect({ host: '127.0.0.1', port });
+        held.push(s);
+        s.once('data', () => r('ok'));
+        s.on('error', () => r('refused'));
+        s.on('close', () => r('refused'));
+        s.write('x');
+      });
+    const first = await Promise.all(Array.from({ length: 98 }, hold));
+    assert.deepEqual(new Set(first), new Set(['ok']));
+    assert.equal(e.stats.sockets, 196);
+    assert.equal(await hold(), 'refused');
+    assert.match(await registry.getSingleMetricAsString('kpng_userspace_errors_total'), /service="test\/capacity",protocol="tcp",reason="capacity"} 1/);
+    held.splice(0, 10).forEach((s) => s.destroy());
+    const end = Date.now() + 3000;
+    while (e.stats.sockets > 176 && Date.now() < end) await new Promise((r) => setTimeout(r, 20));
+    assert.equal(await hold(), 'ok');
+  });
+
+  it('closing the engine ends both sides of a relayed connection', async () => {
+    let endpointSide: Promise<void> | undefined;
+    // an endpoint that never ends its side by itself
+    const p = await tcpServer((s) => {
+      endpointSide = new Promise((r) => s.on('close', () => r()));
+      s.on('data', (d) => s.write(d));
+    });
+    const e = new UserspaceEngine({ log });
+    await e.update([spec('end', [p])]);
+    const c = connect({ host: '127.0.0.1', port: e.portOf('end')! });
+    c.on('error', () => {});
+    closers.push(() => c.destroy());
+    await new Promise((r) => (c.once('data', r), c.write('x')));
+    await e.close();
+    const closed = await Promise.race([endpointSide!.then(() => true), new Promise<false>((r) => setTimeout(() => r(false), 3000))]);
+    assert.ok(closed, 'the endpoint side is still open after close');
+  });
+
   it('counts connections and bytes per Service', async () => {
     const p = await tcpServer((s) => s.on('data', (d) => s.end(d)));
     const e = engine();

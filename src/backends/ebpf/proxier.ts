@@ -5,7 +5,9 @@
 // computed again, and only the entries that differ from what was committed
 // are written (in one ordered write per sync). A full sync reads both maps
 // back: at start that adopts what a previous kpng left, keeping its ids, so a
-// restart writes nothing when nothing changed.
+// restart writes nothing when nothing changed. An endpoint keeps its index in
+// its list while it stays (stableOrder): one endpoint added or removed is one
+// or two writes, whatever the list's length.
 import { canonicalIP, ipFamily, type Family } from '../../api/ip.js';
 import { ipSetOf } from '../../api/model.js';
 import type { DataplaneOptions } from '../shared/backend.js';
@@ -40,6 +42,36 @@ export interface EbpfStats extends SyncStats {
 }
 
 const FAMILIES: readonly Family[] = [4, 6];
+/** a Service value counts its endpoints in 16 bits (kpng_svc_value.count) */
+const MAX_LIST = 0xffff;
+
+const epKey = (ep: EpValue) => `${ep.ip}|${ep.port}`;
+
+/**
+ * The endpoint list to write, as close to what the map holds as can be: an
+ * endpoint still wanted keeps its index; the others (new ones, and those past
+ * the new length) fill the indexes freed, then the end.
+ */
+function stableOrder(have: readonly (EpValue | undefined)[], want: readonly EpValue[]): EpValue[] {
+  const left = new Map<string, number>();
+  const take = (k: string) => {
+    const c = left.get(k);
+    if (!c) return false;
+    if (c === 1) left.delete(k);
+    else left.set(k, c - 1);
+    return true;
+  };
+  for (const ep of want) left.set(epKey(ep), (left.get(epKey(ep)) ?? 0) + 1);
+  const out: (EpValue | undefined)[] = new Array(want.length);
+  for (let i = 0; i < Math.min(want.length, have.length); i++) {
+    const h = have[i];
+    if (h && take(epKey(h))) out[i] = h;
+  }
+  const rest = want.filter((ep) => take(epKey(ep)));
+  let j = 0;
+  for (let i = 0; i < out.length; i++) out[i] ??= rest[j++];
+  return out as EpValue[];
+}
 
 export class EbpfProxier extends ProxierBase {
   readonly stats: EbpfStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, repairs: 0, lastWrites: 0 };
@@ -56,6 +88,14 @@ export class EbpfProxier extends ProxierBase {
   private epCount = 0;
   private readonly freeIds: number[] = [];
   private nextId = 1;
+  /**
+   * Services computed by checks (isolation's, a few at a time) or by a write
+   * that failed: every apply computes them again until a write commits them,
+   * so that checks add up as the Services they release do
+   */
+  private readonly unapplied = new Set<string>();
+  /** the maps were read back (adopt) and nothing committed since: every apply computes every Service and removes what none wants */
+  private readBack = false;
 
   constructor(private readonly o: EbpfProxierOptions) {
     super(o, { minSyncPeriodMs: o.config.nftables.minSyncPeriodMs, syncPeriodMs: o.config.nftables.syncPeriodMs });
@@ -112,7 +152,11 @@ export class EbpfProxier extends ProxierBase {
     };
     const group = (kind: string, all: readonly Target[]) => {
       const id = `${sp.portName}/${proto}/${family}/${kind}`;
-      const targets = all.filter((t) => usable(t.ip, t.port));
+      let targets = all.filter((t) => usable(t.ip, t.port));
+      if (targets.length > MAX_LIST) {
+        this.warnOnce(`long ${id}`, `eBPF: ${sp.portName} has ${targets.length} endpoints (IPv${family}); the first ${MAX_LIST} are used`);
+        targets = targets.slice(0, MAX_LIST);
+      }
       return {
         id,
         empty: targets.length === 0,
@@ -143,12 +187,20 @@ export class EbpfProxier extends ProxierBase {
   protected async apply(req: ApplyRequest): Promise<{ changes: number }> {
     if (this.o.dryRun) return { changes: 0 };
     const maps = (this.maps ??= this.o.maps());
-    const all = req.full || this.nodeDirty;
     if (req.full && !req.check) this.adopt(maps.read());
-    const keys = all ? new Set([...this.services.keys(), ...this.wanted.keys()]) : new Set(req.keys);
+    const full = req.full || this.readBack;
+    for (const k of req.keys) this.unapplied.add(k);
+    const keys = full || this.nodeDirty ? new Set([...this.services.keys(), ...this.wanted.keys()]) : new Set(this.unapplied);
     const next = new Map<string, Wanted | undefined>();
     for (const k of keys) next.set(k, this.compute(k));
-    const plan = this.plan(next, req.full);
+    let plan: ReturnType<EbpfProxier['plan']>;
+    try {
+      plan = this.plan(next, full);
+    } catch (e) {
+      // a check is isolation looking for the Services that do not fit: not a sync refused
+      if (e instanceof MapFullError && !req.check) ebpfMetrics.mapFull.inc({ map: e.map });
+      throw e;
+    }
     if (req.check) return { changes: 0 };
     const changes = plan.write.setEndpoints.length + plan.write.setServices.length + plan.write.deleteServices.length + plan.write.deleteEndpoints.length;
     try {
@@ -160,6 +212,8 @@ export class EbpfProxier extends ProxierBase {
       throw e;
     }
     plan.commit();
+    this.unapplied.clear();
+    this.readBack = false;
     this.stats.lastWrites = changes;
     this.o.log.debug({ full: req.full, writes: changes, services: this.committed.services.size, endpoints: this.epCount }, 'ebpf: synced');
     ebpfMetrics.entries.set({ map: 'services' }, this.committed.services.size);
@@ -178,6 +232,7 @@ export class EbpfProxier extends ProxierBase {
     this.wanted.clear();
     this.nextId = 1;
     this.epCount = 0;
+    this.readBack = true;
     for (const l of read.endpoints.values()) this.epCount += l.filter(Boolean).length;
   }
 
@@ -247,13 +302,14 @@ export class EbpfProxier extends ProxierBase {
           takenIds.set(id, g);
         }
         const have = this.committed.endpoints.get(id) ?? [];
+        const eps = stableOrder(have, grp.eps);
         const before = setEndpoints.length;
-        grp.eps.forEach((ep, i) => {
+        eps.forEach((ep, i) => {
           const h = have[i];
           if (!h || h.ip !== ep.ip || h.port !== ep.port) setEndpoints.push({ id, index: i, ep });
         });
-        for (let i = grp.eps.length; i < have.length; i++) if (have[i]) deleteEndpoints.push({ id, index: i });
-        if (setEndpoints.length > before || have.length !== grp.eps.length) lists.set(id, grp.eps);
+        for (let i = eps.length; i < have.length; i++) if (have[i]) deleteEndpoints.push({ id, index: i });
+        if (setEndpoints.length > before || have.length !== eps.length) lists.set(id, eps);
       }
       for (const [a, e] of w.addrs) {
         if (ownerOf(a) !== k) continue;

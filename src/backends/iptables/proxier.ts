@@ -148,7 +148,7 @@ export class IptablesProxier extends ProxierBase {
   private renderContext(st: FamilyState): RenderContext {
     const family = st.family;
     const c = this.o.config;
-    const detector = detectLocal(c, this.node, family, (msg) => this.warnOnce(`detect-local-${family}`, msg));
+    const detector = detectLocal(c, this.node, family, (id, msg) => this.warnOnce(id, msg));
     // iptables matches one CIDR per family, as upstream
     const local: RenderContext['local'] = detector?.kind === 'cidrs' ? { kind: 's', value: detector.cidrs[0] } : detector ? { kind: 'i', value: detector.prefix ? `${detector.name}+` : detector.name } : undefined;
     return {

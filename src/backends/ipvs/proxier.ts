@@ -584,7 +584,7 @@ export class IpvsProxier extends ProxierBase {
 
   private staticInputs(f: FamilyNames): StaticInputs {
     const c = this.o.config;
-    const local = detectLocal(c, this.node, f.family, (m) => this.warnOnce(`detect-local-${f.family}`, m));
+    const local = detectLocal(c, this.node, f.family, (id, msg) => this.warnOnce(id, msg));
     return { mark: `0x${(1 << c.iptables.masqueradeBit).toString(16)}`, masqueradeAll: c.iptables.masqueradeAll, ...podSourceMatches(local, f.ip) };
   }
 

@@ -161,7 +161,7 @@ export class NftProxier extends ProxierBase {
   private staticInputs(f: FamilyNames): StaticInputs {
     const c = this.o.config;
     const mark = `0x${(1 << c.nftables.masqueradeBit).toString(16)}`;
-    const { podSource, notPodSource } = podSourceMatches(detectLocal(c, this.node, f.family, (msg) => this.warnOnce(`detect-local-${f.family}`, msg)), f.ip);
+    const { podSource, notPodSource } = podSourceMatches(detectLocal(c, this.node, f.family, (id, msg) => this.warnOnce(id, msg)), f.ip);
     return { mark, masqueradeAll: c.nftables.masqueradeAll || c.iptables.masqueradeAll, podSource, notPodSource, nodePortsOnAllAddresses: this.nodePortAddresses(f.family) === 'all' };
   }
 

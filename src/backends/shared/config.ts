@@ -5,7 +5,8 @@
 import { readFileSync } from 'node:fs';
 import { Option, type Command } from 'commander';
 import { yaml } from '../../runtime/lazy.js';
-import { parseCIDR, formatCIDR } from '../../api/ip.js';
+import { canonicalIP, parseCIDR, formatCIDR } from '../../api/ip.js';
+import { parseBindAddress } from '../../runtime/health.js';
 import { ConfigError } from '../../runtime/errors.js';
 
 export type DetectLocalMode = 'ClusterCIDR' | 'NodeCIDR' | 'BridgeInterface' | 'InterfaceNamePrefix';
@@ -89,21 +90,23 @@ export function defaultConfig(): KubeProxyConfiguration {
   };
 }
 
-/** Go duration ("30s", "1h0m0s", "500ms") to milliseconds. */
+/** Go duration ("30s", "1h0m0s", "500ms", "-1s") to milliseconds. */
 export function parseDuration(s: string, field: string): number {
   const t = s.trim();
-  if (t === '0') return 0;
-  const re = /(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)/gy;
+  const sign = t.startsWith('-') ? -1 : 1;
+  const body = t.replace(/^[-+]/, '');
+  if (body === '0') return 0;
+  const re = /(\d+(?:\.\d+)?)(ns|us|µs|μs|ms|s|m|h)/gy;
   let total = 0;
   let matched = 0;
   let m: RegExpExecArray | null;
-  while ((m = re.exec(t))) {
+  while ((m = re.exec(body))) {
     const n = Number(m[1]);
-    total += n * { ns: 1e-6, us: 1e-3, µs: 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 }[m[2] as 'ms'];
+    total += n * { ns: 1e-6, us: 1e-3, µs: 1e-3, μs: 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 }[m[2] as 'ms'];
     matched = re.lastIndex;
   }
-  if (!t || matched !== t.length) throw new ConfigError(field, `${JSON.stringify(s)} is not a duration (like "30s" or "1h0m0s")`);
-  return total;
+  if (!body || matched !== body.length) throw new ConfigError(field, `${JSON.stringify(s)} is not a duration (like "30s" or "1h0m0s")`);
+  return sign * total;
 }
 
 type Obj = Record<string, unknown>;
@@ -141,7 +144,8 @@ export function parseConfig(doc: unknown, base = defaultConfig()): KubeProxyConf
     if (typeof v !== 'number') throw new ConfigError(f, `must be a number, not ${JSON.stringify(v)}`);
     set(v);
   };
-  const duration = (set: (ms: number) => void): FieldReader => (v, f) => set(parseDuration(asString(v, f), f));
+  // no duration kube-proxy reads may be negative (upstream's validation)
+  const duration = (set: (ms: number) => void): FieldReader => (v, f) => set(nonNegative(parseDuration(asString(v, f), f), f));
   const strings = (set: (v: string[]) => void): FieldReader => (v, f) => {
     if (v === null) return set([]);
     if (!Array.isArray(v)) throw new ConfigError(f, `must be a list of strings, not ${JSON.stringify(v)}`);
@@ -238,15 +242,70 @@ export function parseConfig(doc: unknown, base = defaultConfig()): KubeProxyConf
   return c;
 }
 
-function validate(c: KubeProxyConfiguration) {
+/** The sections whose periods drive a backend's sync loop. */
+const SYNC_SECTIONS = ['iptables', 'ipvs', 'nftables'] as const;
+
+/**
+ * What kube-proxy's validation refuses, among the fields kpng reads, each
+ * refusal naming its field (or, through `names`, the flag that set it).
+ */
+function validate(c: KubeProxyConfiguration, names: Readonly<Record<string, string>> = {}) {
+  const name = (f: string) => names[f] ?? f;
   if (c.detectLocalMode === 'BridgeInterface' && !c.detectLocal.bridgeInterface) {
-    throw new ConfigError('detectLocal.bridgeInterface', 'required with detectLocalMode BridgeInterface');
+    throw new ConfigError(name('detectLocal.bridgeInterface'), 'required with detectLocalMode BridgeInterface');
   }
   if (c.detectLocalMode === 'InterfaceNamePrefix' && !c.detectLocal.interfaceNamePrefix) {
-    throw new ConfigError('detectLocal.interfaceNamePrefix', 'required with detectLocalMode InterfaceNamePrefix');
+    throw new ConfigError(name('detectLocal.interfaceNamePrefix'), 'required with detectLocalMode InterfaceNamePrefix');
   }
   const fams = c.clusterCIDRs.map((x) => (x.includes(':') ? 6 : 4));
-  if (new Set(fams).size !== fams.length) throw new ConfigError('clusterCIDR', 'at most one CIDR per IP family');
+  if (new Set(fams).size !== fams.length) throw new ConfigError(name('clusterCIDR'), 'at most one CIDR per IP family');
+  // a period of 0 is a sync loop that never rests; minSyncPeriod above syncPeriod, one that never drifts back
+  for (const s of SYNC_SECTIONS) {
+    const p = c[s];
+    const sync = name(`${s}.syncPeriod`);
+    const min = name(`${s}.minSyncPeriod`);
+    positive(p.syncPeriodMs, sync);
+    nonNegative(p.minSyncPeriodMs, min);
+    if (p.minSyncPeriodMs > p.syncPeriodMs) throw new ConfigError(sync, `${formatDuration(p.syncPeriodMs)} must be greater than or equal to ${min} (${formatDuration(p.minSyncPeriodMs)})`);
+  }
+  c.ipvs.excludeCIDRs.forEach((x, i) => {
+    if (!parseCIDR(x)) throw new ConfigError(name(`ipvs.excludeCIDRs[${i}]`), `${JSON.stringify(x)} is not a CIDR`);
+  });
+  positive(c.udpIdleTimeoutMs, name('udpIdleTimeout'));
+  positive(c.configSyncPeriodMs, name('configSyncPeriod'));
+  checkBindAddress(c.healthzBindAddress, name('healthzBindAddress'));
+  checkBindAddress(c.metricsBindAddress, name('metricsBindAddress'));
+}
+
+function positive(ms: number, field: string): void {
+  if (!(ms > 0)) throw new ConfigError(field, `${formatDuration(ms)} must be greater than 0`);
+}
+
+function nonNegative(ms: number, field: string): number {
+  if (ms < 0) throw new ConfigError(field, `${formatDuration(ms)} must be greater than or equal to 0`);
+  return ms;
+}
+
+/** milliseconds as a Go duration, for messages: 30s, 250ms, 1ns */
+function formatDuration(ms: number): string {
+  if (ms === 0) return '0s';
+  if (Math.abs(ms) >= 1000) return `${ms / 1000}s`;
+  if (Math.abs(ms) >= 1) return `${ms}ms`;
+  return `${Math.round(ms * 1e6)}ns`;
+}
+
+/** "IP:port" ("[IPv6]:port"; an empty host is every address), or '' (not served) */
+function checkBindAddress(addr: string, field: string): void {
+  if (addr === '') return;
+  let a: { host: string; port: number };
+  try {
+    a = parseBindAddress(addr)!;
+  } catch {
+    throw new ConfigError(field, `${JSON.stringify(addr)} is not IP:port`);
+  }
+  const { host, port } = a;
+  if (!canonicalIP(host)) throw new ConfigError(field, `${JSON.stringify(host)} is not an IP address`);
+  if (!(port >= 1 && port <= 65535)) throw new ConfigError(field, `${port} is not a port (1-65535)`);
 }
 
 function parseCIDRList(s: string, field: string): string[] {
@@ -334,10 +393,18 @@ export function configFromFlags(opts: Record<string, any>): KubeProxyConfigurati
   if (opts.healthzBindAddress !== undefined) c.healthzBindAddress = String(opts.healthzBindAddress);
   if (opts.metricsBindAddress !== undefined) c.metricsBindAddress = String(opts.metricsBindAddress);
   if (opts.conntrackTcpBeLiberal) c.conntrack.tcpBeLiberal = true;
+  // the flags set the iptables and nftables sections (ipvs keeps its own)
+  const names: Record<string, string> = {};
   if (opts.minSyncPeriod !== undefined) {
     c.nftables.minSyncPeriodMs = c.iptables.minSyncPeriodMs = parseDuration(String(opts.minSyncPeriod), '--min-sync-period');
+    names['nftables.minSyncPeriod'] = names['iptables.minSyncPeriod'] = '--min-sync-period';
   }
-  if (opts.syncPeriod !== undefined) c.nftables.syncPeriodMs = c.iptables.syncPeriodMs = parseDuration(String(opts.syncPeriod), '--sync-period');
-  validate(c);
+  if (opts.syncPeriod !== undefined) {
+    c.nftables.syncPeriodMs = c.iptables.syncPeriodMs = parseDuration(String(opts.syncPeriod), '--sync-period');
+    names['nftables.syncPeriod'] = names['iptables.syncPeriod'] = '--sync-period';
+  }
+  if (opts.healthzBindAddress !== undefined) names.healthzBindAddress = '--healthz-bind-address';
+  if (opts.metricsBindAddress !== undefined) names.metricsBindAddress = '--metrics-bind-address';
+  validate(c, names);
   return c;
 }

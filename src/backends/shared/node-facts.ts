@@ -9,8 +9,11 @@ import { normalizeCIDRs } from './service-ports.js';
 /** How pod traffic is told apart (detectLocalMode); undefined: it cannot be. */
 export type LocalDetector = { readonly kind: 'cidrs'; readonly cidrs: readonly string[] } | { readonly kind: 'interface'; readonly name: string; readonly prefix: boolean };
 
-/** detect-local for a family; warn says why a mode cannot work yet. */
-export function detectLocal(c: KubeProxyConfiguration, node: LocalNode | undefined, family: Family, warn: (msg: string) => void): LocalDetector | undefined {
+/**
+ * detect-local for a family; warn says why a mode cannot work yet, with an
+ * id for warning once (the same for every family: one line is enough).
+ */
+export function detectLocal(c: KubeProxyConfiguration, node: LocalNode | undefined, family: Family, warn: (id: string, msg: string) => void): LocalDetector | undefined {
   const ofFamily = (cidrs: readonly string[]) => cidrs.filter((x) => parseCIDR(x)?.family === family);
   switch (c.detectLocalMode) {
     case 'ClusterCIDR': {
@@ -18,11 +21,13 @@ export function detectLocal(c: KubeProxyConfiguration, node: LocalNode | undefin
       return cidrs.length ? { kind: 'cidrs', cidrs } : undefined;
     }
     case 'NodeCIDR': {
-      const cidrs = ofFamily(node?.PodCIDRs ?? []).map((x) => {
+      const podCIDRs = node?.PodCIDRs ?? [];
+      const cidrs = ofFamily(podCIDRs).map((x) => {
         const p = parseCIDR(x)!;
         return `${p.ip}/${p.prefix}`;
       });
-      if (!cidrs.length) warn('detectLocalMode NodeCIDR: the node has no pod CIDR yet; pod traffic cannot be told apart');
+      // a node with pod CIDRs of the other family only is single-stack: it has no pods of this one
+      if (!podCIDRs.length) warn(`detect-local ${!!node}`, `detectLocalMode NodeCIDR: ${node ? 'the node has no pod CIDR yet' : 'the Node is not known yet'}; pod traffic cannot be told apart`);
       return cidrs.length ? { kind: 'cidrs', cidrs } : undefined;
     }
     case 'BridgeInterface':

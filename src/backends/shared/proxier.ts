@@ -21,6 +21,16 @@ import { metrics } from '../../runtime/metrics.js';
 import { SyncRunner, type Clock, type SyncReason, type SyncResult } from './runner.js';
 import { copyOf, endpointDelete, endpointSet, endpointValues, type EndpointSet } from './endpoint-set.js';
 
+/** Services each proxier of the process leaves out: the gauge is their sum (to-ebpf beside to-nft must not hide each other's) */
+const skippedBy = new Map<object, number>();
+
+function reportSkipped(proxier: object, n: number): void {
+  skippedBy.set(proxier, n);
+  let total = 0;
+  for (const v of skippedBy.values()) total += v;
+  metrics.skippedServices.set(total);
+}
+
 export interface ProxierBaseOptions {
   readonly log: Logger;
   /** print instead of applying */
@@ -221,6 +231,8 @@ export abstract class ProxierBase implements DecoderHandler {
 
   async close(): Promise<void> {
     this.closed = true;
+    reportSkipped(this, 0);
+    skippedBy.delete(this);
     await this.runner.close();
     await this.health?.close();
   }
@@ -431,7 +443,7 @@ export abstract class ProxierBase implements DecoderHandler {
     if (full) this.stats.fullSyncs++;
     this.stats.lastSyncMs = durationMs;
     this.stats.lastSuccess = Date.now();
-    metrics.skippedServices.set(this.refused.size);
+    reportSkipped(this, this.refused.size);
     metrics.noLocalEndpoints.set({ traffic_policy: 'internal', ip_family: '' }, this.noLocalInternal.size);
     metrics.noLocalEndpoints.set({ traffic_policy: 'external', ip_family: '' }, this.noLocalExternal.size);
     const skipped = [...this.refused.keys()];

@@ -4,6 +4,12 @@
 // retry with jittered exponential backoff (a change arriving meanwhile waits
 // for it); and every period, a reconcile that asks the backend whether its
 // dataplane drifted and repairs it. The clock is injected, for tests.
+//
+// A sync due as soon as the last one ends starts from a timer, never from the
+// last one's continuation: with periods shorter than the clock's resolution
+// (syncPeriod 1ns) every next run is due at once, and starting it in the same
+// chain of promises would never give the event loop back (no signal, no log
+// line, no health probe would get through).
 import { backoffDelay } from '../../runtime/backoff.js';
 
 export interface Clock {
@@ -119,12 +125,13 @@ export class SyncRunner {
     return undefined;
   }
 
-  private schedule(): void {
+  /** afterRun: called as a run ends (a run due now waits for a timer, so the event loop turns) */
+  private schedule(afterRun = false): void {
     if (this.closed || this.running) return;
     const n = this.next();
     if (!n) return this.clearTimer();
-    const delay = n.at - this.clock.now();
-    if (delay <= 0) {
+    const delay = Math.max(0, n.at - this.clock.now());
+    if (delay === 0 && !afterRun) {
       this.clearTimer();
       this.run(n.what);
       return;
@@ -159,7 +166,7 @@ export class SyncRunner {
     );
     this.running = p.finally(() => {
       this.running = undefined;
-      this.schedule();
+      this.schedule(true);
     });
   }
 

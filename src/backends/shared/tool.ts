@@ -59,18 +59,20 @@ export function runTool(path: string, args: string[], o: RunToolOptions = {}): P
   const tool = path.slice(path.lastIndexOf('/') + 1);
   return new Promise((resolve, reject) => {
     const p = spawn(path, args, { stdio: ['pipe', 'pipe', 'pipe'] });
-    if (p.pid !== undefined) o.onSpawn?.(p.pid);
-    const out: Buffer[] = [];
-    const err: Buffer[] = [];
     let timedOut = false;
     const limit = o.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     const timer = limit > 0 ? setTimeout(() => ((timedOut = true), p.kill('SIGKILL')), limit) : undefined;
-    p.stdout.on('data', (d) => out.push(d));
-    p.stderr.on('data', (d) => err.push(d));
+    // first: a spawn that fails (EMFILE: no file left for its pipes) has no streams, and says why here only
     p.on('error', (e) => {
       clearTimeout(timer);
       reject(new ErrorClass(`cannot run ${path}: ${e.message}`, '', -1, tool));
     });
+    if (p.pid === undefined) return;
+    o.onSpawn?.(p.pid);
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    p.stdout.on('data', (d) => out.push(d));
+    p.stderr.on('data', (d) => err.push(d));
     p.on('close', (code) => {
       clearTimeout(timer);
       const stderr = Buffer.concat(err).toString();

@@ -188,7 +188,7 @@ export class UserspaceProxier extends ProxierBase {
   protected async apply(req: ApplyRequest): Promise<{ changes: number }> {
     if (this.nodeDirty) {
       for (const f of [4, 6] as const) {
-        const d = detectLocal(this.o.config, this.node, f, (msg) => this.warnOnce(`detect-local-${f}`, msg));
+        const d = detectLocal(this.o.config, this.node, f, (id, msg) => this.warnOnce(id, msg));
         this.podCIDRs[f] = d?.kind === 'cidrs' ? d.cidrs.map(parseCIDR) : [];
       }
     }

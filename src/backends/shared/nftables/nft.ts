@@ -412,6 +412,8 @@ export class NftSession {
       .join('; ');
     if (!line) return Promise.resolve();
     const proc = this.proc ?? this.start();
+    // the next transaction starts one again
+    if (proc.pid === undefined) return new Promise((_, reject) => proc.once('error', (e) => reject(new NftError(`cannot run ${this.nftPath}: ${e.message}`, ''))));
     const marker = `kpng-sync-${++this.seq}`;
     return new Promise<void>((resolve, reject) => {
       const timer = setTimeout(() => {
@@ -430,8 +432,13 @@ export class NftSession {
 
   private start(): ChildProcessWithoutNullStreams {
     const p = spawn(this.nftPath, ['-i'], { stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, HOME: '/dev/null' } });
+    if (p.pid === undefined) {
+      // no process (EMFILE: no file left for its pipes), and no streams: the transaction that wanted it fails (runNow)
+      p.on('error', () => {});
+      return p;
+    }
     this.proc = p;
-    if (p.pid !== undefined) this.opts.onSpawn?.(p.pid);
+    this.opts.onSpawn?.(p.pid);
     this.stderr = '';
     this.runs = 0;
     p.stdout.on('data', () => {}); // nothing is expected there; keep the pipe flowing

@@ -9,13 +9,20 @@
 // Memory stays bounded: TCP is piped with pause/resume (a slow side stops the
 // other at the streams' high-water marks), UDP sessions are bounded in number
 // and expire when idle, queued datagrams are bounded per session.
+// Open files stay bounded too: the sockets of relayed connections and UDP
+// sessions may take the process's open files limit only up to a reserve kept
+// for the rest of kpng (its nft and netlink sockets, servers, the processes
+// it starts), so that a flood of clients never starves the syncs, /healthz
+// or /metrics. Past it, new clients are refused (counted, reason
+// "capacity"); they are served again as soon as others close.
+import { readFileSync } from 'node:fs';
 import { createServer, connect, type Server, type Socket } from 'node:net';
 import { createSocket, type Socket as UdpSocket, type RemoteInfo } from 'node:dgram';
 import { networkInterfaces } from 'node:os';
 import type { Family } from '../../../api/ip.js';
 import type { Logger } from '../../../runtime/log.js';
 import { metrics } from '../../../runtime/metrics.js';
-import { userspaceMetrics } from './metrics.js';
+import { reportSockets, userspaceMetrics } from './metrics.js';
 
 export interface EngineTarget {
   readonly ip: string;
@@ -54,12 +61,37 @@ export interface EngineOptions {
   readonly connectAttempts?: number;
   /** per attempt, how long an endpoint may take to accept (tests) */
   readonly connectTimeoutsMs?: readonly number[];
+  /** the process's open files limit (default: its RLIMIT_NOFILE; tests) */
+  readonly openFilesLimit?: number;
 }
 
 /** datagrams queued for an endpoint while its socket connects */
 const UDP_QUEUE = 64;
 /** how long each attempt at an endpoint may take to accept (longer each time): a dead endpoint must not hold the client for the kernel's minutes of SYN retries */
 const CONNECT_TIMEOUTS_MS = [1000, 2000, 4000];
+/**
+ * TCP keepalive on both sides of a relayed connection, as Go's listeners and
+ * dialers (kube-proxy's userspace proxy) set it: a side gone without a word
+ * (its node lost, its pod's namespace deleted) is noticed after this much
+ * silence and libuv's 10 probes a second apart, and both sockets are freed.
+ */
+const KEEPALIVE_MS = 15_000;
+/** open files kept for the rest of kpng, at most (a quarter of a small limit) */
+const RESERVED_FILES = 256;
+/** the accept queue asked for: the kernel caps it at net.core.somaxconn, as Go's listeners ask for that */
+const LISTEN_BACKLOG = 65_535;
+/** at most one line this often about clients refused at capacity */
+const CAPACITY_LOG_MS = 10_000;
+
+/** The process's open files limit (the soft RLIMIT_NOFILE), Infinity where unknown. */
+function openFilesLimit(): number {
+  try {
+    const m = /^Max open files\s+(\d+)/m.exec(readFileSync('/proc/self/limits', 'utf8'));
+    return m ? Number(m[1]) : Infinity;
+  } catch {
+    return Infinity;
+  }
+}
 
 interface Affinity {
   readonly clients: Map<string, { target: string; until: number }>;
@@ -68,6 +100,8 @@ interface Affinity {
 
 interface UdpSession {
   readonly sock: UdpSocket;
+  /** its endpoint (ip|port) */
+  readonly target: string;
   /** the listener socket it came in on: replies leave from it */
   readonly via: UdpSocket;
   readonly client: RemoteInfo;
@@ -84,7 +118,8 @@ class Listener {
   /** UDP: one socket per local address, all on the same port (see openUdp) */
   readonly udp = new Map<string, UdpSocket>();
   readonly sessions = new Map<string, UdpSession>();
-  readonly tcp = new Set<Socket>();
+  /** relayed connections: client -> endpoint side */
+  readonly tcp = new Map<Socket, Socket>();
   private next = 0;
   private nextLocal = 0;
 
@@ -126,6 +161,10 @@ export interface EngineStats {
   listeners: number;
   tcpOpen: number;
   udpSessions: number;
+  /** sockets of relayed connections (both ends) and UDP sessions, open now */
+  sockets: number;
+  /** at most this many (what the open files limit leaves after listeners and kpng's reserve) */
+  maxSockets: number;
 }
 
 export class UserspaceEngine {
@@ -137,12 +176,24 @@ export class UserspaceEngine {
   private nodeAddrs = new Set<string>();
   private sweeper?: NodeJS.Timeout;
   private closed = false;
+  /** open files the engine may hold: the limit less kpng's reserve */
+  private readonly files: number;
+  /** sockets of relays and UDP sessions open now (each one open file) */
+  private sockets = 0;
+  /** open files the listeners hold (counted at each update) */
+  private listenerFiles = 0;
+  private refusedSinceLog = 0;
+  private lastCapacityLog = -Infinity;
+  private readonly unreport: () => void;
 
   constructor(private readonly o: EngineOptions) {
     this.udpIdleMs = o.udpIdleMs ?? 250;
     this.udpMax = o.udpMaxSessions ?? 4096;
     this.attempts = o.connectAttempts ?? 3;
+    const limit = o.openFilesLimit ?? openFilesLimit();
+    this.files = limit - Math.min(RESERVED_FILES, Math.floor(limit / 4));
     this.refreshNodeAddresses();
+    this.unreport = reportSockets(() => this.stats);
   }
 
   /** the port a listener got, once open */
@@ -157,7 +208,7 @@ export class UserspaceEngine {
       tcpOpen += l.tcp.size;
       udpSessions += l.sessions.size;
     }
-    return { listeners: this.listeners.size, tcpOpen, udpSessions };
+    return { listeners: this.listeners.size, tcpOpen, udpSessions, sockets: this.sockets, maxSockets: Math.max(0, this.files - this.listenerFiles) };
   }
 
   /**
@@ -186,6 +237,7 @@ export class UserspaceEngine {
           l.affinity = this.affinityFor(s);
         }
         l.spec = s;
+        this.dropSessionsOfGoneEndpoints(l);
         opening.push(this.followAddresses(l));
         continue;
       }
@@ -200,12 +252,15 @@ export class UserspaceEngine {
       );
     }
     await Promise.all(opening);
+    this.listenerFiles = 0;
+    for (const l of this.listeners.values()) this.listenerFiles += (l.server ? 1 : 0) + l.udp.size;
     this.sweeper ??= setInterval(() => this.sweep(), Math.max(50, Math.min(this.udpIdleMs / 2, 10_000))).unref();
     return failed;
   }
 
   async close(): Promise<void> {
     this.closed = true;
+    this.unreport();
     if (this.sweeper) clearInterval(this.sweeper);
     for (const [key, l] of this.listeners) this.closeListener(key, l, true);
   }
@@ -229,7 +284,7 @@ export class UserspaceEngine {
       const server = createServer({ allowHalfOpen: true, pauseOnConnect: true }, (c) => this.onTcp(l, c));
       l.server = server;
       server.once('error', reject);
-      server.listen({ host, port: 0, ipv6Only: s.family === 6, backlog: 1024 }, () => {
+      server.listen({ host, port: 0, ipv6Only: s.family === 6, backlog: LISTEN_BACKLOG }, () => {
         server.off('error', reject);
         server.on('error', (e) => this.o.log.warn({ service: s.service, err: e.message }, 'userspace proxy: listener error'));
         l.port = (server.address() as { port: number }).port;
@@ -329,7 +384,8 @@ export class UserspaceEngine {
     l.sessions.clear();
     for (const sock of l.udp.values()) closeQuietly(sock);
     l.udp.clear();
-    if (all) for (const c of l.tcp) c.destroy();
+    // the relay ends abruptly: both sides see a reset, not an orderly end
+    if (all) for (const [client, up] of l.tcp) client.resetAndDestroy(), up.resetAndDestroy();
     this.releaseAffinity(l);
   }
 
@@ -350,35 +406,70 @@ export class UserspaceEngine {
     return this.nodeAddrs.has(a) || a.startsWith('127.') || a === '::1' || !!this.o.isPodClient?.(a);
   }
 
+  // --- open files
+
+  /** counts a socket of a relay or session until it closes */
+  private track<T extends Socket | UdpSocket>(sock: T): T {
+    this.sockets++;
+    sock.once('close', () => this.sockets--);
+    return sock;
+  }
+
+  /** true (counted, logged now and then) when `more` sockets would go past what the engine may hold */
+  private atCapacity(more: number, labels: { service: string; protocol: string }): boolean {
+    if (this.sockets + more + this.listenerFiles <= this.files) return false;
+    userspaceMetrics.userspaceErrors.inc({ ...labels, reason: 'capacity' });
+    this.refusedSinceLog++;
+    const now = Date.now();
+    if (now - this.lastCapacityLog >= CAPACITY_LOG_MS) {
+      this.o.log.warn(
+        { refused: this.refusedSinceLog, sockets: this.sockets, listenerFiles: this.listenerFiles, openFilesForEngine: this.files },
+        'userspace proxy: at capacity (the open files limit, less what kpng keeps for itself); refusing new connections until others close',
+      );
+      this.lastCapacityLog = now;
+      this.refusedSinceLog = 0;
+    }
+    return true;
+  }
+
   // --- TCP
 
   private onTcp(l: Listener, client: Socket): void {
     const s = l.spec;
     const labels = { service: s.service, protocol: 'tcp' };
+    this.track(client);
+    client.on('error', () => {}); // errors end in close, handled below
+    // its endpoint side will need a socket too
+    if (this.atCapacity(1, labels)) return void client.resetAndDestroy();
     userspaceMetrics.userspaceConnections.inc(labels);
+    client.setKeepAlive(true, KEEPALIVE_MS);
     const clientIP = client.remoteAddress ?? '';
     const local = this.isLocalClient(clientIP);
-    client.on('error', () => {}); // errors end in close, handled below
     const tried = new Set<string>();
+    let attempts = 0;
     const attempt = () => {
-      const t = l.pick(clientIP, local, tried);
+      // each endpoint once, then (every one tried) again with the longer timeouts, as kube-proxy's
+      // userspace proxy did: a lone endpoint that is slow to accept (its SYN lost once) gets another chance
+      const t = l.pick(clientIP, local, tried) ?? (tried.size ? l.pick(clientIP, local) : undefined);
       if (!t) {
-        userspaceMetrics.userspaceErrors.inc({ ...labels, reason: tried.size ? 'endpoint_refused' : 'no_endpoints' });
+        userspaceMetrics.userspaceErrors.inc({ ...labels, reason: 'no_endpoints' });
         // refused: the client sees a reset, as from a REJECT
         if (!client.destroyed) client.resetAndDestroy();
         return;
       }
       tried.add(tkey(t));
-      const up = connect({ host: t.ip, port: t.port, allowHalfOpen: true });
+      attempts++;
+      const up = this.track(connect({ host: t.ip, port: t.port, allowHalfOpen: true }));
       let connected = false;
-      up.setTimeout(this.o.connectTimeoutsMs?.[tried.size - 1] ?? CONNECT_TIMEOUTS_MS[Math.min(tried.size - 1, CONNECT_TIMEOUTS_MS.length - 1)], () => {
+      up.setTimeout(this.o.connectTimeoutsMs?.[attempts - 1] ?? CONNECT_TIMEOUTS_MS[Math.min(attempts - 1, CONNECT_TIMEOUTS_MS.length - 1)], () => {
         if (!connected) up.destroy(Object.assign(new Error(`no answer from ${t.ip}:${t.port}`), { code: 'ETIMEDOUT' }));
       });
       up.once('connect', () => {
         connected = true;
         up.setTimeout(0);
+        up.setKeepAlive(true, KEEPALIVE_MS);
         if (client.destroyed) return void up.resetAndDestroy();
-        l.tcp.add(client);
+        l.tcp.set(client, up);
         this.relay(l, client, up);
       });
       up.once('error', (e: NodeJS.ErrnoException) => {
@@ -386,7 +477,12 @@ export class UserspaceEngine {
         this.o.log.debug({ service: s.service, endpoint: `${t.ip}:${t.port}`, err: e.message }, 'userspace proxy: endpoint refused');
         up.destroy();
         if (client.destroyed) return;
-        if (tried.size < this.attempts) attempt();
+        // kpng, not the endpoint, is out of open files: no other endpoint would do better
+        if (e.code === 'EMFILE' || e.code === 'ENFILE') {
+          userspaceMetrics.userspaceErrors.inc({ ...labels, reason: 'capacity' });
+          return void client.resetAndDestroy();
+        }
+        if (attempts < this.attempts) attempt();
         else {
           userspaceMetrics.userspaceErrors.inc({ ...labels, reason: 'endpoint_refused' });
           client.resetAndDestroy();
@@ -468,6 +564,7 @@ export class UserspaceEngine {
       userspaceMetrics.userspaceErrors.inc({ ...labels, reason: 'no_endpoints' });
       return undefined;
     }
+    if (this.atCapacity(1, labels)) return undefined;
     while (l.sessions.size >= this.udpMax) {
       const [oldId, old] = l.sessions.entries().next().value as [string, UdpSession];
       l.sessions.delete(oldId);
@@ -475,8 +572,8 @@ export class UserspaceEngine {
       userspaceMetrics.userspaceErrors.inc({ ...labels, reason: 'udp_session_evicted' });
     }
     userspaceMetrics.userspaceConnections.inc(labels);
-    const sock = createSocket({ type: l.spec.family === 4 ? 'udp4' : 'udp6' });
-    const s: UdpSession = { sock, via, client: rinfo, last: Date.now(), queue: [] };
+    const sock = this.track(createSocket({ type: l.spec.family === 4 ? 'udp4' : 'udp6' }));
+    const s: UdpSession = { sock, target: tkey(t), via, client: rinfo, last: Date.now(), queue: [] };
     sock.on('error', () => userspaceMetrics.userspaceErrors.inc({ ...labels, reason: 'io' }));
     sock.on('message', (reply) => {
       s.last = Date.now();
@@ -494,6 +591,22 @@ export class UserspaceEngine {
       for (const m of q) sock.send(m);
     });
     return s;
+  }
+
+  /**
+   * UDP sessions whose endpoint left the Service are closed: the client's
+   * next datagram opens a session to an endpoint still there (kube-proxy
+   * deletes such flows' conntrack entries for the same reason: a client that
+   * keeps sending would never go idle, and never reach a live endpoint).
+   */
+  private dropSessionsOfGoneEndpoints(l: Listener): void {
+    if (l.spec.protocol !== 'udp' || !l.sessions.size) return;
+    const live = new Set([...l.spec.endpoints, ...(l.spec.localEndpoints ?? [])].map(tkey));
+    for (const [id, s] of l.sessions) {
+      if (live.has(s.target)) continue;
+      l.sessions.delete(id);
+      closeQuietly(s.sock);
+    }
   }
 
   /** closes idle UDP sessions and expired affinity entries */

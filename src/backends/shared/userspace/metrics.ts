@@ -1,5 +1,16 @@
 // The userspace proxy's metrics (kpng_userspace_*), in the process's registry.
-import { Counter } from 'prom-client';
+
+/** the engines of this process, read when /metrics is scraped */
+const engines = new Set<() => { sockets: number; maxSockets: number }>();
+
+/** adds an engine's socket counts to the gauges; returns its removal */
+export function reportSockets(read: () => { sockets: number; maxSockets: number }): () => void {
+  engines.add(read);
+  return () => engines.delete(read);
+}
+
+const sum = (k: 'sockets' | 'maxSockets') => [...engines].reduce((n, read) => n + read()[k], 0);
+import { Counter, Gauge } from 'prom-client';
 import { registry } from '../../../runtime/metrics.js';
 
 export const userspaceMetrics = {
@@ -17,8 +28,24 @@ export const userspaceMetrics = {
   }),
   userspaceErrors: new Counter({
     name: 'kpng_userspace_errors_total',
-    help: 'Userspace proxy: connections refused or broken per Service (no_endpoints, endpoint_refused, io, udp_session_evicted)',
+    help: 'Userspace proxy: connections refused or broken per Service (no_endpoints, endpoint_refused, io, udp_session_evicted, capacity)',
     labelNames: ['service', 'protocol', 'reason'] as const,
     registers: [registry],
+  }),
+  userspaceSockets: new Gauge({
+    name: 'kpng_userspace_sockets',
+    help: 'Userspace proxy: sockets of relayed connections (both ends) and UDP sessions, open now',
+    registers: [registry],
+    collect() {
+      this.set(sum('sockets'));
+    },
+  }),
+  userspaceMaxSockets: new Gauge({
+    name: 'kpng_userspace_sockets_max',
+    help: "Userspace proxy: sockets it may open at most (the open files limit, less its listeners' and what kpng keeps for itself); past it, new clients are refused (reason capacity)",
+    registers: [registry],
+    collect() {
+      this.set(sum('maxSockets'));
+    },
   }),
 };
