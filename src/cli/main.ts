@@ -6,6 +6,7 @@ import { registeredSources, type SourceDefinition } from '../sources/registry.js
 import { registeredSinks, type SinkDefinition } from '../sinks/registry.js';
 import { addBackendCommands, buildBackendsNamedIn, type BackendSpec } from '../backends/run.js';
 import { ConfigError } from '../runtime/errors.js';
+import { loadConfigFile } from '../backends/shared/config.js';
 import { registeredCommands } from './commands.js';
 import '../sources/index.js';
 import '../sinks/index.js';
@@ -34,7 +35,11 @@ export async function runPipeline(p: {
   const store = new Store({ keepDecodedSlices: !!p.sink.compactViews });
   const views = new ServiceViews(store, p.sourceOpts.serviceProxyName ?? '', { keepDecoded: !p.sink.compactViews });
   const stopStats = p.sourceOpts.stats ? startStats(store) : undefined;
-  const source = await p.source.start(p.sourceOpts, { store, log: p.log, signal: p.signal });
+  const once = !!p.sinkOpts.once || !!p.backends?.some((b) => b.opts.once);
+  // the node's kube-proxy configuration names the API server too (clientConnection.kubeconfig)
+  const config = p.backends?.[0]?.opts.config;
+  const clientConnection = config ? loadConfigFile(String(config)).clientConnection : undefined;
+  const source = await p.source.start(p.sourceOpts, { store, log: p.log, signal: p.signal, once, clientConnection });
   try {
     await p.sink.run(p.sinkOpts, { store, views, log: p.log, signal: p.signal, nodeName: p.sourceOpts.nodeName }, p.backends ?? []);
   } finally {
