@@ -10,7 +10,7 @@ import { splitEndpointPath } from '../../diff/fullstate.js';
 import type { LocalOp, LocalSink } from '../../diff/ops.js';
 import { startBackends, type BackendSpec, type StartedBackend } from '../../backends/run.js';
 import type { SyncResult } from '../../backends/shared/runner.js';
-import { metrics } from '../../runtime/metrics.js';
+import { ipFamily, metrics } from '../../runtime/metrics.js';
 import { TRIM_AFTER_BURST_MS, trimMemory } from '../../runtime/memory.js';
 
 export interface NodeAgentOptions {
@@ -84,7 +84,7 @@ export class ProgrammingLatency {
   constructor(
     private readonly reporting: readonly number[],
     private readonly changedAt?: (serviceKey: string) => number | undefined,
-    private readonly observe = (seconds: number) => metrics.networkProgramming.observe({ ip_family: '' }, seconds),
+    private readonly observe = (seconds: number) => metrics.networkProgramming.observe({ ip_family: ipFamily() }, seconds),
     private readonly now = () => Date.now(),
   ) {}
 
