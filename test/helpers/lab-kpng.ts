@@ -7,7 +7,7 @@ import { describe } from 'node:test';
 import { existsSync, mkdirSync, mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { spawnSync } from 'node:child_process';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { Lab, describeOutcome, labUnsupported, poll, type LabSpec, type KpngProcess, type Outcome } from '../../src/lab/index.js';
 import type { IptablesMode } from '../../src/backends/iptables/iptables.js';
 import { iptablesUnsupported } from './iptables.js';
@@ -111,9 +111,11 @@ export function kpngArgs(b: LabBackend, state: string, node: string, config: str
   // to-ebpf's flags, then to-nft beside it with the same configuration
   const beside = b.name === 'ebpf+nft' ? ['to-nft', '--config', config] : [];
   const tail = ['--config', config, ...(opts.once ? ['--once'] : []), ...(opts.extra ?? []), ...beside];
+  // each lab's kpng its own state socket (and node lock beside it): labs run side by side on one host
+  const local = ['to-local', '--state-socket', `unix://${join(dirname(state), 'node.sock')}`];
   return caps?.fileNodeName
-    ? [...(opts.pre ?? []), 'file', '--input', state, '--node-name', node, 'to-local', ...backend, ...tail]
-    : [...(opts.pre ?? []), 'file', '--input', state, 'to-local', ...backend, '--node-name', node, ...tail];
+    ? [...(opts.pre ?? []), 'file', '--input', state, '--node-name', node, ...local, ...backend, ...tail]
+    : [...(opts.pre ?? []), 'file', '--input', state, ...local, ...backend, '--node-name', node, ...tail];
 }
 
 export function list(items: Obj[]): Obj {

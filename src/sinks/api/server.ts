@@ -9,9 +9,6 @@
 // asks, it gets one diff covering everything meanwhile. Writes wait for the
 // peer (StreamWriter), and at most a few big diffs (first syncs, mass
 // changes) are built and sent at once, so their op lists never pile up.
-import { chmodSync, lstatSync, mkdirSync, unlinkSync } from 'node:fs';
-import { connect } from 'node:net';
-import { dirname } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
 import { fromBinary } from '@bufbuild/protobuf';
 import type { Logger } from '../../runtime/log.js';
@@ -32,6 +29,7 @@ import { encodeDeleteOp, encodeResumeOp, encodeSetOp, GLOBAL_SETS_HEADER, GLOBAL
 import { GlobalDiff, GlobalEncoder, type GlobalOp } from './global-diff.js';
 import { DEFAULT_HEAP_GROWTH_PERCENT } from './defaults.js';
 import { ConnectionGate, DEFAULT_HANDSHAKE_TIMEOUT_MS, defaultMaxConnections, openFileLimit, RESERVED_FDS } from './listener.js';
+import { bindUnixSocket, type BoundSocket } from './unix-socket.js';
 
 /** extra local sets a client may ask for in WatchReq.Sets */
 const LOCAL_EXTRA_SETS = new Set([LocalSet.NodesSet, LocalSet.ServiceCIDRsSet]);
@@ -176,25 +174,6 @@ export function tuneHeapForFanOut(heapGrowthPercent = DEFAULT_HEAP_GROWTH_PERCEN
   if (heapGrowthPercent > 0) setFlagsFromString(`--heap-growing-percent=${heapGrowthPercent}`);
 }
 
-/** Prepares a unix socket path: its directory exists, a stale socket is gone, a live one is not taken over. */
-export async function prepareUnixSocket(path: string): Promise<void> {
-  mkdirSync(dirname(path), { recursive: true, mode: 0o750 });
-  let st;
-  try {
-    st = lstatSync(path);
-  } catch {
-    return;
-  }
-  if (!st.isSocket()) throw new Error(`${path} exists and is not a socket; not removing it`);
-  const live = await new Promise<boolean>((resolve) => {
-    const s = connect(path);
-    s.once('connect', () => (s.destroy(), resolve(true)));
-    s.once('error', () => resolve(false));
-  });
-  if (live) throw new Error(`${path}: another server is listening there`);
-  unlinkSync(path);
-}
-
 export class ApiServer {
   readonly stats: ApiServerStats = { streams: 0, diffs: 0, messages: 0, bytes: 0 };
   private readonly server: StreamServer;
@@ -204,6 +183,7 @@ export class ApiServer {
   private readonly active = new Set<(abort?: boolean) => void>();
   private boundAddress?: string;
   private gate?: ConnectionGate;
+  private socket?: BoundSocket;
 
   constructor(private readonly opts: ApiServerOptions) {
     this.address = parseAddress(opts.listen);
@@ -248,16 +228,7 @@ export class ApiServer {
     });
     this.gate = gate;
     if (a.kind === 'unix') {
-      await prepareUnixSocket(a.path);
-      // created with its mode from the start (no window where it is wider)
-      const mode = this.opts.socketMode ?? 0o660;
-      const old = process.umask(0o777 & ~mode);
-      try {
-        await gate.listen(a);
-      } finally {
-        process.umask(old);
-      }
-      chmodSync(a.path, mode);
+      this.socket = await bindUnixSocket(a.path, this.opts.socketMode ?? 0o660, (path) => gate.listen({ ...a, path }));
       this.boundAddress = formatAddress(a);
     } else {
       const port = await gate.listen(a);
@@ -277,19 +248,13 @@ export class ApiServer {
     return this.boundAddress;
   }
 
-  /** Ends every stream and stops listening (the unix socket file is removed). */
+  /** Ends every stream and stops listening (the unix socket file is removed if it is still this server's). */
   async stop(graceMs = 1000): Promise<void> {
     this.gate?.stopListening();
     for (const finish of [...this.active]) finish();
     await this.server.close(graceMs);
     await this.gate?.destroy();
-    if (this.address.kind === 'unix') {
-      try {
-        unlinkSync(this.address.path);
-      } catch {
-        // already gone
-      }
-    }
+    this.socket?.remove();
   }
 
   /** Kills every open stream at once (tests: simulate a dropped connection). */

@@ -4,6 +4,7 @@
 // (closed on exit), and kubeproxy_network_programming_duration_seconds for
 // each Service a diff carried once the sync that applied it succeeded (the
 // first diff, the state at start, is not a change: not timed).
+import { hostname } from 'node:os';
 import type { Logger } from '../../runtime/log.js';
 import { LocalSet } from '../../api/model.js';
 import { splitEndpointPath } from '../../diff/fullstate.js';
@@ -12,6 +13,7 @@ import { startBackends, type BackendSpec, type StartedBackend } from '../../back
 import type { SyncResult } from '../../backends/shared/runner.js';
 import { ipFamily, metrics } from '../../runtime/metrics.js';
 import { TRIM_AFTER_BURST_MS, trimMemory } from '../../runtime/memory.js';
+import { nodeLockPath, takeNodeLock } from './node-lock.js';
 
 export interface NodeAgentOptions {
   /** one backend, or several on the same stream (each gets every op) */
@@ -26,6 +28,8 @@ export interface NodeAgentOptions {
   readonly changedAt?: (serviceKey: string) => number | undefined;
   /** BackendContext.packEndpoints */
   readonly packEndpoints?: boolean;
+  /** the state socket's address: the node lock (node-lock.ts) lives beside it */
+  readonly stateSocket?: string;
   /** feeds the ops to sink until the signal aborts (or the backend is done, with --once) */
   feed(sink: LocalSink, signal: AbortSignal, backend: StartedBackend): Promise<void>;
 }
@@ -140,6 +144,17 @@ export class ProgrammingLatency {
 }
 
 export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
+  // a one-shot run (--once) applies a state and leaves; a running agent is the node's only one
+  const once = o.backends.some((s) => s.opts.once);
+  const lock = once ? undefined : takeNodeLock(nodeLockPath(o.stateSocket), { command: process.argv.slice(2).join(' '), node: String(o.backends[0]?.opts.nodeName || hostname()) }, o.log);
+  try {
+    await runAgent(o, once);
+  } finally {
+    lock?.release();
+  }
+}
+
+async function runAgent(o: NodeAgentOptions, once: boolean): Promise<void> {
   const b = await startBackends(o.backends, o.log, o.signal, { packEndpoints: o.packEndpoints });
   const stop = new AbortController();
   const onAbort = () => stop.abort();
@@ -148,7 +163,6 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
   const latency = new ProgrammingLatency(b.reporting, o.changedAt);
   // a full sync (start-up, a reconnect) is the burst that grows the heap;
   // with --once the process ends right after it
-  const once = o.backends.some((s) => s.opts.once);
   let cancelTrim = () => {};
   const unsubscribe = b.onResult((r, backend) => {
     latency.synced(r, backend);

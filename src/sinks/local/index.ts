@@ -35,6 +35,7 @@ registerSink({
         backends: backends.map((b, i) => (i === 0 ? { ...b, opts: { ...b.opts, nodeName: b.opts.nodeName ?? ctx.nodeName } } : b)),
         log: ctx.log,
         signal: ctx.signal,
+        stateSocket: opts.stateSocket,
         changedAt: (k) => since.get(k),
         async feed(sink, signal, b) {
           ctx.log.info({ node: b.nodeName, backends: backends.map((x) => x.name).join(',') }, 'to-local: starting');
