@@ -61,7 +61,7 @@ export class NodePresence {
   private warn(): void {
     this.log.warn(
       { node: this.nodeName },
-      `node ${this.nodeName}: the cluster has no Node of this name; check --node-name (or hostnameOverride). until it appears no endpoint counts as this node's own, topology has no zone, and /healthz answers 503`,
+      `node ${this.nodeName}: the cluster has no Node of this name; check --node-name (or hostnameOverride). Until it appears no endpoint counts as this node's own, topology has no zone, and /healthz answers 503`,
     );
   }
 
