@@ -1,14 +1,14 @@
 // /healthz, /livez, /readyz and /metrics. /livez is kube-proxy's: healthy
 // while every queued update gets applied within 2 x syncPeriod (a process
 // that cannot reach its source is not stuck: restarting it would not help).
-// /healthz is kube-proxy's answer to load balancers and probes, and like
-// kube-proxy's it is never 200 on a node kpng has not programmed: it needs
-// /livez, a first complete state applied by every backend, and the node's
-// Node known and not going away (deletionTimestamp or the cluster
-// autoscaler's ToBeDeletedByClusterAutoscaler taint; kube-proxy's
-// nodeEligible, false while it has no Node). /readyz is the same without the
+// /healthz has kube-proxy's body and meaning for load balancers: 503 while
+// the node's Node is unknown or going away (deletionTimestamp, or the
+// cluster autoscaler's ToBeDeletedByClusterAutoscaler taint: nodeEligible),
+// and it is 200 only on a programmed node: /livez, and a first complete
+// state applied by every backend (kube-proxy counts itself updated as it
+// starts, which says nothing of the rules). /readyz is the same without the
 // deletion part: "this node is programmed", for readiness and startup probes
-// (a draining node stays ready, and its liveness is /livez).
+// (a draining node stays ready; its liveness is /livez).
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Logger } from './log.js';
 import { ipFamily, metrics, registry } from './metrics.js';
@@ -23,8 +23,8 @@ export class ProxyHealth {
   /** when the first complete state reached the backends (0: not yet) */
   private firstStateAt = 0;
   private lastUpdated = 0;
-  /** the stream has this node's Node object */
-  private nodeKnown: boolean;
+  /** the stream has this node's Node object (setNode) */
+  private nodeKnown = false;
   /** the Node is being deleted */
   private nodeDeleting = false;
 
@@ -33,12 +33,9 @@ export class ProxyHealth {
     /** backends that must each apply every update (several on one stream) */
     backends = 1,
     private readonly now: () => number = Date.now,
-    /** false: the stream does not carry the Node (nothing to wait for) */
-    nodeCarried = true,
   ) {
     this.oldestPending = new Array<number>(backends).fill(0);
     this.programmedBy = new Array<boolean>(backends).fill(false);
-    this.nodeKnown = !nodeCarried;
   }
 
   /** an update reached the backends and waits to be applied */
@@ -54,11 +51,10 @@ export class ProxyHealth {
   }
 
   /** what a backend's sync did: a good one applied everything queued before it */
-  observe(r: { readonly ok: boolean; readonly endedAt?: number; readonly durationMs?: number }, backend = 0): void {
+  observe(r: { readonly ok: boolean; readonly endedAt: number; readonly durationMs: number }, backend = 0): void {
     if (!r.ok) return;
     this.oldestPending[backend] = 0;
-    const started = r.endedAt === undefined ? this.now() : r.endedAt - (r.durationMs ?? 0);
-    if (this.firstStateAt && started >= this.firstStateAt) this.programmedBy[backend] = true;
+    if (this.firstStateAt && r.endedAt - r.durationMs >= this.firstStateAt) this.programmedBy[backend] = true;
     if (!this.applied || !this.programmed) return;
     this.lastUpdated = this.now();
     metrics.lastSync.set({ ip_family: ipFamily() }, this.lastUpdated / 1000);
