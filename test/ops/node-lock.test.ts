@@ -1,5 +1,5 @@
 // One kpng per node: a second node agent is refused with one line naming the
-// first (pid, version, since when, its command), before it touches anything,
+// first (pid, version, since when, its command), before it starts a backend,
 // and the first's state socket keeps answering `kpng get` after the second
 // exits. Below that: a server never removes a socket file it did not bind,
 // neither one it found live nor one that replaced its own.
