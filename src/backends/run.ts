@@ -110,9 +110,7 @@ export async function startBackends(specs: readonly BackendSpec[], log: Logger, 
   const health = new ProxyHealth(timeout, Math.max(1, reporting.length));
   let lastResult: SyncResult | undefined;
   const listeners = new Set<(r: SyncResult, backend: number) => void>();
-  // changes received and not yet applied everywhere (kube-proxy's *_changes_pending)
-  let pendingEndpoints = 0;
-  let pendingServices = 0;
+  const tally = new ChangeTally();
   const reportOf =
     (index: number): SyncReporter =>
     (r) => {
@@ -120,11 +118,7 @@ export async function startBackends(specs: readonly BackendSpec[], log: Logger, 
       health.observe(r, Math.max(0, reporting.indexOf(index)));
       for (const l of listeners) l(r, index);
       if (!r.ok) return;
-      if (health.applied) {
-        pendingEndpoints = pendingServices = 0;
-        metrics.endpointChangesPending.set(0);
-        metrics.serviceChangesPending.set(0);
-      }
+      if (health.applied) tally.applied();
       const family = { ip_family: ipFamily() };
       metrics.syncDuration.observe(family, r.durationMs / 1000);
       (r.full ? metrics.syncFullDuration : metrics.syncPartialDuration).observe(family, r.durationMs / 1000);
@@ -160,17 +154,6 @@ export async function startBackends(specs: readonly BackendSpec[], log: Logger, 
   let resolveDone!: () => void;
   const done = new Promise<void>((r) => (resolveDone = r));
   let inDiff = false;
-  // what a diff's ops count for the metrics, told once at its Sync (prom-client's
-  // labelled inc per op was a tenth of a cold sync's delivery)
-  const tally = { endpoints: 0, services: 0, ops: { set: 0, delete: 0, reset: 0 } };
-  const flushTally = () => {
-    if (tally.endpoints) metrics.endpointChangesTotal.inc(tally.endpoints);
-    if (tally.services) metrics.serviceChangesTotal.inc(tally.services);
-    metrics.endpointChangesPending.set(pendingEndpoints);
-    metrics.serviceChangesPending.set(pendingServices);
-    for (const [op, n] of Object.entries(tally.ops)) if (n) metrics.opsSent.inc({ op }, n);
-    tally.endpoints = tally.services = tally.ops.set = tally.ops.delete = tally.ops.reset = 0;
-  };
   const toInstances = async (op: LocalOp, from: number, pending: unknown): Promise<void> => {
     await pending;
     for (let i = from; i < instances.length; i++) await instances[i].sink.send(op);
@@ -182,21 +165,14 @@ export async function startBackends(specs: readonly BackendSpec[], log: Logger, 
         inDiff = true;
         health.queued();
       }
-      if (op.kind === 'set' || op.kind === 'delete') {
-        if (op.set === LocalSet.EndpointsSet) {
-          tally.endpoints++;
-          pendingEndpoints++;
-        } else if (op.set === LocalSet.ServicesSet) {
-          tally.services++;
-          pendingServices++;
-        } else if (op.set === LocalSet.NodesSet) node.op(op);
-      }
       if (op.kind === 'sync') {
         node.synced();
         health.delivered();
-        flushTally();
-        metrics.opsSent.inc({ op: 'sync' });
-      } else tally.ops[op.kind]++;
+        tally.flush();
+      } else {
+        tally.count(op);
+        if (op.kind !== 'reset' && op.set === LocalSet.NodesSet) node.op(op);
+      }
       const ended = () => {
         if (op.kind !== 'sync') return;
         inDiff = false;
@@ -232,6 +208,50 @@ export async function startBackends(specs: readonly BackendSpec[], log: Logger, 
       await closeServers();
     },
   };
+}
+
+/**
+ * kube-proxy's change counters and kpng's ops: a diff's ops are counted here
+ * and told to the metrics once, at its Sync (prom-client's labelled inc per
+ * op was a tenth of a cold sync's delivery). Pending: received, not yet
+ * applied by every backend.
+ */
+class ChangeTally {
+  private endpoints = 0;
+  private services = 0;
+  private readonly ops = { set: 0, delete: 0, reset: 0 };
+  private pendingEndpoints = 0;
+  private pendingServices = 0;
+
+  count(op: Exclude<LocalOp, { kind: 'sync' }>): void {
+    this.ops[op.kind]++;
+    if (op.kind === 'reset') return;
+    if (op.set === LocalSet.EndpointsSet) {
+      this.endpoints++;
+      this.pendingEndpoints++;
+    } else if (op.set === LocalSet.ServicesSet) {
+      this.services++;
+      this.pendingServices++;
+    }
+  }
+
+  /** a diff's Sync */
+  flush(): void {
+    if (this.endpoints) metrics.endpointChangesTotal.inc(this.endpoints);
+    if (this.services) metrics.serviceChangesTotal.inc(this.services);
+    metrics.endpointChangesPending.set(this.pendingEndpoints);
+    metrics.serviceChangesPending.set(this.pendingServices);
+    for (const [op, n] of Object.entries(this.ops)) if (n) metrics.opsSent.inc({ op }, n);
+    metrics.opsSent.inc({ op: 'sync' });
+    this.endpoints = this.services = this.ops.set = this.ops.delete = this.ops.reset = 0;
+  }
+
+  /** every backend applied everything received */
+  applied(): void {
+    this.pendingEndpoints = this.pendingServices = 0;
+    metrics.endpointChangesPending.set(0);
+    metrics.serviceChangesPending.set(0);
+  }
 }
 
 /** the backend of each kube-proxy mode a configuration may name */
