@@ -7,7 +7,7 @@
 // checks cost.
 //   npm run bench -- drift-check [--services 30000] [--seconds 60]
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -48,8 +48,11 @@ export default async function (args: string[]) {
       const ns = spaces.add();
       const config = join(dir, `${name}.json`);
       writeFileSync(config, JSON.stringify({ apiVersion: 'kubeproxy.config.k8s.io/v1alpha1', kind: 'KubeProxyConfiguration', mode: 'nftables', nftables: { syncPeriod, minSyncPeriod: '1s' } }));
+      // each agent its own state socket, and node lock beside it: they share this host's /run
+      mkdirSync(join(dir, name));
+      const socket = `unix://${join(dir, name, 'node.sock')}`;
       const t0 = Date.now();
-      const p = spawn('ip', ['netns', 'exec', ns, process.execPath, `${ROOT}bin/kpng.js`, '--log-level', 'debug', 'file', '--input', input, '--no-watch', '--node-name', 'node-0', 'to-local', 'to-nft', '--config', config, '--no-health-checks'], { stdio: ['ignore', 'ignore', 'pipe'] });
+      const p = spawn('ip', ['netns', 'exec', ns, process.execPath, `${ROOT}bin/kpng.js`, '--log-level', 'debug', 'file', '--input', input, '--no-watch', '--node-name', 'node-0', 'to-local', '--state-socket', socket, 'to-nft', '--config', config, '--no-health-checks'], { stdio: ['ignore', 'ignore', 'pipe'] });
       procs.push(p);
       let stderr = '';
       let checks = 0;

@@ -6,13 +6,12 @@
 // server (which exists to fan one diff out to thousands of nodes). Also the
 // read-only /kpng.aggregator.v1.TenantStatus/List, added to the node's state
 // socket (kpng get tenants).
-import { chmodSync, unlinkSync } from 'node:fs';
 import type * as grpc from '@grpc/grpc-js';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import type { Logger } from '../runtime/log.js';
 import { grpcJs } from '../runtime/lazy.js';
 import { parseAddress } from '../api/grpc/address.js';
-import { prepareUnixSocket } from '../api/grpc/unix-socket.js';
+import { bindUnixSocket, type BoundSocket } from '../api/grpc/unix-socket.js';
 import { grpcFrames, GrpcStatus, type ServerCall } from '../api/grpc/h2-server.js';
 import { TenantListSchema, TenantReplySchema, TenantRequestSchema, type TenantReply, type TenantRequest } from '../api/gen/kpng/aggregator/v1/aggregator_pb.js';
 import type { Aggregator, SessionPort } from './aggregator.js';
@@ -44,31 +43,20 @@ const serviceDefinition = (): grpc.ServiceDefinition => ({
 export async function startTenantServer(o: { address: string; aggregator: Aggregator; log: Logger }): Promise<TenantServer | undefined> {
   if (!o.address || o.address === 'none') return undefined;
   const g = grpcJs();
-  let path: string;
-  try {
-    const a = parseAddress(o.address);
-    if (a.kind !== 'unix') throw new Error('the tenant API is served on a unix socket only');
-    path = a.path;
-    await prepareUnixSocket(path);
-  } catch (e) {
-    o.log.warn({ socket: o.address, reason: (e as Error).message }, 'tenant API: not serving');
-    return undefined;
-  }
   const server = new g.Server({ 'grpc.max_receive_message_length': MAX_MESSAGE_BYTES, 'grpc.max_send_message_length': MAX_MESSAGE_BYTES });
   const calls = new Set<grpc.ServerDuplexStream<TenantRequest, TenantReply>>();
   server.addService(serviceDefinition(), {
     session: (call: grpc.ServerDuplexStream<TenantRequest, TenantReply>) => serveSession(call, o.aggregator, calls),
   });
-  const old = process.umask(0o177);
+  let socket: BoundSocket;
   try {
-    await new Promise<void>((resolve, reject) => server.bindAsync(`unix://${path}`, g.ServerCredentials.createInsecure(), (e) => (e ? reject(e) : resolve())));
-    chmodSync(path, 0o600);
+    const a = parseAddress(o.address);
+    if (a.kind !== 'unix') throw new Error('the tenant API is served on a unix socket only');
+    socket = await bindUnixSocket(a.path, 0o600, (privatePath) => new Promise<void>((resolve, reject) => server.bindAsync(`unix://${privatePath}`, g.ServerCredentials.createInsecure(), (e) => (e ? reject(e) : resolve()))));
   } catch (e) {
     o.log.warn({ socket: o.address, reason: (e as Error).message }, 'tenant API: not serving');
     server.forceShutdown();
     return undefined;
-  } finally {
-    process.umask(old);
   }
   o.log.info({ socket: o.address }, 'tenant API: serving');
   return {
@@ -79,11 +67,7 @@ export async function startTenantServer(o: { address: string; aggregator: Aggreg
         server.tryShutdown(() => (clearTimeout(timer), resolve()));
       });
       for (const c of calls) c.destroy();
-      try {
-        unlinkSync(path);
-      } catch {
-        // gone
-      }
+      socket.remove();
     },
   };
 }

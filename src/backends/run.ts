@@ -8,12 +8,13 @@ import { hostname } from 'node:os';
 import type { Command } from 'commander';
 import type { Logger } from '../runtime/log.js';
 import type { LocalOp, LocalSink } from '../diff/ops.js';
-import { LocalSet, type LocalNode } from '../api/model.js';
+import { LocalSet } from '../api/model.js';
 import { getBackend, registeredBackends, type BackendContext, type BackendDefinition, type BackendInstance, type SyncReporter } from './registry.js';
 import { addConfigFlags, configFromFlags, type KubeProxyConfiguration } from './shared/config.js';
 import { ProxyHealth, startProxyServers } from '../runtime/health.js';
-import { metrics, enableProcessMetrics } from '../runtime/metrics.js';
+import { metrics, enableProcessMetrics, initKnownSeries, ipFamily } from '../runtime/metrics.js';
 import type { SyncResult } from './shared/runner.js';
+import { NodePresence } from './node-presence.js';
 
 /** The flags every backend command has, then the backend's own. */
 export function addBackendOptions(cmd: Command, def: BackendDefinition): void {
@@ -125,8 +126,12 @@ export async function startBackends(specs: readonly BackendSpec[], log: Logger, 
   let closeServers = async () => {};
   const once = specs.some((s) => s.opts.once);
   const modes = defs.map((d) => d.proxyMode).filter((m): m is string => !!m);
+  warnOfIgnoredModes(specs, configs, modes, log);
+  const sets = [...new Set(instances.flatMap((i) => i.sets ?? []))];
+  const node = new NodePresence(nodeName, health, log, sets.includes(LocalSet.NodesSet));
   if (modes.length && !once) {
     enableProcessMetrics();
+    initKnownSeries(modes);
     closeServers = await startProxyServers(
       health,
       { healthzBindAddress: config.healthzBindAddress, metricsBindAddress: config.metricsBindAddress, proxyMode: modes.join('+'), hardFail: config.bindAddressHardFail },
@@ -137,10 +142,10 @@ export async function startBackends(specs: readonly BackendSpec[], log: Logger, 
   const done = new Promise<void>((r) => (resolveDone = r));
   return {
     instances,
-    sets: [...new Set(instances.flatMap((i) => i.sets ?? []))],
+    sets,
     nodeName,
     config,
-    sink: fanOut(instances, health, changes, () => once && resolveDone()),
+    sink: fanOut(instances, health, node, changes, () => once && resolveDone()),
     done,
     health,
     reporting,
@@ -149,6 +154,7 @@ export async function startBackends(specs: readonly BackendSpec[], log: Logger, 
     },
     onResult: (l) => results.listen(l),
     async close() {
+      node.close();
       await closeInstances();
       await closeServers();
     },
@@ -158,10 +164,11 @@ export async function startBackends(specs: readonly BackendSpec[], log: Logger, 
 /**
  * The sink every backend's ops go through: each backend gets each op, in
  * order, synchronously while they are (no promise per op); the diff's
- * changes are counted (metrics) and its start and the node's deletion told
- * to health. ended: after a Sync went through every backend.
+ * changes are counted (metrics), its start and end told to health, and the
+ * node's presence followed (node-presence.ts). ended: after a Sync went
+ * through every backend.
  */
-function fanOut(instances: readonly BackendInstance[], health: ProxyHealth, changes: ChangeMetrics, ended: () => void): LocalSink {
+function fanOut(instances: readonly BackendInstance[], health: ProxyHealth, node: NodePresence, changes: ChangeMetrics, ended: () => void): LocalSink {
   let inDiff = false;
   const toInstances = async (op: LocalOp, from: number, pending: unknown): Promise<void> => {
     await pending;
@@ -174,7 +181,10 @@ function fanOut(instances: readonly BackendInstance[], health: ProxyHealth, chan
         health.queued();
       }
       changes.count(op);
-      if ((op.kind === 'set' || op.kind === 'delete') && op.set === LocalSet.NodesSet) health.nodeEligible = op.kind === 'delete' || !(op.value as LocalNode).Deleting;
+      if (op.kind === 'sync') {
+        node.synced();
+        health.delivered();
+      } else if (op.kind !== 'reset' && op.set === LocalSet.NodesSet) node.op(op);
       const through = () => {
         if (op.kind !== 'sync') return;
         inDiff = false;
@@ -225,8 +235,9 @@ class ChangeMetrics {
       metrics.endpointChangesPending.set(0);
       metrics.serviceChangesPending.set(0);
     }
-    metrics.syncDuration.observe({ ip_family: '' }, r.durationMs / 1000);
-    (r.full ? metrics.syncFullDuration : metrics.syncPartialDuration).observe({ ip_family: '' }, r.durationMs / 1000);
+    const family = { ip_family: ipFamily() };
+    metrics.syncDuration.observe(family, r.durationMs / 1000);
+    (r.full ? metrics.syncFullDuration : metrics.syncPartialDuration).observe(family, r.durationMs / 1000);
   }
 
   private flush(): void {
@@ -266,4 +277,24 @@ class SyncResults {
     this.listeners.add(l);
     return () => this.listeners.delete(l);
   }
+}
+
+/** the backend of each kube-proxy mode a configuration may name */
+const BACKEND_OF_MODE: Record<string, string> = { nftables: 'nft', iptables: 'iptables', ipvs: 'ipvs', userspace: 'userspace' };
+
+/**
+ * kube-proxy chooses its proxier by the configuration's mode; kpng by the
+ * command line. A mode no backend here runs would be silently ignored: it is
+ * said once, with the command that runs it.
+ */
+function warnOfIgnoredModes(specs: readonly BackendSpec[], configs: readonly KubeProxyConfiguration[], modes: readonly string[], log: Logger): void {
+  const said = new Set<string>();
+  configs.forEach((c, i) => {
+    const where = `--config ${specs[i].opts.config}`;
+    if (!c.mode || modes.includes(c.mode) || said.has(`${where} ${c.mode}`)) return;
+    said.add(`${where} ${c.mode}`);
+    const backend = BACKEND_OF_MODE[c.mode];
+    const fix = backend ? `the backend is chosen on the command line: to-${backend}` : 'kpng has no backend for it';
+    log.warn(`${where}: mode: ${c.mode} is ignored (this process runs to-${specs.map((s) => s.name).join(', to-')}); ${fix}`);
+  });
 }

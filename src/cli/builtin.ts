@@ -2,12 +2,17 @@
 import { registerCommand } from './commands.js';
 import { version } from '../runtime/version.js';
 import { registeredBackends, type CleanupReport } from '../backends/registry.js';
+import { suggest } from './command.js';
+
+export function versionLine(): string {
+  return `kpng ${version()} (node ${process.version})`;
+}
 
 registerCommand((program) => {
   program
     .command('version')
     .description('print the kpng version')
-    .action(() => console.log(`kpng ${version()} (node ${process.version})`));
+    .action(() => console.log(versionLine()));
 });
 
 registerCommand((program, run) => {
@@ -55,14 +60,6 @@ is still cleaned; each such table is reported on a "could not clean" line, and t
 status is then 1.
 `;
 
-/** An expected outcome (reported line by line above), not a crash: logged without a stack. */
-class CleanupIncomplete extends Error {
-  constructor(message: string) {
-    super(message);
-    this.stack = message;
-  }
-}
-
 registerCommand((program, run) => {
   program
     .command('cleanup')
@@ -73,8 +70,12 @@ registerCommand((program, run) => {
       const opts = this.opts();
       return run(async (log) => {
         const backends = registeredBackends().filter((b) => b.cleanup);
-        const unknown = ((opts.backend ?? []) as string[]).filter((n) => !backends.some((b) => b.name === n));
-        if (unknown.length) throw new Error(`unknown backend ${unknown.join(', ')} (backends: ${backends.map((b) => b.name).join(', ')})`);
+        const names = backends.map((b) => b.name);
+        for (const n of (opts.backend ?? []) as string[]) {
+          if (names.includes(n)) continue;
+          const like = suggest(n, names);
+          throw new Error(`unknown backend ${n}${like ? `; did you mean ${like}?` : ''} (backends: ${names.join(', ')})`);
+        }
         let failed = 0;
         for (const b of backends) {
           if (opts.backend && !opts.backend.includes(b.name)) continue;
@@ -90,7 +91,7 @@ registerCommand((program, run) => {
           for (const f of report.failed) log.error(`cleanup: could not clean ${f}`);
           failed += report.failed.length;
         }
-        if (failed) throw new CleanupIncomplete(`cleanup incomplete: ${failed} part${failed > 1 ? 's' : ''} left in place (see above)`);
+        if (failed) throw new Error(`cleanup incomplete: ${failed} part${failed > 1 ? 's' : ''} left in place (see above)`);
       });
     });
 });

@@ -45,9 +45,11 @@ Examples:
   kpng get tenants -o wide
 `;
 
+const DEFAULT_SOCKETS = [DEFAULT_NODE_SOCKET, DEFAULT_BRAIN_SOCKET];
+
 /** The state socket asked by default: a node agent's, else a brain's (the node agent's when neither is there). */
 export function defaultSocket(): string {
-  for (const s of [DEFAULT_NODE_SOCKET, DEFAULT_BRAIN_SOCKET]) if (existsSync(s.slice('unix://'.length))) return s;
+  for (const s of DEFAULT_SOCKETS) if (existsSync(s.slice('unix://'.length))) return s;
   return DEFAULT_NODE_SOCKET;
 }
 
@@ -68,7 +70,7 @@ registerCommand((program, run) => {
     const o = this.opts();
     return run(async () => {
       // the client and the tables load when the command runs
-      const [{ fetchState, GetError }, { endpointsTable, nodesOf, nodesTable, servicesOf, servicesOfLocal, servicesTable, structured, plain, terminal }] = await Promise.all([
+      const [{ fetchState, GetError, NotRunning }, { endpointsTable, nodesOf, nodesTable, servicesOf, servicesOfLocal, servicesTable, structured, plain, terminal }] = await Promise.all([
         import('../get/fetch.js'),
         import('../get/view.js'),
       ]);
@@ -118,7 +120,10 @@ registerCommand((program, run) => {
         }
         console.log(out.join('\n'));
       } catch (e) {
-        if (e instanceof GetError) e.stack = `kpng get: ${e.message}`;
+        // asked nowhere in particular: say where kpng looked, and what to do
+        if (e instanceof NotRunning && !o.socket && !o.api) {
+          throw new GetError(`no kpng is running here (looked at ${DEFAULT_SOCKETS.map((s) => s.slice('unix://'.length)).join(' and ')}); start one or use --socket/--api`);
+        }
         throw e;
       }
     });

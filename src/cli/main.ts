@@ -1,16 +1,19 @@
 // kpng's command line: `kpng <source> [flags] <sink> [flags] [to-<backend> [flags]]`,
 // built from the source, sink and backend registries.
 import { Command, Option } from 'commander';
+import { KpngCommand } from './command.js';
 import { createLogger, setLogger, type Logger } from '../runtime/log.js';
 import { registeredSources, type SourceDefinition } from '../sources/registry.js';
 import { registeredSinks, type SinkDefinition } from '../sinks/registry.js';
 import { addBackendCommands, buildBackendsNamedIn, type BackendSpec } from '../backends/run.js';
+import { registeredBackends } from '../backends/registry.js';
 import { ConfigError } from '../runtime/errors.js';
+import { loadConfigFile } from '../backends/shared/config.js';
 import { registeredCommands } from './commands.js';
 import '../sources/index.js';
 import '../sinks/index.js';
 import '../backends/index.js';
-import './builtin.js';
+import { versionLine } from './builtin.js';
 import './trace.js';
 import './get.js';
 import './status.js';
@@ -35,7 +38,11 @@ export async function runPipeline(p: {
   const store = new Store({ keepDecodedSlices: !!p.sink.compactViews });
   const views = new ServiceViews(store, p.sourceOpts.serviceProxyName ?? '', { keepDecoded: !p.sink.compactViews });
   const stopStats = p.sourceOpts.stats ? startStats(store) : undefined;
-  const source = await p.source.start(p.sourceOpts, { store, log: p.log, signal: p.signal });
+  const once = !!p.sinkOpts.once || !!p.backends?.some((b) => b.opts.once);
+  // the node's kube-proxy configuration names the API server too (clientConnection.kubeconfig)
+  const config = p.backends?.[0]?.opts.config;
+  const clientConnection = config ? loadConfigFile(String(config)).clientConnection : undefined;
+  const source = await p.source.start(p.sourceOpts, { store, log: p.log, signal: p.signal, once, clientConnection });
   try {
     await p.sink.run(p.sinkOpts, { store, views, log: p.log, signal: p.signal, nodeName: p.sourceOpts.nodeName, source: { name: p.source.name, origin: source.origin } }, p.backends ?? []);
   } finally {
@@ -45,12 +52,12 @@ export async function runPipeline(p: {
 }
 
 export function buildProgram(run: (fn: (log: Logger, signal: AbortSignal) => Promise<void>) => Promise<void> = runMain): Command {
-  const program = new Command('kpng')
+  const program = new KpngCommand('kpng')
     .description('Kubernetes Proxy NG: kpng <source> [flags] <sink> [flags] [to-<backend> [flags]]')
+    .version(versionLine(), '-V, --version', 'print the kpng version')
     .enablePositionalOptions()
     .addOption(new Option('--log-level <level>', 'log level').choices(['trace', 'debug', 'info', 'warn', 'error']).default('info'))
-    .addOption(new Option('--log-format <format>', 'log format').choices(['text', 'json']).default('text'))
-    .showHelpAfterError();
+    .addOption(new Option('--log-format <format>', 'log format').choices(['text', 'json']).default('text'));
 
   for (const source of registeredSources()) {
     const sc = program.command(source.name).description(source.description).enablePositionalOptions();
@@ -73,8 +80,24 @@ export function buildProgram(run: (fn: (log: Logger, signal: AbortSignal) => Pro
   program.hook('preAction', () => {
     const o = program.opts();
     setLogger(createLogger({ level: o.logLevel, format: o.logFormat }));
+    logOptions = { level: o.logLevel, format: o.logFormat };
   });
   return program;
+}
+
+/** the --log-level and --log-format of the command that runs (how its failure is told) */
+let logOptions = { level: 'info', format: 'text' };
+
+/**
+ * A command that failed says why once, in one line: "error: ..." on stderr
+ * (one JSON record with --log-format json), the way commander reports a
+ * usage error; its stack only at --log-level debug or trace (a bug's).
+ */
+function reportFailure(logger: Logger, e: unknown): void {
+  const message = e instanceof ConfigError ? `invalid configuration: ${e.message}` : e instanceof Error ? e.message : String(e);
+  const stack = ['debug', 'trace'].includes(logOptions.level) && e instanceof Error ? e.stack : undefined;
+  if (logOptions.format === 'json') logger.error(stack ? { stack } : {}, message);
+  else process.stderr.write(`error: ${message}\n${stack ? `${stack}\n` : ''}`);
 }
 
 /** Runs fn with a logger and a signal that SIGINT/SIGTERM abort, then exits. */
@@ -93,14 +116,15 @@ export async function runMain(fn: (log: Logger, signal: AbortSignal) => Promise<
     await fn(logger, ac.signal);
   } catch (e) {
     code = 1;
-    if (e instanceof ConfigError) logger.error({ field: e.field, reason: e.reason }, `invalid configuration: ${e.message}`);
-    else logger.error({ err: e instanceof Error ? e.stack : String(e) }, (e as Error).message ?? 'failed');
+    reportFailure(logger, e);
   }
   // sources may keep watches open: exit explicitly
   process.exit(code);
 }
 
 export async function main(argv = process.argv): Promise<void> {
-  buildBackendsNamedIn(argv);
+  // a to- word that names nothing gets the whole tree, for the error to say what it may have meant
+  const known = new Set([...registeredSinks().map((s) => s.name), ...registeredBackends().map((b) => `to-${b.name}`)]);
+  buildBackendsNamedIn(argv.some((w) => w.startsWith('to-') && !known.has(w)) ? undefined : argv);
   await buildProgram().parseAsync(argv);
 }

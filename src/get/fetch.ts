@@ -3,6 +3,7 @@
 // Nodes) and the node it serves by default (/localv1.Sets/Watch without a
 // node name, asking for the node set). A stream is read to its first Sync
 // and closed: kpng get is a client like any node, and changes nothing.
+import { existsSync } from 'node:fs';
 import type * as grpc from '@grpc/grpc-js';
 import { grpcJs } from '../runtime/lazy.js';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
@@ -60,6 +61,22 @@ async function snapshot(client: grpc.Client, path: string, request: Buffer, dead
 
 export class GetError extends Error {}
 
+/** Nothing answers at the address: no kpng serves there. */
+export class NotRunning extends GetError {
+  constructor(
+    readonly address: string,
+    readonly reason: string,
+  ) {
+    super(`nothing answers at ${address} (${reason}): no kpng runs there`);
+  }
+}
+
+/** Whether a failed call found no server at all (no socket file, a refused connection). */
+function notRunning(address: string, err: grpc.ServiceError): NotRunning | undefined {
+  const m = /\b(ENOENT|ECONNREFUSED)\b/.exec(err.details ?? err.message);
+  return err.code === grpcJs().status.UNAVAILABLE && m ? new NotRunning(address, m[1] === 'ENOENT' ? 'no such socket' : 'connection refused') : undefined;
+}
+
 /** A kpng local node agent: its node-local state only (what its backend programs). */
 async function nodeLocalState(client: grpc.Client, address: string, node: string | undefined, deadline: number): Promise<ClusterState> {
   let ops: OpItem[];
@@ -87,6 +104,7 @@ async function nodeLocalState(client: grpc.Client, address: string, node: string
 /** The state of the kpng at address (a state socket, or a brain's API). */
 export async function fetchState(address: string, tls?: ClientTLS, node?: string): Promise<ClusterState> {
   const a = parseAddress(address);
+  if (a.kind === 'unix' && !existsSync(a.path)) throw new NotRunning(address, 'no such socket');
   const client = newClient(a, tls);
   const deadline = Date.now() + TIMEOUT_MS;
   try {
@@ -96,7 +114,7 @@ export async function fetchState(address: string, tls?: ClientTLS, node?: string
     } catch (e) {
       const err = e as grpc.ServiceError;
       if (err.code === grpcJs().status.UNIMPLEMENTED) return await nodeLocalState(client, address, node, deadline);
-      throw new GetError(`${address}: ${err.details ?? err.message}`);
+      throw notRunning(address, err) ?? new GetError(`${address}: ${err.details ?? err.message}`);
     }
     const state: ClusterState = { services: [], slices: new Map(), nodes: [] };
     for (const op of global) {

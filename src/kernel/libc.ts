@@ -1,5 +1,5 @@
 // libc through koffi, one binding for the process: the few system calls kpng
-// makes directly (netlink and raw sockets, setns, getsockopt, open) and
+// makes directly (netlink and raw sockets, setns, getsockopt, open, flock) and
 // glibc's allocator controls (src/runtime/memory.ts). The boundary is small
 // and typed on purpose (a wrong pointer crashes the process instead of
 // throwing); anything that fails here throws a KernelError and the caller
@@ -21,6 +21,8 @@ export interface Libc {
   setns(fd: number, nstype: number): number;
   open(path: string, flags: number): number;
   close(fd: number): number;
+  /** flock(2) on a file descriptor node:fs opened */
+  flock(fd: number, operation: number): number;
   /** glibc's malloc_trim */
   mallocTrim(pad: number): number;
   /** glibc's mallopt */
@@ -56,6 +58,7 @@ export function libc(): Libc {
       setns: c.func('int setns(int, int)'),
       open: c.func('int open(const char *, int)'),
       close: c.func('int close(int)'),
+      flock: c.func('int flock(int, int)'),
       mallocTrim: c.func('int malloc_trim(size_t)'),
       mallopt: c.func('int mallopt(int, int)'),
       errno: () => koffi.errno() as number,

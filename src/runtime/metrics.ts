@@ -76,6 +76,11 @@ export const metrics = {
   skippedServices: new Gauge({ name: 'kpng_sync_skipped_services', help: 'Services left out of the dataplane because it refuses them (each logged once; retried when they change)', registers: [registry] }),
   repairs: new Counter({ name: 'kpng_dataplane_repairs_total', help: 'Times the periodic check found the dataplane changed by someone else and repaired it', registers: [registry] }),
   elementChanges: new Counter({ name: 'kpng_nftables_element_changes_total', help: 'nftables map/set elements added or deleted', registers: [registry] }),
+  nodeKnown: new Gauge({
+    name: 'kpng_node_known',
+    help: "1 when the node-local state has this agent's Node, 0 when the cluster has no Node of its name (a mistyped --node-name, or a Node not registered yet)",
+    registers: [registry],
+  }),
 };
 
 let defaultsOn = false;
@@ -84,4 +89,55 @@ export function enableProcessMetrics(): void {
   if (defaultsOn) return;
   defaultsOn = true;
   collectDefaultMetrics({ register: registry });
+}
+
+export type IpFamily = 'IPv4' | 'IPv6';
+
+/**
+ * kube-proxy runs one proxier per IP family and labels its sync metrics
+ * with it; a kpng sync programs both families at once, so these carry the
+ * node's primary family (IPv4 unless the node has IPv6 addresses only).
+ * Metrics of one family's own work (a table's cleanup, conntrack entries)
+ * carry that family.
+ */
+let primaryFamily: IpFamily = 'IPv4';
+let initializedModes: readonly string[] | undefined;
+
+export function ipFamily(): IpFamily {
+  return primaryFamily;
+}
+
+/** The node's primary family (from its Node's addresses); its known series start at 0 when it changes. */
+export function setIpFamily(family: IpFamily): void {
+  if (family === primaryFamily) return;
+  primaryFamily = family;
+  if (initializedModes) initKnownSeries(initializedModes);
+}
+
+/** kube-proxy's failure counters of each proxy mode */
+const FAILURE_COUNTERS: Record<string, readonly Counter<'ip_family'>[]> = {
+  nftables: [metrics.nftablesSyncFailures, metrics.nftablesCleanupFailures],
+  iptables: [metrics.iptablesRestoreFailures, metrics.iptablesPartialRestoreFailures],
+};
+
+/**
+ * Every series a dashboard or an alert (absent(), rate()) expects, at 0 from
+ * the start rather than from the first event: the sync and programming
+ * histograms, the failure counters of the proxy modes running, health
+ * answers, Services without local endpoints, and the last sync's timestamp
+ * (0: never, so "too long since the last sync" holds before the first one).
+ * The last queued timestamp is the start, as kube-proxy sets it.
+ */
+export function initKnownSeries(proxyModes: readonly string[]): void {
+  initializedModes = proxyModes;
+  const f = { ip_family: primaryFamily };
+  for (const h of [metrics.syncDuration, metrics.syncFullDuration, metrics.syncPartialDuration, metrics.networkProgramming]) h.zero(f);
+  for (const mode of proxyModes) for (const c of FAILURE_COUNTERS[mode] ?? []) c.inc(f, 0);
+  for (const traffic_policy of ['internal', 'external']) metrics.noLocalEndpoints.set({ traffic_policy, ...f }, 0);
+  for (const code of ['200', '503']) {
+    metrics.healthz.inc({ code }, 0);
+    metrics.livez.inc({ code }, 0);
+  }
+  metrics.lastSync.set(f, 0);
+  metrics.lastQueued.set(f, Date.now() / 1000);
 }

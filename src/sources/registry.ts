@@ -11,6 +11,10 @@ export interface SourceContext {
   readonly log: Logger;
   /** aborted when the process is asked to stop */
   readonly signal: AbortSignal;
+  /** the pipeline ends after its first complete state (--once): a source that cannot give one must fail */
+  readonly once?: boolean;
+  /** the node's kube-proxy configuration's clientConnection (to-local's backend --config), for a source that talks to an API server */
+  readonly clientConnection?: { readonly kubeconfig: string };
 }
 
 export interface SourceHandle {

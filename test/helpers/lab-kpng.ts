@@ -7,7 +7,7 @@ import { describe } from 'node:test';
 import { existsSync, mkdirSync, mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { spawnSync } from 'node:child_process';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { Lab, LabCgroup, describeOutcome, labUnsupported, poll, type LabSpec, type KpngProcess, type Outcome } from '../../src/lab/index.js';
 import type { IptablesMode } from '../../src/backends/iptables/iptables.js';
 import { iptablesUnsupported } from './iptables.js';
@@ -111,7 +111,10 @@ export function kpngArgs(b: LabBackend, state: string, node: string, config: str
   // to-ebpf's flags, then to-nft beside it with the same configuration
   const beside = b.name === 'ebpf+nft' ? ['to-nft', '--config', config] : [];
   const tail = ['--config', config, ...(opts.once ? ['--once'] : []), ...(opts.extra ?? []), ...beside];
-  const local = ['to-local', ...(opts.local ?? [])];
+  // each lab's kpng its own state socket (and node lock beside it) and tenant socket: labs run side by
+  // side on one host; opts.local's flags come after, and win
+  const own = (name: string) => `unix://${join(dirname(state), name)}`;
+  const local = ['to-local', '--state-socket', own('node.sock'), '--rules-socket', own('rules.sock'), ...(opts.local ?? [])];
   return caps?.fileNodeName
     ? [...(opts.pre ?? []), 'file', '--input', state, '--node-name', node, ...local, ...backend, ...tail]
     : [...(opts.pre ?? []), 'file', '--input', state, ...local, ...backend, '--node-name', node, ...tail];

@@ -5,7 +5,7 @@
 // service-account credentials (and token rotation).
 import { describe, it, beforeEach, afterEach } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync, chmodSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync, chmodSync, mkdirSync, copyFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -212,6 +212,50 @@ describe('kube source auth: in-cluster', () => {
     server.dropWatches();
     await receivesChanges(run, 'after-rotation');
     assert.ok(users().includes('token:rotat'));
+  });
+});
+
+describe('kube source auth: the API server\'s real address (no kube-proxy on the node)', () => {
+  function serviceAccountDir(): string {
+    const sa = join(dir, 'serviceaccount');
+    mkdirSync(sa);
+    copyFileSync(tlsFile('ca.crt'), join(sa, 'ca.crt'));
+    writeFileSync(join(sa, 'token'), 'good-token');
+    return sa;
+  }
+
+  it('--master https://HOST:PORT without a kubeconfig uses the pod\'s service-account token and CA', async () => {
+    const sa = serviceAccountDir();
+    // no KUBERNETES_SERVICE_HOST: the kubernetes Service is not reachable, only the real address is known
+    const conn = resolveConnection({ master: server.url }, { KPNG_SERVICEACCOUNT_DIR: sa });
+    assert.match(conn.origin, /^--master 127\.0\.0\.1:\d+ with the service-account credentials/);
+    run = startSource(server, conn);
+    await until('synced', () => run!.store.allSynced);
+    assert.deepEqual(users(), ['token:good-']);
+    assert.ok(server.requests.every((q) => q.status !== 401), 'no request went without the token');
+  });
+
+  it('--master over http, or without a mounted token, has no credentials', () => {
+    const sa = serviceAccountDir();
+    assert.match(resolveConnection({ master: 'http://127.0.0.1:8080' }, { KPNG_SERVICEACCOUNT_DIR: sa }).origin, /without credentials/);
+    assert.match(resolveConnection({ master: server.url }, { KPNG_SERVICEACCOUNT_DIR: join(dir, 'none') }).origin, /without credentials/);
+  });
+
+  it('KUBERNETES_SERVICE_HOST/PORT set in the pod spec point in-cluster credentials at the real address', async () => {
+    const sa = serviceAccountDir();
+    const conn = resolveConnection({}, { KUBERNETES_SERVICE_HOST: '127.0.0.1', KUBERNETES_SERVICE_PORT: new URL(server.url).port, KPNG_SERVICEACCOUNT_DIR: sa });
+    run = startSource(server, conn);
+    await until('synced', () => run!.store.allSynced);
+    assert.deepEqual(users(), ['token:good-']);
+  });
+
+  it("the kube-proxy configuration's clientConnection.kubeconfig names the server; --kubeconfig wins over it", () => {
+    const kc = kubeconfig({ token: 'good-token' });
+    const viaConfig = resolveConnection({ configKubeconfig: kc }, {});
+    assert.equal(viaConfig.origin, `kubeconfig ${kc} context test`);
+    const other = writeKubeconfig(join(dir, 'other'), { server: 'https://192.0.2.1:6443', ca: CA, user: { token: 'x' } });
+    assert.equal(resolveConnection({ kubeconfig: other, configKubeconfig: kc }, {}).server.host, '192.0.2.1:6443');
+    assert.throws(() => resolveConnection({ configKubeconfig: join(dir, 'nope') }, {}), /clientConnection\.kubeconfig: .*nope does not exist/);
   });
 });
 

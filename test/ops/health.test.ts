@@ -83,7 +83,7 @@ test('health follows syncs, node deletion and recovery; metrics carry kube-proxy
     '--healthz-bind-address', `127.0.0.1:${hz}`, '--metrics-bind-address', `127.0.0.1:${mp}`,
   ]);
   try {
-    // healthy with nothing queued yet counts too (as in kube-proxy): wait for a sync
+    // healthy once the first state is programmed
     await until('the first sync', async () => {
       const r = await get(hz, '/healthz').catch(() => ({ code: 0, body: '{}' }));
       return r.code === 200 && !!JSON.parse(r.body).lastUpdated;
@@ -135,7 +135,7 @@ test('health follows syncs, node deletion and recovery; metrics carry kube-proxy
     ]) {
       assert.match(m, new RegExp(`^${name}`, 'm'), name);
     }
-    assert.match(m, /^kubeproxy_sync_proxy_rules_nftables_sync_failures_total\{ip_family=""\} [1-9]/m);
+    assert.match(m, /^kubeproxy_sync_proxy_rules_nftables_sync_failures_total\{ip_family="IPv4"\} [1-9]/m);
     assert.match(m, /^kubeproxy_proxy_healthz_total\{code="503"\} [1-9]/m);
     assert.equal((await get(mp, '/proxyMode')).body, 'nftables');
   } finally {

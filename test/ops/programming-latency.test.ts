@@ -35,10 +35,9 @@ function write(input: string, remoteIP: string, webIP: string, localIP?: string)
 
 async function histogram(port: number): Promise<{ count: number; sum: number }> {
   const m = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
-  const read = (what: string) => Number(new RegExp(`^kubeproxy_network_programming_duration_seconds_${what}\\{ip_family=""\\} ([0-9.e+-]+)`, 'm').exec(m)?.[1] ?? 'NaN');
-  // (a histogram with labels prints no series before its first observation)
-  const count = read('count');
-  return Number.isNaN(count) ? { count: 0, sum: 0 } : { count, sum: read('sum') };
+  // (the series is there from the start, at 0)
+  const read = (what: string) => Number(new RegExp(`^kubeproxy_network_programming_duration_seconds_${what}\\{ip_family="IPv4"\\} ([0-9.e+-]+)`, 'm').exec(m)?.[1] ?? 'NaN');
+  return { count: read('count'), sum: read('sum') };
 }
 
 const observations = async (port: number) => (await histogram(port)).count;

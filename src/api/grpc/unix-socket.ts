@@ -1,9 +1,17 @@
-// Unix socket paths kpng serves on (the API, the state socket, the tenant
-// socket): the directory is made, a stale socket left by a killed kpng is
-// removed, and a live one (another kpng on this host) is never taken over.
-import { lstatSync, mkdirSync, unlinkSync } from 'node:fs';
+// The unix sockets kpng serves on (the state sockets, to-api's listener, the
+// tenant API), put in place and taken away so that kpng never removes a
+// socket file it did not bind:
+// - a live socket at the path (another kpng answers there) is refused and
+//   left alone; a stale one (nothing accepts on it) is replaced;
+// - the socket is bound under a private name beside the path, then renamed
+//   onto it. libuv unlinks a unix socket server's bound path, by name, when
+//   the server closes: that name is then this process's own, never the public
+//   path, where another kpng may be serving by then;
+// - when kpng stops, the public path is removed only if it still is the
+//   socket this process bound (same device and inode).
+import { chmodSync, lstatSync, mkdirSync, renameSync, unlinkSync } from 'node:fs';
 import { connect } from 'node:net';
-import { dirname } from 'node:path';
+import { dirname, join } from 'node:path';
 
 /** Prepares a unix socket path: its directory exists, a stale socket is gone, a live one is not taken over. */
 export async function prepareUnixSocket(path: string): Promise<void> {
@@ -22,4 +30,43 @@ export async function prepareUnixSocket(path: string): Promise<void> {
   });
   if (live) throw new Error(`${path}: another server is listening there`);
   unlinkSync(path);
+}
+
+export interface BoundSocket {
+  readonly path: string;
+  /** removes the socket file if it still is the one bound here */
+  remove(): void;
+}
+
+let bound = 0;
+
+/**
+ * Binds a unix socket at path with mode (no moment with a wider one): listen
+ * is given the private name to listen on. Throws when the path is served by
+ * another process, or is not a socket.
+ */
+export async function bindUnixSocket(path: string, mode: number, listen: (privatePath: string) => Promise<unknown>): Promise<BoundSocket> {
+  await prepareUnixSocket(path);
+  // short: a socket path has at most 107 bytes
+  const privatePath = join(dirname(path), `.kpng-${process.pid}-${++bound}`);
+  const old = process.umask(0o777 & ~mode);
+  try {
+    await listen(privatePath);
+  } finally {
+    process.umask(old);
+  }
+  chmodSync(privatePath, mode);
+  renameSync(privatePath, path);
+  const mine = lstatSync(path);
+  return {
+    path,
+    remove() {
+      try {
+        const now = lstatSync(path);
+        if (now.ino === mine.ino && now.dev === mine.dev) unlinkSync(path);
+      } catch {
+        // already gone
+      }
+    },
+  };
 }

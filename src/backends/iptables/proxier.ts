@@ -10,7 +10,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { networkInterfaces } from 'node:os';
 import { parseCIDR, cidrContains, type Family } from '../../api/ip.js';
 import { externallyAccessible, ipSetOf } from '../../api/model.js';
-import { metrics } from '../../runtime/metrics.js';
+import { ipFamily as primaryFamily, metrics } from '../../runtime/metrics.js';
 import { ProxierBase, type ApplyRequest, type SyncStats } from '../shared/proxier.js';
 import { sameRules } from '../shared/chain-rules.js';
 import type { DataplaneOptions } from '../shared/backend.js';
@@ -401,8 +401,8 @@ export class IptablesProxier extends ProxierBase {
   }
 
   protected override onSyncFailed(full: boolean): void {
-    metrics.iptablesRestoreFailures.inc({ ip_family: '' });
-    if (!full) metrics.iptablesPartialRestoreFailures.inc({ ip_family: '' });
+    metrics.iptablesRestoreFailures.inc({ ip_family: primaryFamily() });
+    if (!full) metrics.iptablesPartialRestoreFailures.inc({ ip_family: primaryFamily() });
   }
 
   /** Reads the kernel's rules back: what a previous kpng (or a failed sync) left. */

@@ -9,7 +9,7 @@
 // elements over netlink where it can (shared/nftables/netlink.ts).
 import type { Family } from '../../api/ip.js';
 import { ipSetOf } from '../../api/model.js';
-import { metrics } from '../../runtime/metrics.js';
+import { ipFamily, metrics } from '../../runtime/metrics.js';
 import { ProxierBase, type ApplyRequest, type SyncStats } from '../shared/proxier.js';
 import { sameRules } from '../shared/chain-rules.js';
 import type { DataplaneOptions } from '../shared/backend.js';
@@ -564,7 +564,7 @@ export class NftProxier extends ProxierBase {
 
   /** a full sync failed and no Service was to blame: the next one builds the tables again */
   protected override onSyncFailed(full: boolean): void {
-    metrics.nftablesSyncFailures.inc({ ip_family: '' });
+    metrics.nftablesSyncFailures.inc({ ip_family: ipFamily() });
     if (full) for (const st of this.fam.values()) st.rebuild = true;
   }
 

@@ -367,7 +367,7 @@ export function addConfigFlags(cmd: Command): void {
     .option('--pod-interface-name-prefix <prefix>', 'interface name prefix of the pods (--detect-local-mode InterfaceNamePrefix)')
     .option('--nodeport-addresses <list>', 'CIDRs, or primary/all, where NodePorts are served (comma-separated)')
     .option('--masquerade-all', 'masquerade all traffic to cluster IPs')
-    .option('--healthz-bind-address <addr>', 'address:port of /healthz and /livez')
+    .option('--healthz-bind-address <addr>', 'address:port of /healthz, /readyz and /livez')
     .option('--metrics-bind-address <addr>', 'address:port of /metrics')
     .option('--conntrack-tcp-be-liberal', 'set nf_conntrack_tcp_be_liberal')
     .option('--min-sync-period <duration>', 'minimum time between two syncs (e.g. 1s)')

@@ -17,7 +17,7 @@ import { serviceKey, type Endpoint, type LocalNode, type Service, type ServiceCI
 import type { DecoderHandler } from '../../diff/decoder.js';
 import { ConntrackCleaner, StaleFlowTracker, type StaleFlow } from './conntrack.js';
 import { HealthCheckServers, type HealthCheckService } from './healthcheck.js';
-import { metrics } from '../../runtime/metrics.js';
+import { ipFamily, metrics } from '../../runtime/metrics.js';
 import { SyncRunner, type Clock, type SyncReason, type SyncResult } from './runner.js';
 import { copyOf, endpointDelete, endpointSet, endpointValues, type EndpointSet } from './endpoint-set.js';
 
@@ -444,8 +444,9 @@ export abstract class ProxierBase implements DecoderHandler {
     this.stats.lastSyncMs = durationMs;
     this.stats.lastSuccess = Date.now();
     reportSkipped(this, this.refused.size);
-    metrics.noLocalEndpoints.set({ traffic_policy: 'internal', ip_family: '' }, this.noLocalInternal.size);
-    metrics.noLocalEndpoints.set({ traffic_policy: 'external', ip_family: '' }, this.noLocalExternal.size);
+    const family = ipFamily();
+    metrics.noLocalEndpoints.set({ traffic_policy: 'internal', ip_family: family }, this.noLocalInternal.size);
+    metrics.noLocalEndpoints.set({ traffic_policy: 'external', ip_family: family }, this.noLocalExternal.size);
     const skipped = [...this.refused.keys()];
     const result: SyncResult = { ok: true, full, partial: skipped.length > 0, reason, durationMs, changes, skipped, repaired: false, endedAt: Date.now() };
     if (this.base.dryRun) return result;

@@ -9,7 +9,6 @@
 // asks, it gets one diff covering everything meanwhile. Writes wait for the
 // peer (StreamWriter), and at most a few big diffs (first syncs, mass
 // changes) are built and sent at once, so their op lists never pile up.
-import { chmodSync, unlinkSync } from 'node:fs';
 import { setFlagsFromString } from 'node:v8';
 import { fromBinary } from '@bufbuild/protobuf';
 import type { Logger } from '../../runtime/log.js';
@@ -26,12 +25,12 @@ import { formatAddress, isLoopback, parseAddress, type ApiAddress } from '../../
 import { serverTLSOptions, type TLSFiles } from '../../api/grpc/tls.js';
 import { StreamWriter } from '../../api/grpc/server-stream.js';
 import { GrpcStatus, grpcFrames, StreamServer, type ServerCall } from '../../api/grpc/h2-server.js';
-import { prepareUnixSocket } from '../../api/grpc/unix-socket.js';
 import { encodeDeleteOp, encodeResumeOp, encodeSetOp, GLOBAL_SETS_HEADER, GLOBAL_WATCH_PATH, LOCAL_WATCH_PATH, RESET_FRAME, setOpFrame, SYNC_FRAME } from '../../api/grpc/wire.js';
 import { answerStatus, STATUS_PATH, type StatusReport } from '../../api/grpc/status.js';
 import { GlobalDiff, GlobalEncoder, type GlobalOp } from './global-diff.js';
 import { DEFAULT_HEAP_GROWTH_PERCENT } from './defaults.js';
 import { ConnectionGate, DEFAULT_HANDSHAKE_TIMEOUT_MS, defaultMaxConnections, openFileLimit, RESERVED_FDS } from './listener.js';
+import { bindUnixSocket, type BoundSocket } from '../../api/grpc/unix-socket.js';
 
 /** extra local sets a client may ask for in WatchReq.Sets */
 const LOCAL_EXTRA_SETS = new Set([LocalSet.NodesSet, LocalSet.ServiceCIDRsSet]);
@@ -179,8 +178,6 @@ export function tuneHeapForFanOut(heapGrowthPercent = DEFAULT_HEAP_GROWTH_PERCEN
   if (heapGrowthPercent > 0) setFlagsFromString(`--heap-growing-percent=${heapGrowthPercent}`);
 }
 
-export { prepareUnixSocket };
-
 export class ApiServer {
   readonly stats: ApiServerStats = { streams: 0, diffs: 0, messages: 0, bytes: 0 };
   private readonly server: StreamServer;
@@ -190,6 +187,7 @@ export class ApiServer {
   private readonly active = new Set<(abort?: boolean) => void>();
   private boundAddress?: string;
   private gate?: ConnectionGate;
+  private socket?: BoundSocket;
 
   constructor(private readonly opts: ApiServerOptions) {
     this.address = parseAddress(opts.listen);
@@ -238,16 +236,7 @@ export class ApiServer {
     });
     this.gate = gate;
     if (a.kind === 'unix') {
-      await prepareUnixSocket(a.path);
-      // created with its mode from the start (no window where it is wider)
-      const mode = this.opts.socketMode ?? 0o660;
-      const old = process.umask(0o777 & ~mode);
-      try {
-        await gate.listen(a);
-      } finally {
-        process.umask(old);
-      }
-      chmodSync(a.path, mode);
+      this.socket = await bindUnixSocket(a.path, this.opts.socketMode ?? 0o660, (path) => gate.listen({ ...a, path }));
       this.boundAddress = formatAddress(a);
     } else {
       const port = await gate.listen(a);
@@ -267,19 +256,13 @@ export class ApiServer {
     return this.boundAddress;
   }
 
-  /** Ends every stream and stops listening (the unix socket file is removed). */
+  /** Ends every stream and stops listening (the unix socket file is removed if it is still this server's). */
   async stop(graceMs = 1000): Promise<void> {
     this.gate?.stopListening();
     for (const finish of [...this.active]) finish();
     await this.server.close(graceMs);
     await this.gate?.destroy();
-    if (this.address.kind === 'unix') {
-      try {
-        unlinkSync(this.address.path);
-      } catch {
-        // already gone
-      }
-    }
+    this.socket?.remove();
   }
 
   /** Kills every open stream at once (tests: simulate a dropped connection). */

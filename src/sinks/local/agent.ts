@@ -1,11 +1,13 @@
 // The node agent: runs a backend on this node's diff stream, wherever the
 // stream comes from (to-local: this process's store; `kpng local`: a brain
 // over gRPC), the same way: the backend with its health and metrics servers
-// (closed on exit), the tenant API (src/aggregator: other agents' rules,
-// written by the backend in its own syncs), and
+// (closed on exit), the node lock (one kpng per node), the tenant API
+// (src/aggregator: other agents' rules, written by the backend in its own
+// syncs), and
 // kubeproxy_network_programming_duration_seconds for each Service a diff
 // carried once the sync that applied it succeeded (the first diff, the state
 // at start, is not a change: not timed).
+import { hostname } from 'node:os';
 import type { Logger } from '../../runtime/log.js';
 import { LocalSet } from '../../api/model.js';
 import { splitEndpointPath } from '../../diff/fullstate.js';
@@ -14,8 +16,9 @@ import { startBackends, type BackendSpec, type StartedBackend } from '../../back
 import { getBackend } from '../../backends/registry.js';
 import type { StatusReport, SyncStatus } from '../../api/grpc/status.js';
 import type { SyncResult } from '../../backends/shared/runner.js';
-import { metrics } from '../../runtime/metrics.js';
+import { ipFamily, metrics } from '../../runtime/metrics.js';
 import { TRIM_AFTER_BURST_MS, trimMemory } from '../../runtime/memory.js';
+import { nodeLockPath, takeNodeLock } from './node-lock.js';
 import type { TenantFlags } from '../../aggregator/defaults.js';
 import type { Aggregator } from '../../aggregator/aggregator.js';
 import type { ServerCall } from '../../api/grpc/h2-server.js';
@@ -35,6 +38,8 @@ export interface NodeAgentOptions {
   readonly packEndpoints?: boolean;
   /** the tenant API's flags (none, or --once: no tenants) */
   readonly tenants?: TenantFlags;
+  /** the state socket's address: the node lock (node-lock.ts) lives beside it */
+  readonly stateSocket?: string;
   /** feeds the ops to sink until the signal aborts (or the backend is done, with --once); status: the node agent's part of kpng status; stateRoutes: more for its state socket to serve (the tenants' status) */
   feed(sink: LocalSink, signal: AbortSignal, backend: StartedBackend, status: () => NodeAgentStatus, stateRoutes: ReadonlyMap<string, (call: ServerCall) => void>): Promise<void>;
 }
@@ -125,7 +130,7 @@ export class ProgrammingLatency {
   constructor(
     private readonly reporting: readonly number[],
     private readonly changedAt?: (serviceKey: string) => number | undefined,
-    private readonly observe = (seconds: number) => metrics.networkProgramming.observe({ ip_family: '' }, seconds),
+    private readonly observe = (seconds: number) => metrics.networkProgramming.observe({ ip_family: ipFamily() }, seconds),
     private readonly now = () => Date.now(),
   ) {}
 
@@ -190,6 +195,17 @@ async function startTenants(o: NodeAgentOptions): Promise<Aggregator | undefined
 }
 
 export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
+  // a one-shot run (--once) applies a state and leaves; a running agent is the node's only one
+  const once = o.backends.some((s) => s.opts.once);
+  const lock = once ? undefined : takeNodeLock(nodeLockPath(o.stateSocket), { command: process.argv.slice(2).join(' '), node: String(o.backends[0]?.opts.nodeName || hostname()) }, o.log);
+  try {
+    await runAgent(o, once);
+  } finally {
+    lock?.release();
+  }
+}
+
+async function runAgent(o: NodeAgentOptions, once: boolean): Promise<void> {
   const tenants = await startTenants(o);
   const b = await startBackends(o.backends, o.log, o.signal, { packEndpoints: o.packEndpoints, tenants });
   // once the backends are there: a tenant's first request finds its writer
@@ -204,7 +220,6 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<void> {
   const status = trackStatus(o.backends, b);
   // a full sync (start-up, a reconnect) is the burst that grows the heap;
   // with --once the process ends right after it
-  const once = o.backends.some((s) => s.opts.once);
   let cancelTrim = () => {};
   const unsubscribe = b.onResult((r, backend) => {
     latency.synced(r, backend);

@@ -39,6 +39,7 @@ registerSink({
         backends: backends.map((b, i) => (i === 0 ? { ...b, opts: { ...b.opts, nodeName: b.opts.nodeName ?? ctx.nodeName } } : b)),
         log: ctx.log,
         signal: ctx.signal,
+        stateSocket: opts.stateSocket,
         changedAt: (k) => since.get(k),
         tenants: tenantFlags(opts),
         async feed(sink, signal, b, agentStatus, routes) {

@@ -222,6 +222,7 @@ export async function runLocal(localOpts: Record<string, any>, backends: readonl
     backends: backends.map((b, i) => (i === 0 ? { ...b, opts: { ...b.opts, nodeName: b.opts.nodeName ?? localOpts.nodeName } } : b)),
     log,
     signal,
+    stateSocket: localOpts.stateSocket,
     // the reset filter holds the endpoints' bytes; nothing here keeps them decoded
     packEndpoints: true,
     tenants: tenantFlags(localOpts),

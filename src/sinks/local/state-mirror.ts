@@ -4,7 +4,6 @@
 // for kpng get, and what kpng status asks. Each answer is the whole state (Reset, Sets in kpng's
 // order, Sync); the next request is answered when the state changed. A
 // watch for another node is refused: this process knows only its own.
-import { chmodSync, unlinkSync } from 'node:fs';
 import net from 'node:net';
 import { create, fromBinary } from '@bufbuild/protobuf';
 import type { Logger } from '../../runtime/log.js';
@@ -12,7 +11,7 @@ import { LocalSet, encodeLocalNode } from '../../api/model.js';
 import { NodeSchema, WatchReqSchema, type WatchReq } from '../../api/gen/api/localv1/api_pb.js';
 import type { LocalOp, LocalSink } from '../../diff/ops.js';
 import { parseAddress } from '../../api/grpc/address.js';
-import { prepareUnixSocket } from '../../api/grpc/unix-socket.js';
+import { bindUnixSocket, type BoundSocket } from '../../api/grpc/unix-socket.js';
 import { encodeSetOp, LOCAL_WATCH_PATH, RESET_FRAME, SYNC_FRAME } from '../../api/grpc/wire.js';
 import { GrpcStatus, StreamServer, type ServerCall } from '../../api/grpc/h2-server.js';
 import { StreamWriter } from '../../api/grpc/server-stream.js';
@@ -76,7 +75,6 @@ export async function serveMirror(address: string, node: string, mirror: NodeSta
     const a = parseAddress(address);
     if (a.kind !== 'unix') throw new Error('kpng local serves its state on a unix socket only');
     path = a.path;
-    await prepareUnixSocket(path);
   } catch (e) {
     log.info({ socket: address, reason: (e as Error).message }, 'state socket: not serving');
     return undefined;
@@ -117,31 +115,25 @@ export async function serveMirror(address: string, node: string, mirror: NodeSta
   if (status) methods.set(STATUS_PATH, (call) => answerStatus(call, status));
   const server = new StreamServer(methods, { keepaliveMs: 0, keepaliveTimeoutMs: 0, idleMs: 5 * 60_000 });
   const listener = net.createServer((socket) => server.injectConnection(socket));
-  const old = process.umask(0o177);
+  let socket: BoundSocket;
   try {
-    await new Promise<void>((resolve, reject) => {
+    socket = await bindUnixSocket(path, 0o600, (privatePath) => new Promise<void>((resolve, reject) => {
       listener.once('error', reject);
-      listener.listen(path, () => (listener.off('error', reject), resolve()));
-    });
+      listener.listen(privatePath, () => (listener.off('error', reject), resolve()));
+    }));
   } catch (e) {
+    listener.close();
     log.info({ socket: address, reason: (e as Error).message }, 'state socket: not serving');
     return undefined;
-  } finally {
-    process.umask(old);
   }
   listener.on('error', (e) => log.info({ socket: address, err: e.message }, 'state socket: listener failed'));
-  chmodSync(path, 0o600);
   log.info({ socket: address, node }, 'state socket: serving (kpng get)');
   return {
     async stop() {
       for (const c of calls) c.end();
       await server.close(100);
       await new Promise((resolve) => listener.close(resolve));
-      try {
-        unlinkSync(path);
-      } catch {
-        // gone
-      }
+      socket.remove();
     },
   };
 }

@@ -1,5 +1,7 @@
 // The file source's definition (name, flags): registered at start for the
 // command line; the reader (index.ts) loads when the source runs.
+import { statSync } from 'node:fs';
+import { resolve } from 'node:path';
 import { ConfigError } from '../../runtime/errors.js';
 import { registerSource } from '../registry.js';
 
@@ -23,6 +25,16 @@ registerSource({
     };
     const debounceMs = ms('--debounce', opts.debounce);
     const writeGraceMs = ms('--write-grace', opts.writeGrace);
+    // followed, a missing input may still appear (its directory is watched);
+    // read once (--once, --no-watch), it would be an empty cluster and a wrong success
+    if (ctx.once || opts.watch === false) {
+      try {
+        statSync(opts.input);
+      } catch (e) {
+        const code = (e as NodeJS.ErrnoException).code;
+        throw new ConfigError('--input', `${resolve(opts.input)}: ${code === 'ENOENT' ? 'no such file or directory' : (code ?? message(e))}`);
+      }
+    }
     // the reader and its parser thread load when the source starts
     const { FileSource } = await import('./index.js');
     const src = new FileSource(ctx.store, ctx.log, { input: opts.input, debounceMs, watch: opts.watch, writeGraceMs });

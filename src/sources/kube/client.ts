@@ -5,6 +5,7 @@ import https from 'node:https';
 import type { IncomingMessage } from 'node:http';
 import type { Connection } from './config.js';
 import type { Auth } from './credentials.js';
+import { initRestClientSeries, observeRequest } from './metrics.js';
 
 /** A non-2xx answer, or an ERROR event in a watch: code and reason from the Status. */
 export class StatusError extends Error {
@@ -52,6 +53,7 @@ export class KubeClient {
     private readonly userAgent = 'kpng',
   ) {
     this.secure = conn.server.protocol === 'https:';
+    initRestClientSeries(conn.server.host);
     // watches each hold a socket; lists reuse idle ones
     this.agent = this.secure ? new https.Agent({ keepAlive: true }) : new http.Agent({ keepAlive: true });
   }
@@ -119,9 +121,14 @@ export class KubeClient {
         servername: tls.servername,
       });
     }
+    const started = performance.now();
+    const host = this.conn.server.host;
+    let answered = false;
     return new Promise((resolve, reject) => {
       const req = (this.secure ? https : http).request(url, options, (res) => {
         clearTimeout(timer);
+        answered = true;
+        observeRequest(host, res.statusCode, (performance.now() - started) / 1000);
         resolve(res);
       });
       const timer = opts.timeoutMs
@@ -129,6 +136,8 @@ export class KubeClient {
         : undefined;
       req.on('error', (e) => {
         clearTimeout(timer);
+        // (an error after the answer is the body's: the request itself was counted)
+        if (!answered) observeRequest(host, undefined, (performance.now() - started) / 1000);
         reject(e);
       });
       req.end();

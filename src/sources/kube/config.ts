@@ -1,7 +1,16 @@
 // Where the API server is and how to authenticate, as any Kubernetes client
-// finds it: --kubeconfig, else $KUBECONFIG (a list; the first file to set a
-// key wins), else --master alone, else in-cluster service-account
-// credentials, else ~/.kube/config. --master overrides the server URL.
+// finds it: --kubeconfig, else the kube-proxy configuration's
+// clientConnection.kubeconfig, else $KUBECONFIG (a list; the first file to set
+// a key wins), else --master (with the pod's service-account token and CA when
+// it is https and they are mounted, as Cilium's k8s-api-server), else
+// in-cluster service-account credentials, else ~/.kube/config. --master
+// overrides the server URL of whatever was found.
+//
+// A node without kube-proxy cannot reach the API server through the
+// `kubernetes` Service (nothing programs its ClusterIP until kpng runs), so a
+// pod points kpng at the API server's real address: --master, or
+// KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT set in its spec (they win
+// over the ones kubelet injects), both with the pod's own credentials.
 import { existsSync, readFileSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { delimiter, dirname, isAbsolute, join, resolve } from 'node:path';
@@ -31,6 +40,8 @@ export interface Connection {
 
 export interface ConnectionOptions {
   kubeconfig?: string;
+  /** the kube-proxy configuration's clientConnection.kubeconfig (kube-proxy's own way to name the server) */
+  configKubeconfig?: string;
   master?: string;
   context?: string;
 }
@@ -43,9 +54,10 @@ const isObj = (v: unknown): v is Obj => typeof v === 'object' && v !== null && !
 /** Resolves the connection; throws ConfigError naming the flag, file or field at fault. */
 export function resolveConnection(opts: ConnectionOptions, env: Env = process.env): Connection {
   let conn: Connection;
-  if (opts.kubeconfig) {
-    const path = resolve(opts.kubeconfig);
-    if (!existsSync(path)) throw new ConfigError('--kubeconfig', `${path} does not exist`);
+  const explicit = opts.kubeconfig ? { file: opts.kubeconfig, field: '--kubeconfig' } : opts.configKubeconfig ? { file: opts.configKubeconfig, field: 'clientConnection.kubeconfig' } : undefined;
+  if (explicit) {
+    const path = resolve(explicit.file);
+    if (!existsSync(path)) throw new ConfigError(explicit.field, `${path} does not exist`);
     conn = fromKubeconfig([path], opts.context, env);
   } else if (env.KUBECONFIG) {
     const paths = env.KUBECONFIG.split(delimiter).filter(Boolean).map((p) => resolve(p));
@@ -53,8 +65,7 @@ export function resolveConnection(opts: ConnectionOptions, env: Env = process.en
     if (!present.length) throw new ConfigError('KUBECONFIG', `none of ${paths.join(', ')} exists`);
     conn = fromKubeconfig(present, opts.context, env);
   } else if (opts.master) {
-    // like kube-proxy with --master and no kubeconfig: no credentials
-    conn = { server: parseServer(opts.master, '--master'), tls: { insecure: false }, credentials: new NoCredentials(), origin: '--master' };
+    conn = masterOnly(parseServer(opts.master, '--master'), env);
   } else if (env.KUBERNETES_SERVICE_HOST && env.KUBERNETES_SERVICE_PORT) {
     conn = inCluster(env);
   } else {
@@ -79,20 +90,39 @@ function parseServer(s: string, field: string): URL {
   return u;
 }
 
-/** In-cluster: the service-account token (re-read as it rotates) and CA. */
+const serviceAccountDir = (env: Env) => env.KPNG_SERVICEACCOUNT_DIR || SERVICEACCOUNT_DIR;
+
+/** The pod's service-account credentials: its token (re-read as it rotates) and the cluster's CA. */
+function serviceAccount(dir: string): Pick<Connection, 'tls' | 'credentials'> {
+  const caPath = join(dir, 'ca.crt');
+  return {
+    tls: { ca: existsSync(caPath) ? readFileSync(caPath) : undefined, insecure: false },
+    credentials: new TokenFileCredentials(join(dir, 'token')),
+  };
+}
+
+/**
+ * --master without a kubeconfig. An https server gets the pod's
+ * service-account token and CA when they are mounted (the API server's real
+ * address with in-cluster credentials, as Cilium's k8s-api-server); an http
+ * one, or none mounted, gets no credentials (as kube-proxy's --master).
+ */
+function masterOnly(server: URL, env: Env): Connection {
+  const dir = serviceAccountDir(env);
+  if (server.protocol === 'https:' && existsSync(join(dir, 'token'))) {
+    return { server, ...serviceAccount(dir), origin: `--master ${server.host} with the service-account credentials (${dir})` };
+  }
+  return { server, tls: { insecure: false }, credentials: new NoCredentials(), origin: `--master ${server.host} without credentials` };
+}
+
+/** In-cluster: KUBERNETES_SERVICE_HOST/PORT and the service-account credentials. */
 export function inCluster(env: Env = process.env): Connection {
-  const dir = env.KPNG_SERVICEACCOUNT_DIR || SERVICEACCOUNT_DIR;
+  const dir = serviceAccountDir(env);
   const host = env.KUBERNETES_SERVICE_HOST!;
   const server = parseServer(`https://${host.includes(':') ? `[${host}]` : host}:${env.KUBERNETES_SERVICE_PORT}`, 'KUBERNETES_SERVICE_HOST');
   const tokenPath = join(dir, 'token');
   if (!existsSync(tokenPath)) throw new ConfigError('in-cluster', `${tokenPath} does not exist (no service-account token mounted?)`);
-  const caPath = join(dir, 'ca.crt');
-  return {
-    server,
-    tls: { ca: existsSync(caPath) ? readFileSync(caPath) : undefined, insecure: false },
-    credentials: new TokenFileCredentials(tokenPath),
-    origin: `in-cluster ${server.host} (${dir})`,
-  };
+  return { server, ...serviceAccount(dir), origin: `in-cluster ${server.host} (${dir})` };
 }
 
 interface Named {
