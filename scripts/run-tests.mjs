@@ -3,7 +3,8 @@
 // (Node 20 neither expands globs nor finds .ts files by itself), TAP output.
 // Fails when no test file is found. `npm test -- test/x.test.ts` runs some.
 import { spawnSync } from 'node:child_process';
-import { readdirSync, statSync } from 'node:fs';
+import { mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -27,9 +28,12 @@ if (files.length === 0 || files.some((f) => !statSync(join(root, f), { throwIfNo
   console.error(files.length ? `test file not found: ${files.join(' ')}` : 'no test files found under test/');
   process.exit(1);
 }
+// kpng's sockets and node lock in a directory of this run's own, not the host's /run/kpng
+const runDir = mkdtempSync(join(tmpdir(), 'kpng-run-'));
 const r = spawnSync(process.execPath, ['--import', 'tsx', '--test', '--test-reporter=tap', ...extra, ...files], {
   cwd: root,
   stdio: 'inherit',
-  env: { ...process.env, KPNG_TEST: '1' },
+  env: { ...process.env, KPNG_TEST: '1', KPNG_RUN_DIR: process.env.KPNG_RUN_DIR ?? runDir },
 });
+rmSync(runDir, { recursive: true, force: true });
 process.exit(r.status ?? 1);

@@ -1,8 +1,9 @@
 // The node agent's tenant flags (to-local, kpng local): registered at every
 // start for the command line, so nothing here loads the aggregator itself.
 import type { Command } from 'commander';
+import { runSocket } from '../runtime/run-dir.js';
 
-export const DEFAULT_RULES_SOCKET = 'unix:///run/kpng/rules.sock';
+export const DEFAULT_RULES_SOCKET = runSocket('rules.sock');
 
 /** --rules-socket and --tenants-config on a node agent's command */
 export function addTenantFlags(cmd: Command): Command {

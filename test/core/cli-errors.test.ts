@@ -60,8 +60,8 @@ test('kpng trace names every missing required flag at once', () => {
   assert.deepEqual(usageError(['trace', '--src', '10.0.0.1']), ["error: required options '--dst <ip>', '--dport <port>' not specified", '(see kpng trace --help)']);
 });
 
-test('--dport that is not a port is refused in one line', () => {
-  assert.match(failure(['trace', '--src', '10.0.0.1', '--dst', '10.0.0.2', '--dport', 'http']), /--dport/);
+test('--dport that is not a port is refused: the error, then where the help is', () => {
+  assert.deepEqual(usageError(['trace', '--src', '10.0.0.1', '--dst', '10.0.0.2', '--dport', 'http']), ["error: option '--dport <port>' argument 'http' is invalid. not a port (a decimal number, 1-65535)", '(see kpng trace --help)']);
 });
 
 test('a failure is printed once, without timestamp or stack', () => {
@@ -78,8 +78,10 @@ test('a failure is printed once, without timestamp or stack', () => {
 });
 
 test('kpng get with no kpng running says so, and where it looked', () => {
-  // a private mount namespace with an empty /run: no kpng's socket whatever runs on this host
-  const r = spawnSync('unshare', ['--mount', '--propagation', 'private', 'sh', '-c', `mount -t tmpfs tmpfs /run && exec "$@"`, 'sh', ...KPNG, 'get', 'services'], { cwd: ROOT, encoding: 'utf8', timeout: 30_000 });
+  // a private mount namespace with an empty /run: no kpng's socket whatever runs on this host;
+  // the default run directory, not the one the test runner gives kpng
+  const env = { ...process.env, KPNG_RUN_DIR: '' };
+  const r = spawnSync('unshare', ['--mount', '--propagation', 'private', 'sh', '-c', `mount -t tmpfs tmpfs /run && exec "$@"`, 'sh', ...KPNG, 'get', 'services'], { cwd: ROOT, encoding: 'utf8', timeout: 30_000, env });
   assert.equal(r.status, 1, r.stderr);
   assert.equal(r.stderr, 'error: no kpng is running here (looked at /run/kpng/node.sock and /run/kpng/brain.sock); start one or use --socket/--api\n');
   const dir = mkdtempSync(join(tmpdir(), 'kpng-get-'));

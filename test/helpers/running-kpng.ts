@@ -77,7 +77,8 @@ export function nodeAgent(ns: TestNetns, dir: string, started: Kpng[]): Promise<
 
 /** `kpng local --api BRAIN to-nft` on node n1, in ns */
 export function splitAgent(ns: TestNetns, dir: string, api: string, started: Kpng[]): Promise<Served> {
-  const socket = `unix://${join(dir, 'split-node.sock')}`;
+  // its own directory: the node lock beside the state socket is not the node agent's of nodeAgent()
+  const socket = `unix://${join(dir, 'split', 'node.sock')}`;
   return startInNode(ns, ['local', '--api', api, '--state-socket', socket], socket, started);
 }
 

@@ -1,8 +1,9 @@
 // API addresses: unix:///path/to.sock, tcp://HOST:PORT, or kpng's bare
 // HOST:PORT. Shared by the server (to-api) and the clients (local, api).
 import { isIPv4, isIPv6 } from 'node:net';
+import { runSocket } from '../../runtime/run-dir.js';
 
-export const DEFAULT_API = 'unix:///run/kpng/kpng.sock';
+export const DEFAULT_API = runSocket('kpng.sock');
 
 export type ApiAddress =
   | { readonly kind: 'unix'; readonly path: string }
