@@ -47,8 +47,6 @@ export interface RunToolOptions {
   readonly summary?: (stderr: string) => string;
   /** kill the tool after this long (default 60 s; 0: never) */
   readonly timeoutMs?: number;
-  /** called with the child's pid once it runs (the drift monitor tells kpng's own changes apart by pid) */
-  readonly onSpawn?: (pid: number) => void;
 }
 
 const DEFAULT_TIMEOUT_MS = 60_000;
@@ -59,7 +57,6 @@ export function runTool(path: string, args: string[], o: RunToolOptions = {}): P
   const tool = path.slice(path.lastIndexOf('/') + 1);
   return new Promise((resolve, reject) => {
     const p = spawn(path, args, { stdio: ['pipe', 'pipe', 'pipe'] });
-    if (p.pid !== undefined) o.onSpawn?.(p.pid);
     const out: Buffer[] = [];
     const err: Buffer[] = [];
     let timedOut = false;
