@@ -41,7 +41,7 @@ describe('to-nft drift repair', { skip: canUseNetns() }, () => {
       assert.ok(hasServiceIP());
       // silence: five more checks run, and find nothing
       const checks = stats.driftChecks;
-      await until(() => stats.driftChecks >= checks + 5, 'five more drift checks', 10 * SYNC_PERIOD_MS);
+      await until(() => stats.driftChecks >= checks + 5, 'five more drift checks', 30 * SYNC_PERIOD_MS);
       assert.equal(stats.repairs, 100, `repaired again without a foreign change: ${records.filter((r) => r.why).map((r) => r.why).slice(-3).join(' | ')}`);
       // the log line says what changed, and who committed it
       const why = records.find((r) => r.why)?.why;
