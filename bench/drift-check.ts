@@ -51,7 +51,8 @@ export default async function (args: string[]) {
     writeFileSync(input, JSON.stringify({ apiVersion: 'v1', kind: 'List', items }));
     console.error(`${services} services written`);
     const configs = { checking: '1s', quiet: '1h' };
-    const runs = Object.entries(configs).map(([name, syncPeriod]) => {
+    // iptables-legacy: one after the other (each restore holds the host's xtables lock: two 30k loads at once time out on it)
+    const startOne = ([name, syncPeriod]: [string, string]) => {
       const ns = spaces.add();
       const config = join(dir, `${name}.json`);
       writeFileSync(config, JSON.stringify({ apiVersion: 'kubeproxy.config.k8s.io/v1alpha1', kind: 'KubeProxyConfiguration', mode, [mode]: { syncPeriod, minSyncPeriod: '1s' } }));
@@ -65,12 +66,23 @@ export default async function (args: string[]) {
           stderr = (stderr + d).slice(-20_000);
           if (/(nft|iptables): synced/.test(stderr)) resolve(Date.now() - t0);
           checks += (String(d).match(/repairing it/g) ?? []).length;
+          for (const line of String(d).split('\n')) if (/sync failed/.test(line)) console.error(`${name}: ${line.slice(0, 400)}`);
         });
         p.on('exit', (code) => reject(new Error(`kpng (${name}) exited ${code}:\n${stderr}`)));
       });
       return { name, syncPeriod, ns, p, programmed, repairs: () => checks };
-    });
-    const times = await Promise.all(runs.map((r) => r.programmed));
+    };
+    const runs: ReturnType<typeof startOne>[] = [];
+    const times: number[] = [];
+    if (backend === 'iptables-legacy') {
+      for (const c of Object.entries(configs)) {
+        runs.push(startOne(c));
+        times.push(await runs[runs.length - 1].programmed);
+      }
+    } else {
+      runs.push(...Object.entries(configs).map(startOne));
+      times.push(...(await Promise.all(runs.map((r) => r.programmed))));
+    }
     for (const [i, r] of runs.entries()) console.error(`${r.name}: programmed ${services} services in ${times[i]} ms`);
     // ip netns exec execs kpng: the same pid
     const pids = runs.map((r) => r.p.pid!);

@@ -48,7 +48,7 @@ for (const mode of MODES) {
         assert.ok(Date.now() - t0 <= 2 * SYNC_PERIOD_MS, `repaired after ${Date.now() - t0} ms`);
         assert.equal(dnat(), rule);
         const why = String(records.find((r) => r.why)?.why);
-        assert.match(why, mode === 'legacy' ? /^iptables-legacy table ip nat changed: same size/ : new RegExp(`^rule (added|deleted) in table ip nat chain ${chain} by iptables`));
+        assert.match(why, mode === 'legacy' ? /^iptables-legacy table ip nat changed: other rules of the same size \(\d+ rules, \d+ bytes\)$/ : new RegExp(`^rule (added|deleted) in table ip nat chain ${chain} by iptables`));
         // and then quiet again
         const checks = stats.driftChecks;
         await until(() => stats.driftChecks >= checks + 3, 'three more drift checks', 10 * SYNC_PERIOD_MS);

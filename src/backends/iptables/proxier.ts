@@ -16,7 +16,7 @@ import type { DataplaneOptions } from '../shared/backend.js';
 import { servicePorts } from '../shared/service-ports.js';
 import { detectLocal, nodePortAddresses } from '../shared/node-facts.js';
 import { NftWatch } from '../shared/nftables/watch.js';
-import { xtablesDigest } from '../../kernel/xtables.js';
+import { xtablesDigest, type XtablesDigest } from '../../kernel/xtables.js';
 import { isServiceChain, markHex } from './names.js';
 import {
   FILTER_CHAINS,
@@ -96,7 +96,7 @@ export class IptablesProxier extends ProxierBase {
   private readonly tool: ToolPath;
   /** iptables-nft: nftables' change events; iptables-legacy: each table's size and digest as kpng left it */
   private watch?: NftWatch;
-  private legacyDigests?: Map<string, string>;
+  private legacyDigests?: Map<string, XtablesDigest | undefined>;
   readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, repairs: 0, lastChainsWritten: 0, lastChainsDeleted: 0, lastRestoreBytes: 0, driftChecks: 0 };
 
   constructor(private readonly o: IptablesProxierOptions) {
@@ -297,25 +297,20 @@ export class IptablesProxier extends ProxierBase {
     if (!was) return undefined;
     const now = this.legacyTableDigests();
     if (!now) return "the tables' contents cannot be read";
-    for (const [k, v] of now) {
+    const size = (d: XtablesDigest | undefined) => (d ? `${d.entries} rules, ${d.size} bytes` : 'none');
+    for (const [k, d] of now) {
       const before = was.get(k);
-      if (before === v) continue;
-      const [rulesBefore, rulesNow] = [before, v].map((d) => d?.split(' ')[0] ?? 'no');
-      return `iptables-legacy table ${k} changed: ${rulesBefore === rulesNow ? `same size (${rulesNow}), other rules` : `${rulesBefore} -> ${rulesNow}`}`;
+      if (before?.digest === d?.digest) continue;
+      return `iptables-legacy table ${k} changed: ${size(before) === size(d) ? `other rules of the same size (${size(d)})` : `${size(before)} -> ${size(d)}`}`;
     }
     return undefined;
   }
 
-  /** "family table" -> "N rules/B bytes digest" of the tables kpng writes; undefined when they cannot be read */
-  private legacyTableDigests(): Map<string, string> | undefined {
+  /** "family table" -> the digest of each table kpng writes (undefined: no such table); undefined when they cannot be read */
+  private legacyTableDigests(): Map<string, XtablesDigest | undefined> | undefined {
     try {
-      const out = new Map<string, string>();
-      for (const family of this.fam.keys()) {
-        for (const table of TABLES) {
-          const d = xtablesDigest(family, table, this.o.netns);
-          out.set(`${family === 4 ? 'ip' : 'ip6'} ${table}`, d ? `${d.entries}/${d.size} ${d.digest}` : 'none');
-        }
-      }
+      const out = new Map<string, XtablesDigest | undefined>();
+      for (const family of this.fam.keys()) for (const table of TABLES) out.set(`${family === 4 ? 'ip' : 'ip6'} ${table}`, xtablesDigest(family, table, this.o.netns));
       return out;
     } catch (e) {
       this.warnOnce('xtables-info', `iptables-legacy: the tables cannot be read (${(e as Error).message}); the periodic check reads them back whole`);
