@@ -41,6 +41,7 @@ export default async function (args: string[]) {
   const dir = mkdtempSync(join(tmpdir(), 'kpng-bench-drift-'));
   const spaces = new BenchNamespaces('drift-check', 'kpng-bench');
   const procs: ChildProcess[] = [];
+  let stopping = false;
   try {
     const items: object[] = [node('node-0', undefined, ['10.255.0.1'])];
     for (let s = 0; s < services; s++) {
@@ -68,7 +69,11 @@ export default async function (args: string[]) {
           checks += (String(d).match(/repairing it/g) ?? []).length;
           for (const line of String(d).split('\n')) if (/sync failed/.test(line)) console.error(`${name}: ${line.slice(0, 400)}`);
         });
-        p.on('exit', (code) => reject(new Error(`kpng (${name}) exited ${code}:\n${stderr}`)));
+        p.on('exit', (code, signal) => {
+          const e = new Error(`kpng (${name}) exited ${code ?? signal}:\n${stderr.slice(-4000)}`);
+          if (!stopping) console.error(e.message);
+          reject(e);
+        });
       });
       return { name, syncPeriod, ns, p, programmed, repairs: () => checks };
     };
@@ -96,8 +101,9 @@ export default async function (args: string[]) {
     for (const [i, r] of runs.entries()) console.log(`  syncPeriod ${r.syncPeriod.padEnd(3)}: ${used[i].toFixed(0)} ms CPU (${((used[i] / (seconds * 1000)) * 100).toFixed(2)} % of a core), RSS ${rssMiB(pids[i])} MiB, repairs ${r.repairs()}`);
     const per = (used[0] - used[1]) / seconds;
     console.log(`  one check costs ${per.toFixed(2)} ms CPU (difference / ${seconds} checks)`);
-    if (backend === 'iptables-legacy') legacyDigests(runs[0].ns);
+    if (backend === 'iptables-legacy') await legacyDigests(runs[0].ns);
   } finally {
+    stopping = true;
     for (const p of procs) p.kill('SIGKILL');
     spaces.close();
     rmSync(dir, { recursive: true, force: true });
@@ -105,7 +111,7 @@ export default async function (args: string[]) {
 }
 
 /** one check's digests (the tables kpng writes, both families), timed on their own: median of 10 */
-function legacyDigests(ns: string): void {
+async function legacyDigests(ns: string): Promise<void> {
   const tables = ['filter', 'nat', 'mangle'];
   const ms: number[] = [];
   let bytes = 0;
@@ -115,7 +121,7 @@ function legacyDigests(ns: string): void {
     bytes = rules = 0;
     for (const family of [4, 6] as const)
       for (const table of tables) {
-        const d = xtablesDigest(family, table, ns);
+        const d = await xtablesDigest(family, table, ns);
         bytes += d?.size ?? 0;
         rules += d?.entries ?? 0;
       }

@@ -40,16 +40,11 @@ export interface XtablesDigest extends XtablesInfo {
   readonly digest: string;
 }
 
-/** raw socket in netns, for fn; closed after */
-function withRawSocket<T>(family: 4 | 6, netns: string | undefined, fn: (c: Libc, fd: number) => T): T {
-  const c = libc();
+/** a raw socket in netns (closed by the caller) */
+function rawSocket(c: Libc, family: 4 | 6, netns: string | undefined): number {
   const fd = inNetns(netns, () => c.socket(family === 4 ? AF_INET : AF_INET6, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW));
   if (fd < 0) throw new KernelError(`raw socket: errno ${c.errno()}`);
-  try {
-    return fn(c, fd);
-  } finally {
-    c.close(fd);
-  }
+  return fd;
 }
 
 /** GET_INFO; undefined when there is no such table */
@@ -68,44 +63,66 @@ function getInfo(c: Libc, fd: number, family: 4 | 6, table: string): XtablesInfo
 
 /** The number of rules and the size of an iptables-legacy table; undefined when it does not exist. */
 export function xtablesInfo(family: 4 | 6, table: string, netns?: string): XtablesInfo | undefined {
-  return withRawSocket(family, netns, (c, fd) => getInfo(c, fd, family, table));
+  const c = libc();
+  const fd = rawSocket(c, family, netns);
+  try {
+    return getInfo(c, fd, family, table);
+  } finally {
+    c.close(fd);
+  }
 }
 
 /**
  * An iptables-legacy table's size and a digest of its entries as the kernel
  * gives them back (the blob iptables-save decodes), with the packet and byte
  * counters zeroed: a rule replaced by one of the same size moves it too.
- * Undefined when the table does not exist. One copy of the table, no tool run.
+ * Undefined when the table does not exist. One copy of the table, no tool
+ * run; the copy (most of the time: the kernel sums each rule's counters over
+ * every CPU) on libuv's thread pool.
  */
-export function xtablesDigest(family: 4 | 6, table: string, netns?: string): XtablesDigest | undefined {
-  return withRawSocket(family, netns, (c, fd) => {
+export async function xtablesDigest(family: 4 | 6, table: string, netns?: string): Promise<XtablesDigest | undefined> {
+  const c = libc();
+  const fd = rawSocket(c, family, netns);
+  const level = family === 4 ? SOL_IP : SOL_IPV6;
+  try {
     for (let attempt = 1; ; attempt++) {
       const info = getInfo(c, fd, family, table);
       if (!info) return undefined;
-      // (not zeroed: the kernel writes every byte of the entries, or fails)
-      const buf = Buffer.allocUnsafe(GET_ENTRIES_HEAD + info.size).fill(0, 0, GET_ENTRIES_HEAD);
+      // zeroed: the kernel writes a match's or target's name only up to its NUL
+      const buf = Buffer.alloc(GET_ENTRIES_HEAD + info.size);
       buf.write(table, 0, 31, 'latin1');
       buf.writeUInt32LE(info.size, 32);
       const len = Buffer.alloc(4);
       len.writeUInt32LE(buf.length);
-      if (c.getsockopt(fd, family === 4 ? SOL_IP : SOL_IPV6, SO_GET_ENTRIES, buf, len) !== 0) {
-        const e = c.errno();
-        // the table changed size since GET_INFO (EAGAIN), or went away
-        if ((e === EAGAIN || e === ENOENT) && attempt < TRIES) continue;
-        if (e === ENOENT) return undefined;
-        throw new KernelError(`getsockopt ${family === 4 ? 'IPT' : 'IP6T'}_SO_GET_ENTRIES ${table}: errno ${e}`);
-      }
-      return { ...info, digest: digestEntries(buf.subarray(GET_ENTRIES_HEAD), family) };
+      // the pool thread's errno cannot be read: the table most likely changed
+      // size since GET_INFO (EAGAIN), so again; the last try on this thread says why
+      const r = attempt < TRIES ? await c.getsockoptAsync(fd, level, SO_GET_ENTRIES, buf, len) : c.getsockopt(fd, level, SO_GET_ENTRIES, buf, len);
+      if (r === 0) return { ...info, digest: digestEntries(buf, family) };
+      if (attempt < TRIES) continue;
+      const e = c.errno();
+      if (e === ENOENT) return undefined;
+      throw new KernelError(`getsockopt ${family === 4 ? 'IPT' : 'IP6T'}_SO_GET_ENTRIES ${table}: errno ${e}${e === EAGAIN ? ' (the table kept changing)' : ''}`);
     }
-  });
+  } finally {
+    c.close(fd);
+  }
 }
 
-/** sha256 of the entries (the fastest of node's hashes where the CPU has SHA instructions), each entry's counters zeroed first (they move with every packet) */
-function digestEntries(entries: Buffer, family: 4 | 6): string {
+/**
+ * sha256 of the entries (the fastest of node's hashes where the CPU has SHA
+ * instructions), each entry's counters zeroed first (they move with every
+ * packet). buf: struct ipt_get_entries, the entries 8-byte aligned.
+ */
+function digestEntries(buf: Buffer, family: 4 | 6): string {
   const at = ENTRY[family];
+  const entries = buf.subarray(GET_ENTRIES_HEAD);
+  // the counters are two u64 at an 8-byte aligned offset: zeroed as two
+  // doubles (a byte loop or a fill() per entry costs several times more)
+  const aligned = entries.byteOffset % 8 === 0;
+  const words = aligned ? new Float64Array(entries.buffer, entries.byteOffset, entries.length >> 3) : undefined;
   for (let off = 0; off + at.counters + 16 <= entries.length; ) {
-    // (a loop: one fill() call per entry costs more than its 16 bytes)
-    for (let i = off + at.counters, end = i + 16; i < end; i++) entries[i] = 0;
+    if (words) words[(off + at.counters) >> 3] = words[(off + at.counters + 8) >> 3] = 0;
+    else entries.fill(0, off + at.counters, off + at.counters + 16);
     const next = entries.readUInt16LE(off + at.next);
     if (next === 0) break;
     off += next;

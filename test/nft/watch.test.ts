@@ -134,33 +134,33 @@ describe('iptables-legacy table digests', { skip: canUseNetns() ?? (spawnSync('w
   before(() => (ns = createNetns()));
   after(() => ns?.remove());
 
-  test('move with a rule added or deleted, and with a rule replaced by one of the same size; not with its counters', () => {
+  test('move with a rule added or deleted, and with a rule replaced by one of the same size; not with its counters', async () => {
     const ipt = (...args: string[]) => ns.exec('iptables-legacy', ['-w', '5', '-t', 'nat', ...args]);
     ipt('-N', 'KUBE-SEP-TEST');
     ipt('-A', 'KUBE-SEP-TEST', '-s', '10.1.0.1/32', '-j', 'MARK', '--set-xmark', '0x4000/0x4000');
     ipt('-A', 'KUBE-SEP-TEST', '-p', 'tcp', '-j', 'DNAT', '--to-destination', '10.1.0.1:8080');
-    const a = xtablesDigest(4, 'nat', ns.name);
+    const a = await xtablesDigest(4, 'nat', ns.name);
     assert.ok(a);
     assert.deepEqual(xtablesInfo(4, 'nat', ns.name), { entries: a.entries, size: a.size });
     ipt('-A', 'KUBE-SEP-TEST', '-j', 'RETURN');
-    const b = xtablesDigest(4, 'nat', ns.name);
+    const b = await xtablesDigest(4, 'nat', ns.name);
     assert.equal(b?.entries, a.entries + 1);
     ipt('-D', 'KUBE-SEP-TEST', '-j', 'RETURN');
-    assert.deepEqual(xtablesDigest(4, 'nat', ns.name), a);
+    assert.deepEqual(await xtablesDigest(4, 'nat', ns.name), a);
     // the same size, another destination
     ipt('-R', 'KUBE-SEP-TEST', '2', '-p', 'tcp', '-j', 'DNAT', '--to-destination', '10.66.6.66:8080');
-    const c = xtablesDigest(4, 'nat', ns.name);
+    const c = await xtablesDigest(4, 'nat', ns.name);
     assert.deepEqual([c?.entries, c?.size], [a.entries, a.size]);
     assert.notEqual(c?.digest, a.digest);
     // packets through the chain move its counters, not the digest
     ns.exec('ip', ['link', 'set', 'lo', 'up']);
     ipt('-A', 'OUTPUT', '-j', 'KUBE-SEP-TEST');
-    const d = xtablesDigest(4, 'nat', ns.name);
+    const d = await xtablesDigest(4, 'nat', ns.name);
     // (a connection attempt to a closed port: a packet through the nat table's OUTPUT)
     spawnSync('ip', ['netns', 'exec', ns.name, 'bash', '-c', 'exec 3<>/dev/tcp/127.0.0.1/1'], { timeout: 5000 });
     assert.match(ipt('-L', 'OUTPUT', '-v', '-n', '-x'), /^\s+[1-9]\d*\s+\d+\s+KUBE-SEP-TEST/m);
-    assert.deepEqual(xtablesDigest(4, 'nat', ns.name), d);
-    assert.equal(xtablesDigest(4, 'no-such-table', ns.name), undefined);
-    assert.ok(xtablesDigest(6, 'nat', ns.name));
+    assert.deepEqual(await xtablesDigest(4, 'nat', ns.name), d);
+    assert.equal(await xtablesDigest(4, 'no-such-table', ns.name), undefined);
+    assert.ok(await xtablesDigest(6, 'nat', ns.name));
   });
 });

@@ -278,7 +278,7 @@ export class IptablesProxier extends ProxierBase {
   protected override async checkDrift(): Promise<string | undefined> {
     if (!this.mode || this.o.dryRun) return undefined;
     this.stats.driftChecks++;
-    const moved = this.mode === 'nft' ? this.watch?.check() : this.legacyMoved();
+    const moved = this.mode === 'nft' ? this.watch?.check() : await this.legacyMoved();
     if (moved) return moved;
     for (const family of this.fam.keys()) {
       try {
@@ -292,10 +292,10 @@ export class IptablesProxier extends ProxierBase {
   }
 
   /** iptables-legacy: which table changed since kpng last wrote (undefined: none) */
-  private legacyMoved(): string | undefined {
+  private async legacyMoved(): Promise<string | undefined> {
     const was = this.legacyDigests;
     if (!was) return undefined;
-    const now = this.legacyTableDigests();
+    const now = await this.legacyTableDigests();
     if (!now) return "the tables' contents cannot be read";
     const size = (d: XtablesDigest | undefined) => (d ? `${d.entries} rules, ${d.size} bytes` : 'none');
     for (const [k, d] of now) {
@@ -307,10 +307,10 @@ export class IptablesProxier extends ProxierBase {
   }
 
   /** "family table" -> the digest of each table kpng writes (undefined: no such table); undefined when they cannot be read */
-  private legacyTableDigests(): Map<string, XtablesDigest | undefined> | undefined {
+  private async legacyTableDigests(): Promise<Map<string, XtablesDigest | undefined> | undefined> {
     try {
       const out = new Map<string, XtablesDigest | undefined>();
-      for (const family of this.fam.keys()) for (const table of TABLES) out.set(`${family === 4 ? 'ip' : 'ip6'} ${table}`, xtablesDigest(family, table, this.o.netns));
+      for (const family of this.fam.keys()) for (const table of TABLES) out.set(`${family === 4 ? 'ip' : 'ip6'} ${table}`, await xtablesDigest(family, table, this.o.netns));
       return out;
     } catch (e) {
       this.warnOnce('xtables-info', `iptables-legacy: the tables cannot be read (${(e as Error).message}); the periodic check reads them back whole`);
@@ -383,7 +383,7 @@ export class IptablesProxier extends ProxierBase {
       metrics.iptablesTotal.set({ table: 'nat', ip_family: ipFamily }, r.natTopRules + st.committedRules);
     }
     if (req.check) return { changes: 0 };
-    if (this.mode === 'legacy' && !this.o.dryRun && !this.o.once && this.o.watch !== false) this.legacyDigests = this.legacyTableDigests();
+    if (this.mode === 'legacy' && !this.o.dryRun && !this.o.once && this.o.watch !== false) this.legacyDigests = await this.legacyTableDigests();
     this.stats.lastChainsWritten = written;
     this.stats.lastChainsDeleted = deleted;
     this.stats.lastRestoreBytes = bytes;
