@@ -52,21 +52,22 @@ export default async function (args: string[]) {
     writeFileSync(input, JSON.stringify({ apiVersion: 'v1', kind: 'List', items }));
     console.error(`${services} services written`);
     const configs = { checking: '1s', quiet: '1h' };
-    // iptables-legacy: one after the other (each restore holds the host's xtables lock: two 30k loads at once time out on it)
-    const startOne = ([name, syncPeriod]: [string, string]) => {
+    const runs = Object.entries(configs).map(([name, syncPeriod]) => {
       const ns = spaces.add();
       const config = join(dir, `${name}.json`);
       writeFileSync(config, JSON.stringify({ apiVersion: 'kubeproxy.config.k8s.io/v1alpha1', kind: 'KubeProxyConfiguration', mode, [mode]: { syncPeriod, minSyncPeriod: '1s' } }));
       const t0 = Date.now();
-      const p = spawn('ip', ['netns', 'exec', ns, process.execPath, `${ROOT}bin/kpng.js`, '--log-level', 'debug', 'file', '--input', input, '--no-watch', '--node-name', 'node-0', 'to-local', ...to, '--config', config, '--no-health-checks'], { stdio: ['ignore', 'ignore', 'pipe'] });
+      // each namespace's iptables with a lock of its own: the host's (/run/xtables.lock) is every namespace's, and two 30k loads, or other jobs, would time out on it
+      const env = { ...process.env, XTABLES_LOCKFILE: join(dir, `${name}.xtables.lock`) };
+      const p = spawn('ip', ['netns', 'exec', ns, process.execPath, `${ROOT}bin/kpng.js`, '--log-level', 'debug', 'file', '--input', input, '--no-watch', '--node-name', 'node-0', 'to-local', ...to, '--config', config, '--no-health-checks'], { stdio: ['ignore', 'ignore', 'pipe'], env });
       procs.push(p);
       let stderr = '';
-      let checks = 0;
+      let repairs = 0;
       const programmed = new Promise<number>((resolve, reject) => {
         p.stderr!.on('data', (d) => {
           stderr = (stderr + d).slice(-20_000);
           if (/(nft|iptables): synced/.test(stderr)) resolve(Date.now() - t0);
-          checks += (String(d).match(/repairing it/g) ?? []).length;
+          repairs += (String(d).match(/repairing it/g) ?? []).length;
           for (const line of String(d).split('\n')) if (/sync failed/.test(line)) console.error(`${name}: ${line.slice(0, 400)}`);
         });
         p.on('exit', (code, signal) => {
@@ -75,19 +76,9 @@ export default async function (args: string[]) {
           reject(e);
         });
       });
-      return { name, syncPeriod, ns, p, programmed, repairs: () => checks };
-    };
-    const runs: ReturnType<typeof startOne>[] = [];
-    const times: number[] = [];
-    if (backend === 'iptables-legacy') {
-      for (const c of Object.entries(configs)) {
-        runs.push(startOne(c));
-        times.push(await runs[runs.length - 1].programmed);
-      }
-    } else {
-      runs.push(...Object.entries(configs).map(startOne));
-      times.push(...(await Promise.all(runs.map((r) => r.programmed))));
-    }
+      return { name, syncPeriod, ns, p, programmed, repairs: () => repairs };
+    });
+    const times = await Promise.all(runs.map((r) => r.programmed));
     for (const [i, r] of runs.entries()) console.error(`${r.name}: programmed ${services} services in ${times[i]} ms`);
     // ip netns exec execs kpng: the same pid
     const pids = runs.map((r) => r.p.pid!);
