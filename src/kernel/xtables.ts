@@ -29,22 +29,15 @@ const ENTRY = { 4: { next: 90, counters: 96 }, 6: { next: 142, counters: 152 } }
 /** tries when the table changes between its size and its contents being read */
 const TRIES = 3;
 
-/** The number of rules and the size of an iptables-legacy table: they move with most changes to it. */
-export interface XtablesInfo {
+/** The number of rules and the size of an iptables-legacy table */
+interface XtablesInfo {
   readonly entries: number;
   readonly size: number;
 }
 
-/** An iptables-legacy table's size and a digest of its rules (counters left out): it moves with any change to them. */
+/** An iptables-legacy table's size and a digest of its rules (counters left out): the digest moves with any change to them. */
 export interface XtablesDigest extends XtablesInfo {
   readonly digest: string;
-}
-
-/** a raw socket in netns (closed by the caller) */
-function rawSocket(c: Libc, family: 4 | 6, netns: string | undefined): number {
-  const fd = inNetns(netns, () => c.socket(family === 4 ? AF_INET : AF_INET6, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW));
-  if (fd < 0) throw new KernelError(`raw socket: errno ${c.errno()}`);
-  return fd;
 }
 
 /** GET_INFO; undefined when there is no such table */
@@ -61,17 +54,6 @@ function getInfo(c: Libc, fd: number, family: 4 | 6, table: string): XtablesInfo
   return { entries: info.readUInt32LE(76), size: info.readUInt32LE(80) };
 }
 
-/** The number of rules and the size of an iptables-legacy table; undefined when it does not exist. */
-export function xtablesInfo(family: 4 | 6, table: string, netns?: string): XtablesInfo | undefined {
-  const c = libc();
-  const fd = rawSocket(c, family, netns);
-  try {
-    return getInfo(c, fd, family, table);
-  } finally {
-    c.close(fd);
-  }
-}
-
 /**
  * An iptables-legacy table's size and a digest of its entries as the kernel
  * gives them back (the blob iptables-save decodes), with the packet and byte
@@ -82,7 +64,8 @@ export function xtablesInfo(family: 4 | 6, table: string, netns?: string): Xtabl
  */
 export async function xtablesDigest(family: 4 | 6, table: string, netns?: string): Promise<XtablesDigest | undefined> {
   const c = libc();
-  const fd = rawSocket(c, family, netns);
+  const fd = inNetns(netns, () => c.socket(family === 4 ? AF_INET : AF_INET6, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW));
+  if (fd < 0) throw new KernelError(`raw socket: errno ${c.errno()}`);
   const level = family === 4 ? SOL_IP : SOL_IPV6;
   try {
     for (let attempt = 1; ; attempt++) {

@@ -10,7 +10,7 @@ import { spawnSync } from 'node:child_process';
 import { pino } from 'pino';
 import { NftWatch } from '../../src/backends/shared/nftables/watch.js';
 import { NftNetlink } from '../../src/kernel/nftables.js';
-import { xtablesDigest, xtablesInfo } from '../../src/kernel/xtables.js';
+import { xtablesDigest } from '../../src/kernel/xtables.js';
 import { SessionNft } from '../../src/backends/shared/nftables/nft.js';
 import { Transaction, type TableRef } from '../../src/backends/shared/nftables/transaction.js';
 import { FAMILIES, setDeclarations } from '../../src/backends/nft/ruleset.js';
@@ -141,7 +141,6 @@ describe('iptables-legacy table digests', { skip: canUseNetns() ?? (spawnSync('w
     ipt('-A', 'KUBE-SEP-TEST', '-p', 'tcp', '-j', 'DNAT', '--to-destination', '10.1.0.1:8080');
     const a = await xtablesDigest(4, 'nat', ns.name);
     assert.ok(a);
-    assert.deepEqual(xtablesInfo(4, 'nat', ns.name), { entries: a.entries, size: a.size });
     ipt('-A', 'KUBE-SEP-TEST', '-j', 'RETURN');
     const b = await xtablesDigest(4, 'nat', ns.name);
     assert.equal(b?.entries, a.entries + 1);
