@@ -17,6 +17,8 @@ export interface Libc {
   recv(fd: number, buf: Buffer, len: number, flags: number): number | bigint;
   setsockopt(fd: number, level: number, name: number, val: Buffer, len: number): number;
   getsockopt(fd: number, level: number, name: number, val: Buffer, len: Buffer): number;
+  /** getsockopt on libuv's thread pool (a big table's copy does not block this thread); errno is the pool thread's, not readable here */
+  getsockoptAsync(fd: number, level: number, name: number, val: Buffer, len: Buffer): Promise<number>;
   getsockname(fd: number, addr: Buffer, len: Buffer): number;
   setns(fd: number, nstype: number): number;
   open(path: string, flags: number): number;
@@ -54,6 +56,7 @@ export function libc(): Libc {
       recv: c.func('long recv(int, _Out_ void *, size_t, int)'),
       setsockopt: c.func('int setsockopt(int, int, int, void *, uint32_t)'),
       getsockopt: c.func('int getsockopt(int, int, int, _Inout_ void *, _Inout_ void *)'),
+      getsockoptAsync: asyncCall(c.func('int getsockopt(int, int, int, _Inout_ void *, _Inout_ void *)')),
       getsockname: c.func('int getsockname(int, _Inout_ void *, _Inout_ void *)'),
       setns: c.func('int setns(int, int)'),
       open: c.func('int open(const char *, int)'),

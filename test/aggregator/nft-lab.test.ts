@@ -220,11 +220,11 @@ await describeBackends(
     });
 
     it('kpng restarted with tenants present changes nothing in their tables, and they find their content held', async () => {
-      const nl = new NftNetlink(kl.lab.nodeNs);
+      const touched: string[] = [];
+      const nl = new NftNetlink(kl.lab.nodeNs, { event: (e) => void (e.table.startsWith('kpng.') && touched.push(e.table)), generation: () => {} });
       try {
         nl.subscribe(true);
-        const touched: string[] = [];
-        const drain = () => nl.read((e) => void (e.table.startsWith('kpng.') && touched.push(e.table)), () => {});
+        const drain = () => nl.read();
         await kl.kpng!.stop('SIGTERM', 5000);
         await start();
         drain();

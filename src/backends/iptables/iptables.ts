@@ -13,8 +13,8 @@ export class IptablesError extends ToolError {}
 /** How to find a tool: the name, or a path (tests run tools inside a namespace this way). */
 export type ToolPath = (tool: string) => string;
 
-export function run(path: string, args: string[], input?: string, onSpawn?: (pid: number) => void): Promise<string> {
-  return runTool(path, args, { input, errorClass: IptablesError, onSpawn });
+export function run(path: string, args: string[], input?: string): Promise<string> {
+  return runTool(path, args, { input, errorClass: IptablesError });
 }
 
 /** iptables-nft-restore, ip6tables-legacy-save, ... */
@@ -60,9 +60,9 @@ export async function save(family: Family, mode: IptablesMode, tool: ToolPath): 
 }
 
 /** iptables-restore --noflush (test: only parse and check the input, commit nothing) */
-export async function restore(family: Family, mode: IptablesMode, tool: ToolPath, input: string, o: { test?: boolean; onSpawn?: (pid: number) => void } = {}): Promise<void> {
+export async function restore(family: Family, mode: IptablesMode, tool: ToolPath, input: string, o: { test?: boolean } = {}): Promise<void> {
   try {
-    await run(tool(toolName(family, mode, 'restore')), ['--noflush', '-w', '5', ...(o.test ? ['--test'] : [])], input, o.onSpawn);
+    await run(tool(toolName(family, mode, 'restore')), ['--noflush', '-w', '5', ...(o.test ? ['--test'] : [])], input);
   } catch (e) {
     // name the line iptables-restore stopped at (as upstream logs it); legacy says "line N failed"
     const m = e instanceof IptablesError ? /Error occurred at line: (\d+)|^\S*restore: line (\d+) failed/m.exec(e.stderr) : null;

@@ -17,7 +17,7 @@ import type { DataplaneOptions } from '../shared/backend.js';
 import { servicePorts } from '../shared/service-ports.js';
 import { detectLocal, nodePortAddresses } from '../shared/node-facts.js';
 import { NftWatch } from '../shared/nftables/watch.js';
-import { xtablesInfo } from '../../kernel/xtables.js';
+import { xtablesDigest, type XtablesDigest } from '../../kernel/xtables.js';
 import { isServiceChain, markHex } from './names.js';
 import {
   FILTER_CHAINS,
@@ -82,6 +82,8 @@ export interface ProxierStats extends SyncStats {
   lastChainsDeleted: number;
   /** restore input size of the last sync, all families */
   lastRestoreBytes: number;
+  /** periodic drift checks run (whatever they found) */
+  driftChecks: number;
 }
 
 /** upstream largeClusterEndpointsThreshold: above it, endpoint rules lose their comments */
@@ -93,12 +95,10 @@ export class IptablesProxier extends ProxierBase {
   private tcpBeLiberal = false;
   private readonly fam: Map<Family, FamilyState>;
   private readonly tool: ToolPath;
-  /** iptables-nft: nftables' change events; iptables-legacy: each table's size as kpng left it */
+  /** iptables-nft: nftables' change events; iptables-legacy: each table's size and digest as kpng left it */
   private watch?: NftWatch;
-  private legacySizes?: Map<string, string>;
-  /** pids of the iptables-restore runs of late (the drift watch tells kpng's changes apart by pid) */
-  private readonly pids: number[] = [];
-  readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, repairs: 0, lastChainsWritten: 0, lastChainsDeleted: 0, lastRestoreBytes: 0 };
+  private legacyDigests?: Map<string, XtablesDigest | undefined>;
+  readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, repairs: 0, lastChainsWritten: 0, lastChainsDeleted: 0, lastRestoreBytes: 0, driftChecks: 0 };
 
   constructor(private readonly o: IptablesProxierOptions) {
     super(o, { minSyncPeriodMs: o.config.iptables.minSyncPeriodMs, syncPeriodMs: o.config.iptables.syncPeriodMs });
@@ -273,12 +273,13 @@ export class IptablesProxier extends ProxierBase {
    * The periodic check, cheap while nobody touches iptables: with
    * iptables-nft, nftables' change events to kpng's chains (and the built-in
    * chains that jump to them) by another process; with iptables-legacy, the
-   * size of each table against what kpng left. And upstream's canary: the
-   * canary chain gone from mangle means iptables was flushed.
+   * size and a digest of each table against what kpng left. And upstream's
+   * canary: the canary chain gone from mangle means iptables was flushed.
    */
   protected override async checkDrift(): Promise<string | undefined> {
     if (!this.mode || this.o.dryRun) return undefined;
-    const moved = this.mode === 'nft' ? this.watch?.check() : this.legacyMoved();
+    this.stats.driftChecks++;
+    const moved = this.mode === 'nft' ? this.watch?.check() : await this.legacyMoved();
     if (moved) return moved;
     for (const family of this.fam.keys()) {
       try {
@@ -291,29 +292,29 @@ export class IptablesProxier extends ProxierBase {
     return undefined;
   }
 
-  /** iptables-legacy: which table changed size since kpng last wrote (undefined: none) */
-  private legacyMoved(): string | undefined {
-    const was = this.legacySizes;
+  /** iptables-legacy: which table changed since kpng last wrote (undefined: none) */
+  private async legacyMoved(): Promise<string | undefined> {
+    const was = this.legacyDigests;
     if (!was) return undefined;
-    const now = this.legacyTableSizes();
-    if (!now) return 'the tables\' sizes cannot be read';
-    for (const [k, v] of now) if (was.get(k) !== v) return `iptables-legacy ${k} changed (${was.get(k) ?? 'none'} -> ${v} rules/bytes)`;
+    const now = await this.legacyTableDigests();
+    if (!now) return "the tables' contents cannot be read";
+    const size = (d: XtablesDigest | undefined) => (d ? `${d.entries} rules, ${d.size} bytes` : 'none');
+    for (const [k, d] of now) {
+      const before = was.get(k);
+      if (before?.digest === d?.digest) continue;
+      return `iptables-legacy table ${k} changed: ${size(before) === size(d) ? `other rules of the same size (${size(d)})` : `${size(before)} -> ${size(d)}`}`;
+    }
     return undefined;
   }
 
-  /** "family table" -> "rules/bytes" of the tables kpng writes; undefined when they cannot be read */
-  private legacyTableSizes(): Map<string, string> | undefined {
+  /** "family table" -> the digest of each table kpng writes (undefined: no such table); undefined when they cannot be read */
+  private async legacyTableDigests(): Promise<Map<string, XtablesDigest | undefined> | undefined> {
     try {
-      const out = new Map<string, string>();
-      for (const family of this.fam.keys()) {
-        for (const table of TABLES) {
-          const i = xtablesInfo(family, table, this.o.netns);
-          out.set(`${family === 4 ? 'ip' : 'ip6'} ${table}`, i ? `${i.entries}/${i.size}` : 'none');
-        }
-      }
+      const out = new Map<string, XtablesDigest | undefined>();
+      for (const family of this.fam.keys()) for (const table of TABLES) out.set(`${family === 4 ? 'ip' : 'ip6'} ${table}`, await xtablesDigest(family, table, this.o.netns));
       return out;
     } catch (e) {
-      this.warnOnce('xtables-info', `iptables-legacy: the tables' sizes cannot be read (${(e as Error).message}); the periodic check reads them back whole`);
+      this.warnOnce('xtables-info', `iptables-legacy: the tables cannot be read (${(e as Error).message}); the periodic check reads them back whole`);
       return undefined;
     }
   }
@@ -326,10 +327,6 @@ export class IptablesProxier extends ProxierBase {
         const families = new Set<number>([...this.fam.keys()].map((f) => (f === 4 ? 2 : 10)));
         this.watch = new NftWatch({
           ours: (e) => families.has(e.family) && TABLES.includes(e.table) && (e.chain === '' || e.chain.startsWith('KUBE-') || BUILT_IN.has(e.chain)),
-          ownsPid: (pid) => this.pids.includes(pid),
-          // in a pid namespace of its own the kernel names the host's pid; the
-          // port of iptables-restore's socket is its pid as kpng sees it
-          ownsPort: (port) => this.pids.includes(port),
           netns: this.o.netns,
           log: this.o.log,
         });
@@ -337,11 +334,6 @@ export class IptablesProxier extends ProxierBase {
       this.watch.start();
     }
   }
-
-  private remember = (pid: number) => {
-    this.pids.push(pid);
-    if (this.pids.length > 64) this.pids.shift();
-  };
 
   protected async apply(req: ApplyRequest): Promise<{ changes: number }> {
     const t0 = Date.now();
@@ -362,8 +354,8 @@ export class IptablesProxier extends ProxierBase {
         await restore(family, this.mode!, this.tool, r.filter + r.nat + r.mangle, { test: true });
         continue;
       } else {
-        // one restore per table: each is atomic, so what is committed stays known when another fails
-        const restoreOf = (input: string) => restore(family, this.mode!, this.tool, input, { onSpawn: this.remember });
+        // one restore per table: each is atomic (one transaction, for iptables-nft: kpng's own for the drift watch), so what is committed stays known when another fails
+        const restoreOf = (input: string) => (this.watch ? this.watch.own(() => restore(family, this.mode!, this.tool, input)) : restore(family, this.mode!, this.tool, input));
         await restoreOf(r.filter);
         st.missingJumps = st.missingJumps.filter((j) => j.table !== 'filter');
         await restoreOf(r.nat);
@@ -392,7 +384,7 @@ export class IptablesProxier extends ProxierBase {
       metrics.iptablesTotal.set({ table: 'nat', ip_family: ipFamily }, r.natTopRules + st.committedRules);
     }
     if (req.check) return { changes: 0 };
-    if (this.mode === 'legacy' && !this.o.dryRun && !this.o.once && this.o.watch !== false) this.legacySizes = this.legacyTableSizes();
+    if (this.mode === 'legacy' && !this.o.dryRun && !this.o.once && this.o.watch !== false) this.legacyDigests = await this.legacyTableDigests();
     this.stats.lastChainsWritten = written;
     this.stats.lastChainsDeleted = deleted;
     this.stats.lastRestoreBytes = bytes;

@@ -80,6 +80,8 @@ export interface ProxierStats extends SyncStats {
   lastTransactionBytes: number;
   /** how the last sync went: one transaction, or a fresh load in chunks */
   lastVia: 'transaction' | 'chunks' | '';
+  /** periodic drift checks run (whatever they found) */
+  driftChecks: number;
 }
 
 /** services per transaction when a cold start loads an empty node in chunks */
@@ -101,7 +103,7 @@ export class NftProxier extends ProxierBase {
   private readonly tenantTables?: NftTenantTables;
   /** the table as committed includes the header (table, sets, fixed chains) */
   private structureKnown = false;
-  readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, repairs: 0, lastElementChanges: 0, lastTransactionBytes: 0, lastVia: '' };
+  readonly stats: ProxierStats = { syncs: 0, fullSyncs: 0, failures: 0, lastSyncMs: 0, lastSuccess: 0, repairs: 0, lastElementChanges: 0, lastTransactionBytes: 0, lastVia: '', driftChecks: 0 };
 
   constructor(private readonly o: NftProxierOptions) {
     super(o, { minSyncPeriodMs: o.config.nftables.minSyncPeriodMs, syncPeriodMs: o.config.nftables.syncPeriodMs });
@@ -570,7 +572,8 @@ export class NftProxier extends ProxierBase {
 
   /** the drift check: nftables' change events say whether anyone else touched kpng's tables */
   protected override async checkDrift(): Promise<string | undefined> {
-    const why = await this.watch?.check();
+    this.stats.driftChecks++;
+    const why = this.watch?.check();
     if (why || !this.localhost) return why;
     // the localhost NodePorts' table is not watched (another table): it is checked for being there
     return (await this.localhost.present()) ? undefined : `the table inet ${LOCALHOST_TABLE} is gone`;

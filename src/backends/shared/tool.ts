@@ -47,8 +47,6 @@ export interface RunToolOptions {
   readonly summary?: (stderr: string) => string;
   /** kill the tool after this long (default 60 s; 0: never) */
   readonly timeoutMs?: number;
-  /** called with the child's pid once it runs (the drift monitor tells kpng's own changes apart by pid) */
-  readonly onSpawn?: (pid: number) => void;
 }
 
 const DEFAULT_TIMEOUT_MS = 60_000;
@@ -68,7 +66,6 @@ export function runTool(path: string, args: string[], o: RunToolOptions = {}): P
       reject(new ErrorClass(`cannot run ${path}: ${e.message}`, '', -1, tool));
     });
     if (p.pid === undefined) return;
-    o.onSpawn?.(p.pid);
     const out: Buffer[] = [];
     const err: Buffer[] = [];
     p.stdout.on('data', (d) => out.push(d));

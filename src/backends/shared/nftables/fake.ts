@@ -63,10 +63,6 @@ export class FakeNft implements Nft {
     };
   }
 
-  ownsPid(): boolean {
-    return false;
-  }
-
   close(): void {}
 
   /** Someone else changes the tables (the drift check notices). */

@@ -234,11 +234,6 @@ export class NetlinkElements {
 
   constructor(private readonly netns?: string) {}
 
-  /** the netlink port of its socket (the kernel names it in the change events of what it sent); undefined before the first batch */
-  get port(): number | undefined {
-    return this.nl?.port;
-  }
-
   /** learns the sets a transaction (applied) declared or deleted */
   learn(tx: Transaction): void {
     for (const op of tx.ops) {

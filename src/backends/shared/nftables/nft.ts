@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { ToolError, firstLines, runTool } from '../tool.js';
 import type { ElementValue } from './transaction.js';
 import type { TableFamily, Transaction } from './transaction.js';
-import type { DriftSource } from '../drift.js';
+import type { DriftSource, OwnCommits } from '../drift.js';
 import { KernelError } from '../../../kernel/libc.js';
 import { NetlinkElements, NetlinkRefused } from './netlink.js';
 
@@ -33,10 +33,8 @@ export interface Nft {
   listJson?(family: TableFamily, table: string): Promise<unknown>;
   /** every table in the kernel (`nft -j list tables`) */
   listTables?(): Promise<{ family: string; name: string }[]>;
-  /** true for the pid of an nft this Nft ran: its changes to the ruleset are kpng's own */
-  ownsPid(pid: number): boolean;
-  /** true for the netlink port of a socket this Nft changes nftables through (its own, an nft's it ran) */
-  ownsPort?(portid: number): boolean;
+  /** runs every commit from now on inside ledger.own() (the drift watch: its transactions are kpng's own) */
+  commitsTo?(ledger: OwnCommits): void;
   /** its own drift detector, when the kernel's change events do not apply (the fake) */
   drift?(): DriftSource;
   close(): void;
@@ -47,7 +45,7 @@ export interface RunOptions {
   readonly bulk?: boolean;
 }
 
-export function runNft(args: string[], input?: string, nftPath = 'nft', o: { timeoutMs?: number; onSpawn?: (pid: number) => void } = {}): Promise<string> {
+export function runNft(args: string[], input?: string, nftPath = 'nft', o: { timeoutMs?: number } = {}): Promise<string> {
   return runTool(nftPath, args, { input, errorClass: NftError, summary: nftErrors, ...o });
 }
 
@@ -79,8 +77,7 @@ export class ProcessNft implements Nft {
   readonly path: string;
   private active = 0;
   private readonly waiting: (() => void)[] = [];
-  /** pids of nft processes this ran lately */
-  private readonly pids: number[] = [];
+  private ledger?: OwnCommits;
 
   private netlink?: NetlinkElements;
 
@@ -100,7 +97,8 @@ export class ProcessNft implements Nft {
       // a change's few elements too: nft would parse them and read back what it needs of the table, which grows with the Services
       if (typeof tx !== 'string' && this.netlink && (!opts.bulk || tx.elementCount >= NETLINK_MIN_ELEMENTS) && this.netlink.takes(tx)) {
         try {
-          return await this.netlink.run(tx);
+          const netlink = this.netlink;
+          return await this.commit(() => netlink.run(tx));
         } catch (e) {
           if (!(e instanceof KernelError)) throw e;
           // refused: nft says why (and the batch changed nothing); anything else: netlink does not work here
@@ -113,7 +111,7 @@ export class ProcessNft implements Nft {
       }
       const text = typeof tx === 'string' ? tx : tx.render();
       if (!text) return 0;
-      await this.apply(text);
+      await this.commit(() => this.apply(text));
       if (typeof tx !== 'string') this.netlink?.learn(tx);
       return text.length;
     } finally {
@@ -144,14 +142,8 @@ export class ProcessNft implements Nft {
     return ((doc.nftables ?? []) as J[]).flatMap((o) => (o.table ? [{ family: String(o.table.family), name: String(o.table.name) }] : []));
   }
 
-  ownsPid(pid: number): boolean {
-    return this.pids.includes(pid);
-  }
-
-  ownsPort(portid: number): boolean {
-    // nft's socket is bound by the kernel to nft's pid as nft's own pid
-    // namespace numbers it (the one this process sees), unless taken
-    return this.netlink?.port === portid || this.pids.includes(portid);
+  commitsTo(ledger: OwnCommits): void {
+    this.ledger = ledger;
   }
 
   close(): void {
@@ -164,12 +156,12 @@ export class ProcessNft implements Nft {
   }
 
   protected procOpts() {
-    return { timeoutMs: this.o.timeoutMs, onSpawn: (pid: number) => this.remember(pid) };
+    return { timeoutMs: this.o.timeoutMs };
   }
 
-  protected remember(pid: number): void {
-    this.pids.push(pid);
-    if (this.pids.length > 64) this.pids.shift();
+  /** one transaction that changes the ruleset, noted as kpng's own */
+  private commit<T>(fn: () => Promise<T>): Promise<T> {
+    return this.ledger ? this.ledger.own(fn) : fn();
   }
 
   private async acquire(): Promise<void> {
@@ -217,7 +209,7 @@ export class SessionNft extends ProcessNft {
   }
 
   private session(): NftSession {
-    return new NftSession(this.path, { timeoutMs: this.so.timeoutMs, onSpawn: (pid) => this.remember(pid) });
+    return new NftSession(this.path, { timeoutMs: this.so.timeoutMs });
   }
 
   protected override async apply(text: string): Promise<void> {
@@ -374,7 +366,7 @@ export class NftSession {
 
   constructor(
     private readonly nftPath = 'nft',
-    private readonly opts: { maxRuns?: number; timeoutMs?: number; onSpawn?: (pid: number) => void } = {},
+    private readonly opts: { maxRuns?: number; timeoutMs?: number } = {},
   ) {}
 
   /** Applies a transaction (newline-separated commands) atomically; one at a time. */
@@ -438,7 +430,6 @@ export class NftSession {
       return p;
     }
     this.proc = p;
-    this.opts.onSpawn?.(p.pid);
     this.stderr = '';
     this.runs = 0;
     p.stdout.on('data', () => {}); // nothing is expected there; keep the pipe flowing
