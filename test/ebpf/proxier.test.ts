@@ -20,7 +20,7 @@ function harness(store: Store, maps: MemoryMaps) {
   config.clusterCIDRs = ['10.0.0.0/8'];
   config.nftables.minSyncPeriodMs = 0;
   const { log, lines } = capturedLog();
-  const proxier = new EbpfProxier({ nodeName: 'n1', config, log, maps: () => maps, once: true, healthChecks: false, conntrackPath: '/bin/true' });
+  const proxier = new EbpfProxier({ nodeName: 'n1', config, log, maps: () => maps, once: true, healthChecks: false, conntrack: false });
   return { ...driveProxier(store, proxier, { sets: [LocalSet.NodesSet] }), lines };
 }
 

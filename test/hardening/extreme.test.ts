@@ -16,6 +16,7 @@ import { defaultConfig } from '../../src/backends/shared/config.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
 import { harness as iptablesHarness, iptablesConfig, iptablesUnsupported, MODES } from '../helpers/iptables.js';
 import { toolName } from '../../src/backends/iptables/iptables.js';
+import { ConntrackNetlink } from '../../src/kernel/conntrack.js';
 
 const quiet = pino({ level: 'silent' });
 
@@ -30,7 +31,7 @@ describe('legal but extreme objects, nft', { skip: canUseNetns() }, () => {
     const config = defaultConfig();
     config.clusterCIDRs = ['10.0.0.0/8', 'fd00::/64'];
     const run = async () => {
-      const proxier = new NftProxier({ nodeName: 'n1', config, log: quiet, once: true, nftPath: ns.wrapper('nft'), conntrackPath: ns.wrapper('conntrack'), healthChecks: false, out: new Writable({ write: (_c, _e, cb) => cb() }) });
+      const proxier = new NftProxier({ nodeName: 'n1', config, log: quiet, once: true, nftPath: ns.wrapper('nft'), conntrack: new ConntrackNetlink(ns.name), healthChecks: false, out: new Writable({ write: (_c, _e, cb) => cb() }) });
       const diff = new LocalDiff(store, new ServiceViews(store), 'n1', { sets: [LocalSet.NodesSet] });
       try {
         const decoder = new DecoderSink(proxier);

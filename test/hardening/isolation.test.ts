@@ -20,6 +20,7 @@ import { toolName, type IptablesMode } from '../../src/backends/iptables/iptable
 import type { SyncResult } from '../../src/backends/shared/runner.js';
 import { createNetns, type TestNetns } from '../helpers/netns.js';
 import { iptablesConfig, iptablesUnsupported, MODES } from '../helpers/iptables.js';
+import { ConntrackNetlink } from '../../src/kernel/conntrack.js';
 
 const BAD_IP = '172.30.0.99';
 
@@ -61,7 +62,7 @@ for (const mode of MODES) {
         once: true,
         mode: mode as IptablesMode,
         tool,
-        conntrackPath: ns.wrapper('conntrack'),
+        conntrack: new ConntrackNetlink(ns.name),
         healthChecks: false,
         families: [4],
         report: (r) => results.push(r),

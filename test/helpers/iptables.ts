@@ -17,6 +17,7 @@ import type { Store } from '../../src/store/store.js';
 import type { TestNetns } from './netns.js';
 import { skipOrFailInCI } from './ci.js';
 import { node, service, slice } from './k8s.js';
+import { ConntrackNetlink } from '../../src/kernel/conntrack.js';
 
 export const MODES: readonly IptablesMode[] = ['nft', 'legacy'];
 
@@ -61,7 +62,7 @@ export function harness(store: Store, opts: { ns?: TestNetns; mode?: IptablesMod
       out: sink,
       mode: opts.mode ?? 'nft',
       tool: opts.ns ? (t) => opts.ns!.wrapper(t) : undefined,
-      conntrackPath: opts.ns?.wrapper('conntrack'),
+      conntrack: opts.ns ? new ConntrackNetlink(opts.ns.name) : false,
       healthChecks: false,
       families: opts.families,
       interfaceAddresses: opts.interfaces ? () => opts.interfaces! : undefined,

@@ -21,7 +21,7 @@ function harness(store: Store, nft: FakeNft, o: { chunk?: number; once?: boolean
   if (o.syncPeriodMs) config.nftables.syncPeriodMs = o.syncPeriodMs;
   const { log, lines } = capturedLog('info');
   const results: SyncResult[] = [];
-  const proxier = new NftProxier({ nodeName: 'n1', config, log, nft, once: o.once ?? true, healthChecks: false, freshLoadChunk: o.chunk, clock: o.clock, report: (r) => results.push(r), conntrackPath: '/bin/true' });
+  const proxier = new NftProxier({ nodeName: 'n1', config, log, nft, once: o.once ?? true, healthChecks: false, freshLoadChunk: o.chunk, clock: o.clock, report: (r) => results.push(r), conntrack: false });
   return { ...driveProxier(store, proxier), lines, results };
 }
 

@@ -20,6 +20,7 @@ import { defaultConfig, type KubeProxyConfiguration } from '../../src/backends/s
 import type { Store } from '../../src/store/store.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
 import { recordingLogger } from '../helpers/logs.js';
+import { ConntrackNetlink } from '../../src/kernel/conntrack.js';
 
 const quiet = pino({ level: 'silent' });
 
@@ -42,7 +43,7 @@ function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfigu
       once: true,
       out: sink,
       nftPath: opts.nftPath ?? opts.ns?.wrapper('nft'),
-      conntrackPath: opts.ns?.wrapper('conntrack'),
+      conntrack: opts.ns ? new ConntrackNetlink(opts.ns.name) : false,
       healthChecks: false,
       freshLoadChunk: opts.chunk,
       session: opts.session,
