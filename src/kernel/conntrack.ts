@@ -46,8 +46,8 @@ const EOPNOTSUPP = 95;
 export const IPPROTO_TCP = 6;
 export const IPPROTO_UDP = 17;
 
-/** receive calls per turn of the event loop while reading a dump (each a few hundred entries) */
-const READS_PER_TURN = 8;
+/** receive calls per turn of the event loop while reading a dump (each up to 32 KiB: a hundred or two entries) */
+const READS_PER_TURN = 4;
 /** messages per send: the errors of a whole batch (entries gone meanwhile) fit the receive buffer */
 const BATCH = 1000;
 const DUMP_TIMEOUT_MS = 30_000;
