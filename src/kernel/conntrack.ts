@@ -46,8 +46,8 @@ const EOPNOTSUPP = 95;
 export const IPPROTO_TCP = 6;
 export const IPPROTO_UDP = 17;
 
-/** receive calls per turn of the event loop while reading a dump (each up to 32 KiB: a hundred or two entries) */
-const READS_PER_TURN = 4;
+/** receive calls per turn of the event loop while reading a dump (one: up to 32 KiB, a hundred or two entries) */
+const READS_PER_TURN = 1;
 /** messages per send: the errors of a whole batch (entries gone meanwhile) fit the receive buffer */
 const BATCH = 1000;
 const DUMP_TIMEOUT_MS = 30_000;
@@ -85,8 +85,12 @@ export interface ConntrackBatchResult {
 
 /** The connection tracking table (the kernel's, or a stand-in in tests). */
 export interface ConntrackTable {
-  /** the entries of a family and protocol that select takes (one dump) */
-  list(family: ConntrackFamily, proto: number, select: (e: ConntrackEntry) => boolean): Promise<ConntrackEntry[]>;
+  /**
+   * the entries of a family and protocol that select takes (one dump);
+   * between: awaited between two reads of the dump (default: a turn of the
+   * event loop), where a caller gives way to more urgent work
+   */
+  list(family: ConntrackFamily, proto: number, select: (e: ConntrackEntry) => boolean, between?: () => Promise<void>): Promise<ConntrackEntry[]>;
   /** deletes these entries (by original tuple, zone and id), in batches */
   delete(entries: readonly ConntrackEntry[]): Promise<ConntrackBatchResult>;
   close(): void;
@@ -103,14 +107,14 @@ export class ConntrackNetlink implements ConntrackTable {
 
   constructor(private readonly netns?: string) {}
 
-  list(family: ConntrackFamily, proto: number, select: (e: ConntrackEntry) => boolean): Promise<ConntrackEntry[]> {
+  list(family: ConntrackFamily, proto: number, select: (e: ConntrackEntry) => boolean, between = nextTurn): Promise<ConntrackEntry[]> {
     return this.exclusive(async () => {
       try {
-        return await this.dump(family, proto, select, !this.filterRefused);
+        return await this.dump(family, proto, select, between, !this.filterRefused);
       } catch (e) {
         if (this.filterRefused || !(e instanceof DumpRefused) || (e.errno !== EINVAL && e.errno !== EOPNOTSUPP)) throw e;
         this.filterRefused = true;
-        return this.dump(family, proto, select, false);
+        return this.dump(family, proto, select, between, false);
       }
     });
   }
@@ -146,7 +150,7 @@ export class ConntrackNetlink implements ConntrackTable {
     return this.nl;
   }
 
-  private async dump(family: ConntrackFamily, proto: number, select: (e: ConntrackEntry) => boolean, filtered: boolean): Promise<ConntrackEntry[]> {
+  private async dump(family: ConntrackFamily, proto: number, select: (e: ConntrackEntry) => boolean, between: () => Promise<void>, filtered: boolean): Promise<ConntrackEntry[]> {
     const nl = this.socket();
     const seq = ++this.seq;
     const w = new NetlinkWriter().begin((NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, [afOf(family), 0, 0]);
@@ -170,13 +174,17 @@ export class ConntrackNetlink implements ConntrackTable {
         if (e && e.family === family && e.proto === proto && select(e)) out.push(e);
       }
     };
-    const end = Date.now() + DUMP_TIMEOUT_MS;
+    // (only the kernel's silence counts against the timeout, not the time given way)
+    let heard = Date.now();
     try {
       while (!done) {
         const r = nl.drain(onMessage, READS_PER_TURN);
         if (done) break;
-        if (Date.now() > end) throw new KernelError(`conntrack dump: no end after ${DUMP_TIMEOUT_MS} ms`);
-        await new Promise((resolve) => (r === 'empty' ? setTimeout(resolve, 1) : setImmediate(resolve)));
+        if (r === 'read') {
+          heard = Date.now();
+          await between();
+        } else if (Date.now() - heard > DUMP_TIMEOUT_MS) throw new KernelError(`conntrack dump: nothing from the kernel for ${DUMP_TIMEOUT_MS} ms`);
+        else await new Promise((resolve) => setTimeout(resolve, 1));
       }
     } catch (e) {
       // a dump left running on the socket would refuse the next one (EBUSY)
@@ -224,6 +232,7 @@ export class DumpRefused extends KernelError {
 }
 
 const afOf = (family: ConntrackFamily) => (family === 4 ? AF_INET : AF_INET6);
+const nextTurn = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 /** an entry's attributes: to delete it, its original tuple, zone and id; to create it, both tuples and its zone */
 function writeEntry(w: NetlinkWriter, e: ConntrackEntry, create: boolean): NetlinkWriter {

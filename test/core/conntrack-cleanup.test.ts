@@ -2,9 +2,9 @@
 // in memory: no sync waits for it; a round starts only after the sync that
 // stopped using the flows committed; the flows of the syncs during a round
 // wait for the next one, together; an endpoint that came back keeps its
-// entries; which entries a flow means (service IP, NodePort, never DNATed,
-// IPv6); a failing round is one log line and one count per family, and the
-// next round runs.
+// entries; a dump gives way to a sync; which entries a flow means (service
+// IP, NodePort, never DNATed, IPv6); a failing round is one log line and one
+// count per family, and the next round runs.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { capturedLog, driveProxier } from '../helpers/proxier-harness.js';
@@ -36,6 +36,8 @@ class MemoryTable implements ConntrackTable {
   dumps: ConntrackFamily[] = [];
   failWith?: string;
   onDump?: () => void;
+  /** what happened, in order: the dump's reads, and what the test notes */
+  events: string[] = [];
   private gate?: { promise: Promise<void>; open: () => void };
 
   hold(): void {
@@ -46,12 +48,18 @@ class MemoryTable implements ConntrackTable {
     this.gate?.open();
     this.gate = undefined;
   }
-  async list(family: ConntrackFamily, proto: number, select: (e: ConntrackEntry) => boolean): Promise<ConntrackEntry[]> {
+  async list(family: ConntrackFamily, proto: number, select: (e: ConntrackEntry) => boolean, between?: () => Promise<void>): Promise<ConntrackEntry[]> {
     this.dumps.push(family);
     this.onDump?.();
     await this.gate?.promise;
     if (this.failWith) throw new Error(this.failWith);
-    return this.entries.filter((e) => e.family === family && e.proto === proto && select(e));
+    // a dump of two reads: the first half, then the rest
+    const half = Math.ceil(this.entries.length / 2);
+    const first = this.entries.slice(0, half).filter((e) => e.family === family && e.proto === proto && select(e));
+    this.events.push('read');
+    await between?.();
+    this.events.push('read');
+    return [...first, ...this.entries.slice(half).filter((e) => e.family === family && e.proto === proto && select(e))];
   }
   async delete(entries: readonly ConntrackEntry[]): Promise<ConntrackBatchResult> {
     const before = this.entries.length;
@@ -145,10 +153,30 @@ test('an endpoint that comes back before its round keeps its entries', { timeout
   await h.close();
 });
 
+test('a dump reads no further while a sync runs', async () => {
+  const table = new MemoryTable();
+  const { log } = capturedLog();
+  let syncing = true;
+  const cleaner = new ConntrackCleaner(log, table, { stillStale: () => true, syncing: () => syncing });
+  table.entries = [entry('172.30.0.53', 53, '10.2.0.1'), entry('172.30.0.53', 53, '10.2.0.1', '10.9.0.2')];
+  let dumping!: () => void;
+  const dumped = new Promise<void>((r) => (dumping = r));
+  table.onDump = () => dumping();
+  cleaner.schedule([{ family: 4, owner: 'ns/dns', vip: '172.30.0.53', port: 53, endpoint: '10.2.0.1' }]);
+  await dumped;
+  // time enough for the dump to read on, were it not waiting
+  await new Promise((r) => setTimeout(r, 100));
+  table.events.push('sync ended');
+  syncing = false;
+  await cleaner.idle();
+  assert.deepEqual(table.events, ['read', 'sync ended', 'read']);
+  assert.deepEqual(table.entries, []);
+});
+
 test('which entries a flow means: its service IP and port answered by the endpoint; a NodePort at any address; a service IP that answered itself; IPv6', async () => {
   const table = new MemoryTable();
   const { log } = capturedLog();
-  const cleaner = new ConntrackCleaner(log, table, () => true);
+  const cleaner = new ConntrackCleaner(log, table, { stillStale: () => true });
   const flow = (vip: string, port: number, endpoint: string, family: 4 | 6 = 4): StaleFlow => ({ family, owner: 'ns/x', vip, port, endpoint });
   const stale = [entry('172.30.0.53', 53, '10.2.0.1'), entry('192.168.0.2', 30053, '10.2.0.1', '203.0.113.9'), entry('10.0.0.7', 30053, '10.2.0.1'), entry('172.30.0.54', 53, '172.30.0.54'), entry('fd00::53', 53, 'fd00:1::1')];
   const other = [entry('172.30.0.53', 54, '10.2.0.1'), entry('172.30.0.53', 53, '10.2.0.9'), entry('172.30.0.55', 53, '10.2.0.1'), entry('192.168.0.2', 30054, '10.2.0.1'), entry('fd00::53', 53, 'fd00:1::2')];
@@ -163,7 +191,7 @@ test('which entries a flow means: its service IP and port answered by the endpoi
 test('a failing round: one log line and one count per family, the entries stay, and the next round runs', async () => {
   const table = new MemoryTable();
   const { log, lines } = capturedLog();
-  const cleaner = new ConntrackCleaner(log, table, () => true);
+  const cleaner = new ConntrackCleaner(log, table, { stillStale: () => true });
   const failures = { v4: await metric('kpng_conntrack_reconciler_failures_total', 'IPv4'), v6: await metric('kpng_conntrack_reconciler_failures_total', 'IPv6') };
   const duration = 'kubeproxy_conntrack_reconciler_sync_duration_seconds';
   const rounds = await metric(duration, 'IPv4', `${duration}_count`);

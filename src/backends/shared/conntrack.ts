@@ -35,14 +35,16 @@ export class ConntrackCleaner {
   private round?: Promise<void>;
   private closed = false;
 
-  /**
-   * table: none, no cleanup (dry run). stillStale: whether a flow's entries
-   * are still to delete when its round runs (its endpoint may have come back).
-   */
+  /** table: none, no cleanup (dry run) */
   constructor(
     private readonly log: Logger,
     private readonly table: ConntrackTable | undefined,
-    private readonly stillStale: (f: StaleFlow) => boolean,
+    private readonly proxier: {
+      /** whether a flow's entries are still to delete when its round runs (its endpoint may have come back) */
+      stillStale(f: StaleFlow): boolean;
+      /** a sync runs: a dump gives way until it has ended */
+      syncing?(): boolean;
+    },
   ) {}
 
   /** Flows whose rules are committed: cleaned in the next round, in the background. */
@@ -96,16 +98,16 @@ export class ConntrackCleaner {
     for (const f of flows) {
       const dst = f.vip ? addressHex(f.vip, family) : '';
       const replySrc = addressHex(f.endpoint || f.vip, family);
-      if (dst !== undefined && replySrc !== undefined && this.stillStale(f)) byEntry.set(`${dst}|${f.port}|${replySrc}`, f);
+      if (dst !== undefined && replySrc !== undefined && this.proxier.stillStale(f)) byEntry.set(`${dst}|${f.port}|${replySrc}`, f);
     }
     if (!byEntry.size) return undefined;
     const label = { ip_family: family === 4 ? 'IPv4' : 'IPv6' };
     const t0 = performance.now();
     try {
       const flowOf = (e: ConntrackEntry) => byEntry.get(`${e.orig.dst}|${e.orig.dport}|${e.reply.src}`) ?? byEntry.get(`|${e.orig.dport}|${e.reply.src}`);
-      const matched = await this.table!.list(family, IPPROTO_UDP, (e) => flowOf(e) !== undefined);
+      const matched = await this.table!.list(family, IPPROTO_UDP, (e) => flowOf(e) !== undefined, () => this.giveWay());
       // the dump took a while: an endpoint that came back meanwhile keeps its entries
-      const due = matched.filter((e) => this.stillStale(flowOf(e)!));
+      const due = matched.filter((e) => this.proxier.stillStale(flowOf(e)!));
       const r = due.length ? await this.table!.delete(due) : { done: 0, failed: 0, errno: undefined };
       this.deleted += r.done;
       if (r.done) metrics.conntrackDeleted.inc(label, r.done);
@@ -118,6 +120,12 @@ export class ConntrackCleaner {
     } finally {
       metrics.conntrackDuration.observe(label, (performance.now() - t0) / 1000);
     }
+  }
+
+  /** between two reads of a dump: a turn of the event loop, and no more reading while a sync runs */
+  private async giveWay(): Promise<void> {
+    await new Promise((resolve) => setImmediate(resolve));
+    while (this.proxier.syncing?.() && !this.closed) await new Promise((resolve) => setTimeout(resolve, 10));
   }
 }
 

@@ -168,7 +168,7 @@ export abstract class ProxierBase implements DecoderHandler {
     periods: SyncPeriods,
   ) {
     const table = base.conntrack === false || base.dryRun ? undefined : (base.conntrack ?? new ConntrackNetlink());
-    this.conntrack = new ConntrackCleaner(base.log, table, (f) => this.staleFlows.stillStale(f));
+    this.conntrack = new ConntrackCleaner(base.log, table, { stillStale: (f) => this.staleFlows.stillStale(f), syncing: () => this.runner.busy });
     if (base.healthChecks !== false && !base.dryRun) this.health = new HealthCheckServers(base.log, () => this.runner.failures === 0);
     const once = !!base.once;
     this.runner = new SyncRunner({
