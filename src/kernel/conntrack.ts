@@ -5,9 +5,9 @@
 // dump and a send per batch, not a process per flow; the `conntrack` tool is
 // not needed.
 //
-// Nothing here holds the event loop for long: a dump is read a few buffers at
-// a time, the event loop turning between them, and a batch is sent from
-// libuv's thread pool.
+// Nothing here holds the event loop for long: a dump is read one buffer at a
+// time, the event loop turning (or the caller giving way) between two, and a
+// batch is sent from libuv's thread pool.
 import { KernelError } from './libc.js';
 import { NETLINK_NETFILTER, NLM_F_DUMP, NLM_F_REQUEST, NetlinkSocket, NetlinkWriter, type NetlinkMessage } from './netlink.js';
 

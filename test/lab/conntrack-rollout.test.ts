@@ -17,6 +17,7 @@ import { describeOutcome, verdict } from '../../src/lab/index.js';
 import { ConntrackNetlink, IPPROTO_UDP, type ConntrackEntry } from '../../src/kernel/conntrack.js';
 import { node, service, serviceCIDR, slice } from '../helpers/k8s.js';
 import { KpngLab, backendConfig, describeBackends, pollUntil, type LabBackend } from '../helpers/lab-kpng.js';
+import { syncEnds } from '../helpers/logs.js';
 
 const UDP_SERVICES = 300;
 const WITH_ENTRIES = 100;
@@ -28,14 +29,6 @@ const HEALTHZ = '127.0.0.1:10256';
 const MIN_SYNC_MS = 100;
 /** the least "alone" counts as: a loaded machine's noise (the old way took tens of seconds) */
 const NOISE_MS = 250;
-
-/** a time of kpng's log (UTC, to the millisecond: [h, m, s, ms]) as epoch ms: the one nearest now */
-function logTime([h, m, sec, ms]: number[]): number {
-  const today = new Date();
-  const t = Date.UTC(today.getUTCFullYear(), today.getUTCMonth(), today.getUTCDate(), h, m, sec, ms);
-  const day = 86_400_000;
-  return [t - day, t, t + day].reduce((a, b) => (Math.abs(b - Date.now()) < Math.abs(a - Date.now()) ? b : a));
-}
 
 const udpVip = (i: number) => `10.96.${1 + (i >> 8)}.${i & 255}`;
 /** endpoint e of UDP Service i in rollout generation g */
@@ -88,8 +81,6 @@ await describeBackends(
     let kl: KpngLab;
     let ct: ConntrackNetlink;
     const stderr = () => kl.kpng?.stderr.slice(-3000) ?? '';
-    /** when each sync kpng committed ended (its debug log), in order */
-    const syncEnds = () => [...(kl.kpng?.stderr ?? '').matchAll(/^(\d\d):(\d\d):(\d\d)\.(\d{3}) DEBUG nft: synced /gm)].map((m) => logTime(m.slice(1).map(Number)));
     const webAnswers = (ip: string) => pollUntil(() => kl.lab.connect({ from: CLIENT, to: VIP, port: 80, timeoutMs: 500 }), (o) => verdict(o, VIP, 80) === `${ip}:8080`, 60_000, 20);
 
     before(async () => {
@@ -134,7 +125,7 @@ await describeBackends(
       const healthz = pollHealthz(kl.lab.nodeNs);
       try {
         await pollUntil(async () => healthz.codes.length, (n) => n > 0, 10_000, 50);
-        const syncsBefore = syncEnds().length;
+        const syncsBefore = syncEnds(kl.kpng!.stderr).length;
         const tRollout = Date.now();
         kl.setState(state(1, B));
         await new Promise((r) => setTimeout(r, 300));
@@ -148,7 +139,7 @@ await describeBackends(
         await pollUntil(async () => healthz.codes.length, (n) => n >= seen + 2, 10_000, 50);
         // the TCP change may come while kpng still applies the rollout (a busy machine): that much waiting is
         // not the cleanup's doing; the rollout is applied when the last sync before the TCP change's ends
-        const ends = syncEnds().slice(syncsBefore);
+        const ends = syncEnds(kl.kpng!.stderr).slice(syncsBefore);
         const rolloutApplied = ends.length > 1 ? ends.at(-2)! : tRollout;
         const allowance = Math.max(0, rolloutApplied - tTcp) + (ends.length > 1 ? MIN_SYNC_MS : 0);
         console.log(`TCP change alone ${alone} ms, during the UDP rollout ${during.ms} ms (the rollout applied ${rolloutApplied - tTcp} ms after it was written, in ${ends.length - 1} syncs); stale entries gone ${cleaned.ms} ms after it reached the kernel; /healthz polled ${healthz.codes.length} times`);
