@@ -16,7 +16,7 @@
 // entries were gone (watched every 100 ms from the rollout), how many went,
 // kpng's own cleanup metrics, and /healthz polled every 100 ms throughout
 // (0: no answer within 5 s, a load balancer's usual timeout).
-//   npm run bench -- conntrack [--services 1000] [--share 3] [--others 2000] [--gap 300]
+//   npm run bench -- conntrack [--services 1000] [--share 3] [--others 2000] [--gap 300] [--ways old,new]
 import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, renameSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -187,8 +187,9 @@ async function runWay(way: string, kpngBin: string, spaces: BenchNamespaces, dir
     const tTcp = Date.now();
     write(1, TCP_A);
     const duringMs = await waitFor(TCP_A, 'the TCP change during the rollout');
+    // the rollout is applied by the syncs before the TCP change's, or by that one when it took both
     const ends = syncEnds(stderr).slice(syncsBefore);
-    const rolloutAfterMs = ends.length > 1 ? Math.max(0, ends.at(-2)! - tTcp) : 0;
+    const rolloutAfterMs = ends.length ? Math.max(0, (ends.length > 1 ? ends.at(-2)! : ends[0]) - tTcp) : 0;
     const gone = await staleGone;
     const healthz = await probe.ask<number[]>({ op: 'healthz', on: false });
     const metrics = await probe.ask<string>({ op: 'metrics' });
@@ -222,9 +223,12 @@ export default async function (args: string[]) {
   const dir = mkdtempSync(join(tmpdir(), 'kpng-bench-conntrack-'));
   const spaces = new BenchNamespaces('conntrack', 'kpng-bench-ct');
   try {
-    const old = oldKpng(dir);
-    const ways: [string, string][] = [...(old ? ([['old', old]] as [string, string][]) : []), ['new', join(ROOT, 'bin/kpng.js')]];
-    if (!old) console.log(`(no git history here: the old way, kpng as of ${OLD_COMMIT}, is left out)`);
+    const wanted = arg(args, 'ways', 'old,new').split(',');
+    const old = wanted.includes('old') ? oldKpng(dir) : undefined;
+    const ways: [string, string][] = [];
+    if (old) ways.push(['old', old]);
+    if (wanted.includes('new')) ways.push(['new', join(ROOT, 'bin/kpng.js')]);
+    if (!old && wanted.includes('old')) console.log(`(no git history here: the old way, kpng as of ${OLD_COMMIT}, is left out)`);
     const results: Result[] = [];
     for (const [way, bin] of ways) {
       console.error(`${way}: running`);
