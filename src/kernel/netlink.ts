@@ -174,10 +174,14 @@ export class NetlinkSocket {
   }
   private sendBuffer = 0;
 
-  /** every queued message to fn; 'empty' when nothing was queued */
-  drain(fn: (m: NetlinkMessage) => void): 'read' | 'empty' {
+  /**
+   * every queued message to fn; 'empty' when nothing was queued. maxReads
+   * bounds the receive calls: a dump goes on inside each one, so a reader
+   * that must give the event loop a turn reads a few buffers at a time.
+   */
+  drain(fn: (m: NetlinkMessage) => void, maxReads = Infinity): 'read' | 'empty' {
     let any = false;
-    for (;;) {
+    for (let reads = 0; reads < maxReads; reads++) {
       const n = Number(this.c.recv(this.fd, this.buf, this.buf.length, MSG_DONTWAIT));
       if (n < 0) {
         const e = this.c.errno();
@@ -196,6 +200,7 @@ export class NetlinkSocket {
         off += (len + 3) & ~3;
       }
     }
+    return any ? 'read' : 'empty';
   }
 
   /** waits (at most ms, blocking this thread) until answered() or nothing more comes; what is not an answer goes to other */

@@ -59,6 +59,14 @@ export const metrics = {
   iptablesTotal: new Gauge({ name: 'kubeproxy_sync_proxy_rules_iptables_total', help: 'Total number of iptables rules owned by kpng', labelNames: ['table', 'ip_family'] as const, registers: [registry] }),
   iptablesLast: new Gauge({ name: 'kubeproxy_sync_proxy_rules_iptables_last', help: 'Number of iptables rules written by kpng in last sync', labelNames: ['table', 'ip_family'] as const, registers: [registry] }),
   conntrackDeleted: new Counter({ name: 'kubeproxy_conntrack_reconciler_deleted_entries_total', help: 'Cumulative conntrack flows deleted by conntrack cleanup', labelNames: familyLabel, registers: [registry] }),
+  conntrackDuration: new Histogram({
+    name: 'kubeproxy_conntrack_reconciler_sync_duration_seconds',
+    help: 'Conntrack cleanup latency in seconds: one round of one family (a dump of its UDP entries, then the deletes)',
+    buckets: exp(0.001, 2, 15),
+    labelNames: familyLabel,
+    registers: [registry],
+  }),
+  conntrackFailures: new Counter({ name: 'kpng_conntrack_reconciler_failures_total', help: 'Conntrack cleanup rounds of a family that failed (stale UDP entries left to time out)', labelNames: familyLabel, registers: [registry] }),
   healthz: new Counter({ name: 'kubeproxy_proxy_healthz_total', help: 'Cumulative proxy healthz HTTP status', labelNames: ['code'] as const, registers: [registry] }),
   livez: new Counter({ name: 'kubeproxy_proxy_livez_total', help: 'Cumulative proxy livez HTTP status', labelNames: ['code'] as const, registers: [registry] }),
 

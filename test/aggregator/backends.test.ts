@@ -25,6 +25,7 @@ import { LocalSet } from '../../src/api/model.js';
 import { node, syncedStore } from '../helpers/k8s.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
 import { pollUntil } from '../helpers/lab-kpng.js';
+import { ConntrackNetlink } from '../../src/kernel/conntrack.js';
 
 const skip = canUseNetns();
 const quiet = pino({ level: 'silent' });
@@ -57,7 +58,7 @@ async function started(make: (o: DataplaneOptions & { nftPath: string }) => Prox
   const config = defaultConfig();
   config.nftables.syncPeriodMs = SYNC_PERIOD_MS;
   config.nftables.minSyncPeriodMs = 0;
-  const proxier = make({ nodeName: 'n1', config, log: quiet, nftPath: ns.wrapper('nft'), conntrackPath: ns.wrapper('conntrack'), healthChecks: false, netns: ns.name, tenants: agg });
+  const proxier = make({ nodeName: 'n1', config, log: quiet, nftPath: ns.wrapper('nft'), conntrack: new ConntrackNetlink(ns.name), healthChecks: false, netns: ns.name, tenants: agg });
   after(async () => {
     await proxier.close();
     agg.close();

@@ -20,7 +20,7 @@ import type { Store } from '../../src/store/store.js';
 function harness(store: Store, maps: MemoryMaps) {
   const config = testConfig((c) => (c.nftables.minSyncPeriodMs = 0));
   const { log, lines } = recordingLogger();
-  const proxier = new EbpfProxier({ nodeName: 'n1', config, log, maps: () => maps, once: true, healthChecks: false, conntrackPath: '/bin/true' });
+  const proxier = new EbpfProxier({ nodeName: 'n1', config, log, maps: () => maps, once: true, healthChecks: false, conntrack: false });
   return Object.assign(driveProxier(store, proxier, { sets: [LocalSet.NodesSet] }), { lines });
 }
 

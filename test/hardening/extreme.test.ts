@@ -12,6 +12,7 @@ import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
 import { harness as iptablesHarness, iptablesUnsupported, MODES } from '../helpers/iptables.js';
 import { driveProxier, printed, testConfig } from '../helpers/proxier-harness.js';
 import { toolName } from '../../src/backends/iptables/iptables.js';
+import { ConntrackNetlink } from '../../src/kernel/conntrack.js';
 
 const quiet = pino({ level: 'silent' });
 
@@ -25,7 +26,7 @@ describe('legal but extreme objects, nft', { skip: canUseNetns() }, () => {
     const store = syncedStore(objects);
     const config = testConfig((c) => (c.clusterCIDRs = ['10.0.0.0/8', 'fd00::/64']));
     const run = async () => {
-      const proxier = new NftProxier({ nodeName: 'n1', config, log: quiet, once: true, nftPath: ns.wrapper('nft'), conntrackPath: ns.wrapper('conntrack'), healthChecks: false, out: printed().sink });
+      const proxier = new NftProxier({ nodeName: 'n1', config, log: quiet, once: true, nftPath: ns.wrapper('nft'), conntrack: new ConntrackNetlink(ns.name), healthChecks: false, out: printed().sink });
       const h = driveProxier(store, proxier, { sets: [LocalSet.NodesSet] });
       try {
         await h.sync();

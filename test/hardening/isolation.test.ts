@@ -17,6 +17,7 @@ import { createNetns, type TestNetns } from '../helpers/netns.js';
 import { iptablesUnsupported, MODES } from '../helpers/iptables.js';
 import { recordingLogger } from '../helpers/logs.js';
 import { driveProxier, testConfig } from '../helpers/proxier-harness.js';
+import { ConntrackNetlink } from '../../src/kernel/conntrack.js';
 
 const BAD_IP = '172.30.0.99';
 
@@ -58,7 +59,7 @@ for (const mode of MODES) {
         once: true,
         mode: mode as IptablesMode,
         tool,
-        conntrackPath: ns.wrapper('conntrack'),
+        conntrack: new ConntrackNetlink(ns.name),
         healthChecks: false,
         families: [4],
         report: (r) => results.push(r),

@@ -14,6 +14,7 @@ import type { Store } from '../../src/store/store.js';
 import { LocalSet } from '../../src/api/model.js';
 import { driveProxier } from './proxier-harness.js';
 import { node, service, slice } from './k8s.js';
+import { ConntrackNetlink } from '../../src/kernel/conntrack.js';
 
 export const VIP = '172.30.0.10';
 export const ENDPOINT = '10.1.0.1';
@@ -39,7 +40,7 @@ export function watchingNft(store: Store, o: WatchingOptions) {
   const config = defaultConfig();
   config.clusterCIDRs = ['10.0.0.0/8'];
   config.nftables = { ...config.nftables, syncPeriodMs: o.syncPeriodMs, minSyncPeriodMs: 0 };
-  const proxier = new NftProxier({ nodeName: 'n1', config, log: o.log, nftPath: o.tool('nft'), conntrackPath: o.tool('conntrack'), healthChecks: false, netns: o.netns, report: o.report });
+  const proxier = new NftProxier({ nodeName: 'n1', config, log: o.log, nftPath: o.tool('nft'), conntrack: new ConntrackNetlink(o.netns), healthChecks: false, netns: o.netns, report: o.report });
   return driveProxier(store, proxier);
 }
 
@@ -48,7 +49,7 @@ export function watchingIptables(store: Store, mode: IptablesMode, o: WatchingOp
   const config = defaultConfig();
   config.clusterCIDRs = ['10.0.0.0/8'];
   config.iptables = { ...config.iptables, syncPeriodMs: o.syncPeriodMs, minSyncPeriodMs: 0 };
-  const proxier = new IptablesProxier({ nodeName: 'n1', config, log: o.log, mode, tool: o.tool, conntrackPath: o.tool('conntrack'), healthChecks: false, netns: o.netns, families: [4], report: o.report });
+  const proxier = new IptablesProxier({ nodeName: 'n1', config, log: o.log, mode, tool: o.tool, conntrack: new ConntrackNetlink(o.netns), healthChecks: false, netns: o.netns, families: [4], report: o.report });
   return driveProxier(store, proxier, { sets: [LocalSet.NodesSet] });
 }
 

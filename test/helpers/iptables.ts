@@ -14,6 +14,7 @@ import type { TestNetns } from './netns.js';
 import { skipOrFailInCI } from './ci.js';
 import { node, service, slice } from './k8s.js';
 import { driveProxier, printed, testConfig } from './proxier-harness.js';
+import { ConntrackNetlink } from '../../src/kernel/conntrack.js';
 
 export const MODES: readonly IptablesMode[] = ['nft', 'legacy'];
 
@@ -50,7 +51,7 @@ export function harness(store: Store, opts: { ns?: TestNetns; mode?: IptablesMod
       out: sink,
       mode: opts.mode ?? 'nft',
       tool: opts.ns ? (t) => opts.ns!.wrapper(t) : undefined,
-      conntrackPath: opts.ns?.wrapper('conntrack'),
+      conntrack: opts.ns ? new ConntrackNetlink(opts.ns.name) : false,
       healthChecks: false,
       families: opts.families,
       interfaceAddresses: opts.interfaces ? () => opts.interfaces! : undefined,

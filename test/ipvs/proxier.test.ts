@@ -119,7 +119,7 @@ function harness(store: Store, parts: { ipvs: FakeIpvs; node: FakeNode; nft: Fak
     families: [4],
     once: true,
     healthChecks: false,
-    conntrackPath: '/bin/true',
+    conntrack: false,
     interfaceAddresses: () => ['192.168.0.2', '127.0.0.1'],
   });
   return Object.assign(driveProxier(store, proxier), { lines });

@@ -22,7 +22,7 @@ function harness(store: Store, nft: FakeNft, o: { chunk?: number; once?: boolean
   });
   const { log, lines } = recordingLogger('info');
   const results: SyncResult[] = [];
-  const proxier = new NftProxier({ nodeName: 'n1', config, log, nft, once: o.once ?? true, healthChecks: false, freshLoadChunk: o.chunk, clock: o.clock, report: (r) => results.push(r), conntrackPath: '/bin/true' });
+  const proxier = new NftProxier({ nodeName: 'n1', config, log, nft, once: o.once ?? true, healthChecks: false, freshLoadChunk: o.chunk, clock: o.clock, report: (r) => results.push(r), conntrack: false });
   return Object.assign(driveProxier(store, proxier), { lines, results });
 }
 

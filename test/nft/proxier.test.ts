@@ -16,6 +16,7 @@ import type { Store } from '../../src/store/store.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
 import { recordingLogger } from '../helpers/logs.js';
 import { driveProxier, printed, testConfig } from '../helpers/proxier-harness.js';
+import { ConntrackNetlink } from '../../src/kernel/conntrack.js';
 
 const quiet = pino({ level: 'silent' });
 
@@ -33,7 +34,7 @@ function harness(store: Store, opts: { ns?: TestNetns; config?: KubeProxyConfigu
       once: true,
       out: sink,
       nftPath: opts.nftPath ?? opts.ns?.wrapper('nft'),
-      conntrackPath: opts.ns?.wrapper('conntrack'),
+      conntrack: opts.ns ? new ConntrackNetlink(opts.ns.name) : false,
       healthChecks: false,
       freshLoadChunk: opts.chunk,
       session: opts.session,

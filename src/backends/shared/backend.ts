@@ -1,6 +1,6 @@
 // What every dataplane backend's registration shares: the flags of a proxier
-// (--dry-run, --conntrack-path, --no-health-checks), the options they make,
-// and the instance around a proxier (its decoder sink, close).
+// (--dry-run, --no-health-checks), the options they make, and the instance
+// around a proxier (its decoder sink, close).
 import type { Command } from 'commander';
 import type { Family } from '../../api/ip.js';
 import type { LocalSet } from '../../api/model.js';
@@ -25,11 +25,10 @@ export interface DataplaneOptions extends ProxierBaseOptions {
   readonly tenants?: TenantLedger;
 }
 
-/** --dry-run (what it prints), --conntrack-path, --no-health-checks */
+/** --dry-run (what it prints), --no-health-checks */
 export function addDataplaneFlags(cmd: Command, dryRun: string): Command {
   return cmd
     .option('--dry-run', `print ${dryRun} on stdout instead of applying it`)
-    .option('--conntrack-path <path>', 'the conntrack binary', 'conntrack')
     .option('--no-health-checks', 'do not serve healthCheckNodePorts');
 }
 
@@ -41,7 +40,6 @@ export function dataplaneOptions(opts: Record<string, any>, ctx: BackendContext)
     log: ctx.log,
     dryRun: !!opts.dryRun,
     once: !!opts.once,
-    conntrackPath: opts.conntrackPath,
     healthChecks: opts.healthChecks,
     report: ctx.report,
     packEndpoints: ctx.packEndpoints,

@@ -16,6 +16,7 @@ import type { Logger } from '../../runtime/log.js';
 import { serviceKey, type Endpoint, type LocalNode, type Service, type ServiceCIDR } from '../../api/model.js';
 import type { DecoderHandler } from '../../diff/decoder.js';
 import { ConntrackCleaner, StaleFlowTracker, type StaleFlow } from './conntrack.js';
+import { ConntrackNetlink, type ConntrackTable } from '../../kernel/conntrack.js';
 import { HealthCheckServers, type HealthCheckService } from './healthcheck.js';
 import { ipFamily, metrics } from '../../runtime/metrics.js';
 import { SyncRunner, type Clock, type SyncReason, type SyncResult } from './runner.js';
@@ -37,7 +38,8 @@ export interface ProxierBaseOptions {
   readonly dryRun?: boolean;
   /** apply once: no waiting between syncs, failures are thrown */
   readonly once?: boolean;
-  readonly conntrackPath?: string;
+  /** where stale UDP conntrack entries are deleted: the kernel's table in this network namespace (default), another table (tests), none (false) */
+  readonly conntrack?: ConntrackTable | false;
   /** serve healthCheckNodePorts (default true) */
   readonly healthChecks?: boolean;
   /** told about every sync (health, metrics) */
@@ -125,7 +127,8 @@ export abstract class ProxierBase implements DecoderHandler {
     protected readonly base: ProxierBaseOptions,
     periods: SyncPeriods,
   ) {
-    this.conntrack = new ConntrackCleaner(base.log, base.conntrackPath);
+    const table = base.conntrack === false || base.dryRun ? undefined : (base.conntrack ?? new ConntrackNetlink());
+    this.conntrack = new ConntrackCleaner(base.log, table, { stillStale: (f) => this.staleFlows.stillStale(f), syncing: () => this.runner.busy });
     if (base.healthChecks !== false && !base.dryRun) this.health = new HealthCheckServers(base.log, () => this.runner.failures === 0);
     const once = !!base.once;
     this.runner = new SyncRunner({
@@ -235,6 +238,7 @@ export abstract class ProxierBase implements DecoderHandler {
     skippedBy.delete(this);
     await this.runner.close();
     await this.health?.close();
+    await this.conntrack.close();
   }
 
   /** true while the last sync succeeded (for health checks) */
@@ -431,7 +435,7 @@ export abstract class ProxierBase implements DecoderHandler {
     }
   }
 
-  /** A sync succeeded: state, health, metrics, then health-check servers and conntrack cleanup. */
+  /** A sync succeeded: state, health, metrics, then health-check servers; conntrack cleanup goes on in the background. */
   private async succeeded(reason: SyncReason, full: boolean, t0: number, changes: number): Promise<SyncResult> {
     // (a cold start's keys one by one would delay the moment the node counts as programmed)
     if (this.held.size === 0) this.pending.clear();
@@ -451,7 +455,7 @@ export abstract class ProxierBase implements DecoderHandler {
     const result: SyncResult = { ok: true, full, partial: skipped.length > 0, reason, durationMs, changes, skipped, repaired: false, endedAt: Date.now() };
     if (this.base.dryRun) return result;
     // the first sync: no flow went away, and "service IPs getting endpoints"
-    // would be every UDP service (one conntrack run each) for nothing
+    // would be every UDP service for nothing
     const flows = this.synced ? this.pendingFlows : this.pendingFlows.filter((f) => f.endpoint !== '');
     this.synced = true;
     this.pendingFlows = [];
@@ -460,7 +464,8 @@ export abstract class ProxierBase implements DecoderHandler {
       this.healthCheckedChanged = false;
       await this.health?.update([...this.healthChecked.values()]);
     }
-    await this.conntrack.clean(flows);
+    // the rules that stopped using these flows are committed; no sync waits for their cleanup
+    this.conntrack.schedule(flows);
     return result;
   }
 

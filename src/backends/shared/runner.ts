@@ -96,6 +96,11 @@ export class SyncRunner {
     return this.failuresInRow;
   }
 
+  /** a sync (or the periodic check) is running */
+  get busy(): boolean {
+    return this.running !== undefined;
+  }
+
   /**
    * Something changed: resolves with the result of the sync that applied it,
    * which starts as soon as minInterval (and a failure's backoff) allow.
