@@ -26,6 +26,7 @@ import { node, syncedStore } from '../helpers/k8s.js';
 import { canUseNetns, createNetns, type TestNetns } from '../helpers/netns.js';
 import { pollUntil } from '../helpers/lab-kpng.js';
 import { ConntrackNetlink } from '../../src/kernel/conntrack.js';
+import { until } from '../helpers/until.js';
 
 const skip = canUseNetns();
 const quiet = pino({ level: 'silent' });
@@ -85,7 +86,8 @@ test('to-nft: rule text the kernel refuses is refused at the Declare; a tenant a
   t.end();
   const gone = await pollUntil(async () => list(), (s) => !/kpng\.tmp\./.test(s), 8000, 100);
   assert.ok(gone.ok, `still there after the grace:\n${gone.value}`);
-  assert.equal(agg.tenant('tmp'), undefined);
+  // forgotten once the sync that removed its tables has reported
+  await until('the tenant forgotten', () => agg.tenant('tmp') === undefined, { timeoutMs: 2 * SYNC_PERIOD_MS });
 });
 
 for (const [name, make, ownTable] of backends) {
@@ -121,7 +123,8 @@ for (const [name, make, ownTable] of backends) {
     ns.exec('nft', ['flush', 'table', 'inet', 'kpng.fw.filter']);
     const repaired = await pollUntil(async () => list(), (s) => /203\.0\.113\.8 \. 22/.test(s) && /@banned drop/.test(s), SYNC_PERIOD_MS + 4000, 100);
     assert.ok(repaired.ok, `not written back:\n${repaired.value}`);
-    assert.ok(fw.replies.some((r) => r.id === 0n && r.outcome === Outcome.REPAIRED), 'the tenant was told');
+    // the notice follows the sync that wrote the table back
+    await until('the tenant told of the repair', () => fw.replies.some((r) => r.id === 0n && r.outcome === Outcome.REPAIRED), { timeoutMs: 2 * SYNC_PERIOD_MS });
 
     const gone = await fw.send({ case: 'unregister', value: {} });
     assert.equal(gone.outcome, Outcome.APPLIED, gone.error);
