@@ -131,7 +131,7 @@ test('every period after the last sync, a reconcile; one that finds nothing repo
   await clock.advance(3000);
   assert.equal(results.length, 2);
   assert.equal(results[1].repaired, true);
-  // a change resets the period
+  // a change does not move the period: it runs from the last check (the repair, a full sync)
   const c = r.request();
   await clock.advance(0);
   await c;
@@ -140,6 +140,25 @@ test('every period after the last sync, a reconcile; one that finds nothing repo
   assert.equal(starts.at(-1)!.at, changedAt);
   await clock.advance(1);
   assert.equal(starts.at(-1)!.reason, 'reconcile');
+  await r.close();
+});
+
+test('under steady churn the check still comes every period, before the waiting change, which then runs at once', async () => {
+  const { clock, r, starts } = runner({ periodMs: 5000, minIntervalMs: 100, reconcile: () => undefined });
+  const t0 = clock.now();
+  const changes: Promise<unknown>[] = [];
+  // a change every 200 ms for 12 s: a sync is always waiting
+  for (let t = 0; t < 12_000; t += 200) {
+    changes.push(r.request());
+    await clock.advance(200);
+  }
+  const checks = starts.filter((s) => s.reason === 'reconcile').map((s) => s.at - t0);
+  assert.deepEqual(checks, [5000, 10_000]);
+  for (const at of checks) {
+    const after = starts.find((s) => s.at - t0 >= at && s.reason === 'change');
+    assert.ok(after && after.at - t0 - at < 100, `the change waiting behind the check at ${at} ran at once, not ${after && after.at - t0 - at} ms later`);
+  }
+  await Promise.all(changes);
   await r.close();
 });
 

@@ -5,6 +5,12 @@
 // for it); and every period, a reconcile that asks the backend whether its
 // dataplane drifted and repairs it. The clock is injected, for tests.
 //
+// The period runs from the last check (a reconcile, or a sync that read the
+// dataplane back whole), not from the last sync: under steady churn a change
+// is always waiting, and a check that waited for a quiet moment would never
+// come. An overdue check goes before a waiting change; one that finds nothing
+// costs the change no minInterval.
+//
 // A sync due as soon as the last one ends starts from a timer, never from the
 // last one's continuation: with periods shorter than the clock's resolution
 // (syncPeriod 1ns) every next run is due at once, and starting it in the same
@@ -55,7 +61,7 @@ export interface SyncResult {
 export interface SyncRunnerOptions {
   /** at least this long from the end of one sync to the start of the next */
   readonly minIntervalMs: number;
-  /** a reconcile this long after the last sync ended; 0: none */
+  /** a reconcile this long after the last check (a reconcile, or a full sync) ended; 0: none */
   readonly periodMs: number;
   /** retry after a failure (default true; false: a failed sync waits for the next request) */
   readonly retries?: boolean;
@@ -82,6 +88,8 @@ export class SyncRunner {
   private timer?: unknown;
   private timerAt = 0;
   private lastEnd = -Infinity;
+  /** when the dataplane was last checked: a reconcile, a full sync, or the first sync */
+  private lastCheck = -Infinity;
   private failuresInRow = 0;
   /** no sync before this (a failure's backoff) */
   private retryAt = 0;
@@ -124,9 +132,13 @@ export class SyncRunner {
   /** when the next sync or reconcile is due, and which */
   private next(): { at: number; what: 'sync' | 'retry' | 'reconcile' } | undefined {
     const earliest = Math.max(this.lastEnd + this.o.minIntervalMs, this.retryAt);
-    if (this.waiters.length) return { at: earliest, what: this.failuresInRow ? 'retry' : 'sync' };
+    const checkAt = this.o.periodMs > 0 && this.o.reconcile && Number.isFinite(this.lastCheck) && !this.failuresInRow ? this.lastCheck + this.o.periodMs : Infinity;
+    if (this.waiters.length) {
+      if (checkAt <= this.clock.now()) return { at: checkAt, what: 'reconcile' };
+      return { at: earliest, what: this.failuresInRow ? 'retry' : 'sync' };
+    }
     if (this.failuresInRow && this.o.retries !== false) return { at: earliest, what: 'retry' };
-    if (this.o.periodMs > 0 && this.o.reconcile && Number.isFinite(this.lastEnd)) return { at: this.lastEnd + this.o.periodMs, what: 'reconcile' };
+    if (Number.isFinite(checkAt)) return { at: checkAt, what: 'reconcile' };
     return undefined;
   }
 
@@ -156,12 +168,13 @@ export class SyncRunner {
   }
 
   private run(what: 'sync' | 'retry' | 'reconcile'): void {
-    const waiters = this.waiters.splice(0);
+    // a check that goes before a waiting change leaves it waiting
+    const waiters = what === 'reconcile' ? [] : this.waiters.splice(0);
     const work = async (): Promise<SyncResult | undefined> => (what === 'reconcile' ? this.o.reconcile!() : this.o.sync(what === 'retry' ? 'retry' : 'change'));
     const p = work().then(
       (r) => {
-        if (r) this.done(r);
-        else this.lastEnd = this.clock.now(); // a reconcile that found nothing to do: the next in a period
+        if (what === 'reconcile') this.lastCheck = this.clock.now(); // the next check in a period
+        if (r) this.done(r); // (a reconcile that found nothing wrote nothing: no minInterval for the next sync)
         for (const w of waiters) w.resolve(r!); // a reconcile (no result when it did nothing) has no waiters
       },
       (e) => {
@@ -177,6 +190,8 @@ export class SyncRunner {
 
   private done(r: SyncResult | undefined): void {
     this.lastEnd = this.clock.now();
+    // a full sync read the dataplane back: as good as a check; the first sync starts the period
+    if (r?.ok && (r.full || !Number.isFinite(this.lastCheck))) this.lastCheck = this.lastEnd;
     if (r?.ok) {
       this.failuresInRow = 0;
       this.retryAt = 0;
