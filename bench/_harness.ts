@@ -236,10 +236,11 @@ export async function writePlot(dir: string, spec: PlotSpec): Promise<string> {
     data: { values: spec.points.map((p) => ({ ...p })) },
     mark: bars ? { type: 'bar' } : { type: 'line', point: true, strokeWidth: 2 },
     encoding: {
-      x: bars ? { field: 'x', type: 'nominal', title: spec.x.title, axis: { labelAngle: 0 } } : { field: 'x', type: spec.x.ordinal ? 'ordinal' : 'quantitative', title: spec.x.title, ...(spec.x.ordinal ? {} : { scale: quantity(spec.x) }) },
+      x: bars ? { field: 'x', type: 'nominal', title: spec.x.title, axis: { labelAngle: 0 }, sort: null } : { field: 'x', type: spec.x.ordinal ? 'ordinal' : 'quantitative', title: spec.x.title, ...(spec.x.ordinal ? {} : { scale: quantity(spec.x) }) },
       y: { field: 'y', type: 'quantitative', title: spec.y.title, scale: quantity(spec.y) },
-      color: { field: 'series', type: 'nominal', title: spec.series },
-      ...(bars ? { xOffset: { field: 'series', type: 'nominal' } } : {}),
+      // in the order of the points, not alphabetical
+      color: { field: 'series', type: 'nominal', title: spec.series, sort: null },
+      ...(bars ? { xOffset: { field: 'series', type: 'nominal', sort: null } } : {}),
       tooltip: [{ field: 'series' }, { field: 'x' }, { field: 'y' }],
     },
     config: { font: 'sans-serif', legend: { orient: 'right', labelLimit: 320 } },
