@@ -335,10 +335,10 @@ export interface ProxierUnderTest extends DecoderHandler {
   readonly stats?: { readonly lastSyncMs: number };
 }
 
-/** What the parent asks a proxier child (ProxierChild.ask), one step at a time. */
+/** What the parent asks a proxier child (KeptChild.ask), one step at a time. */
 export type ProxierRequest = { op: 'cold' } | { op: 'change'; i: number } | { op: 'finish' } | { op: 'detail' };
 
-/** the answers: the cold sync (with what `cold` adds), a change's [ms, the proxier's own sync ms], RSS after closing (MiB) */
+/** a proxier child's answer to 'cold' (with what its `cold` hook adds) */
 export interface ProxierCold {
   coldComputeMs: number;
   coldApplyMs: number;
