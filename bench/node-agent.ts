@@ -35,8 +35,8 @@
 // src/ compiled apart), the two trees alternately, run by run, --pairs
 // times; then each tree's median and range side by side. On a machine
 // whose speed moves within minutes, three pairs of wall time have pointed
-// the wrong way where five did not (docs/benchmarks.md, fifteenth pass):
-// the agent's CPU seconds are printed beside the start for that reason.
+// the wrong way where five did not (docs/design/parser-thread.md, the
+// threshold tried): the agent's CPU seconds are printed beside the start.
 // --api-page-ms N: the test API server answers each page of the Services'
 // and EndpointSlices' lists N ms late, as an API server on another machine
 // takes its time without taking this one's CPU (the kube way's lists are
