@@ -9,6 +9,8 @@
 import { spawn, execFileSync, spawnSync, type ChildProcess, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { randomBytes } from 'node:crypto';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { pino } from 'pino';
 import { Store, KINDS } from '../src/store/store.js';
 import { ServiceViews } from '../src/localstate/views.js';
@@ -220,8 +222,12 @@ export async function serveAsChild<P, Q>(start: (p: P) => Promise<(request: Q) =
   return true;
 }
 
-/** lo up, the probe's endpoint on it, and the Service IPs routed there too */
+/** lo up, the probe's endpoint on it, the Service IPs routed there too; an xtables lock of its own */
 export function prepareNamespace(): void {
+  // a namespace stands for a node of its own, so it gets its own xtables
+  // lock: the host's /run/xtables.lock is shared by every namespace of the
+  // machine, and other jobs' iptables holding it made a restore here give up
+  process.env.XTABLES_LOCKFILE ??= join(tmpdir(), `kpng-bench-xtables-${process.pid}.lock`);
   execFileSync('ip', ['link', 'set', 'lo', 'up']);
   execFileSync('ip', ['addr', 'add', `${ENDPOINT}/32`, 'dev', 'lo']);
   execFileSync('ip', ['addr', 'add', `${CLIENT}/32`, 'dev', 'lo']);
