@@ -30,7 +30,7 @@ import { convertObject } from '../src/sources/objects.js';
 import { applyObject } from '../src/sources/apply.js';
 import { ApiServer, DEFAULT_HEAP_GROWTH_PERCENT, tuneHeapForFanOut } from '../src/sinks/api/server.js';
 import { onSyncFrames, watchRequest } from './_scale.js';
-import { forkSelf, forkedJob, mb, mean, options, now, pct, plotDir, sleep, until, writePlot } from './_harness.js';
+import { forkSelf, forkedJob, mb, mean, options, now, pct, sleep, until, writePlot } from './_harness.js';
 
 export interface Config {
   nodes: number;
@@ -106,7 +106,6 @@ interface Summary {
   rssMax: number;
   rssChanges: number;
 }
-
 
 // --- the brain
 
@@ -186,7 +185,7 @@ export default async function main(args: string[]) {
   const config = (nodes: number): Config => ({ nodes, services: o.services, endpoints: o.endpoints, changes: o.changes, procs: o.procs, profile: o.profile || undefined, heap: o.heap || undefined });
   if (counts.length === 1) {
     const s = await fanOut(config(counts[0]));
-    if (o.plot) await plot(plotDir(args)!, o, [s]);
+    if (o.plot) await plot(o.plot, o, [s]);
     return;
   }
   // each node count in a brain process of its own, one after the other
