@@ -1,4 +1,4 @@
-// What the scale benchmarks (nft.ts, iptables.ts) share: each measurement in
+// What the dataplane benchmarks (nft, iptables, ebpf, ipvs) share: each measurement in
 // its own network namespace, by a child process of the benchmark run there
 // (once, or kept alive and asked one step at a time, so steps of different
 // sizes interleave and the machine's noise hits them alike);
@@ -9,9 +9,9 @@
 import { spawn, execFileSync, spawnSync, type ChildProcess, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { randomBytes } from 'node:crypto';
-import { readFileSync } from 'node:fs';
-import { cpus } from 'node:os';
-import { fileURLToPath } from 'node:url';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pino } from 'pino';
 import { Store, KINDS } from '../src/store/store.js';
 import { ServiceViews } from '../src/localstate/views.js';
 import { LocalDiff } from '../src/diff/local-diff.js';
@@ -19,58 +19,9 @@ import { DecoderSink, type DecoderHandler } from '../src/diff/decoder.js';
 import { LocalSet } from '../src/api/model.js';
 import { convertObject } from '../src/sources/objects.js';
 import { applyObject, type ModelObject } from '../src/sources/apply.js';
+import { defaultConfig, type KubeProxyConfiguration } from '../src/backends/shared/config.js';
 import { service, slice, node } from '../test/helpers/k8s.js';
-
-export const arg = (args: string[], name: string, def: string) => {
-  const i = args.indexOf(`--${name}`);
-  return i >= 0 ? args[i + 1] : def;
-};
-export const pct = (xs: number[], p: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
-export const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-};
-export const now = () => Number(process.hrtime.bigint()) / 1e6;
-
-/**
- * The machine's CPU, and how fast it is apart from kpng's code: results of two runs
- * compare only on machines alike, and this kind of machine's speed varies
- * twofold from one day to another. A fixed JS workload (a deterministic
- * sort and a JSON round trip; best of 3); a first fill of 256 MiB of fresh
- * memory against a second one (page faults: what a large heap's growth
- * pays); and the CPU pressure other jobs put on the host
- * (/proc/pressure/cpu, "some" avg10 / avg60).
- */
-export function machineYardstick(): string {
-  let js = Infinity;
-  for (let run = 0; run < 3; run++) {
-    const t = now();
-    let x = 12345;
-    const xs = new Float64Array(1_000_000).map(() => (x = (Math.imul(x, 1103515245) + 12345) >>> 0));
-    xs.sort();
-    const objects = Array.from({ length: 50_000 }, (_, i) => ({ name: `svc-${i}`, port: i & 65535, ips: [`10.0.${(i >> 8) & 255}.${i & 255}`] }));
-    JSON.parse(JSON.stringify(objects));
-    js = Math.min(js, now() - t);
-  }
-  const fresh = Buffer.allocUnsafe(256 * 2 ** 20); // mapped, not yet touched
-  let t = now();
-  fresh.fill(1);
-  const first = now() - t;
-  t = now();
-  fresh.fill(2);
-  const again = now() - t;
-  return `machine: ${cpus()[0]?.model ?? 'unknown CPU'}; a fixed JS workload ${js.toFixed(0)} ms; 256 MiB of fresh memory filled in ${first.toFixed(0)} ms, again ${again.toFixed(0)} ms; ${cpuPressure()}`;
-}
-
-/** the host's CPU pressure now: "some avg10 / avg60" of /proc/pressure/cpu */
-export function cpuPressure(): string {
-  try {
-    const m = /^some avg10=([\d.]+) avg60=([\d.]+)/.exec(readFileSync('/proc/pressure/cpu', 'utf8'));
-    return m ? `CPU pressure (some) avg10 ${m[1]}, avg60 ${m[2]}` : 'CPU pressure unknown';
-  } catch {
-    return 'CPU pressure unknown (no /proc/pressure/cpu)';
-  }
-}
+import { ROOT, now } from './_harness.js';
 
 /** the probe Services' endpoint: a server on lo in each namespace (this kernel has no dummy links) */
 export const ENDPOINT = '10.255.0.1';
@@ -83,8 +34,6 @@ export const ENDPOINT = '10.255.0.1';
 export const CLIENT = '10.255.0.2';
 /** the ClusterIP of synthetic Service s (172.16.0.0/12, routed to lo) */
 export const vip = (s: number) => `172.${16 + (s >> 16)}.${(s >> 8) & 255}.${s & 255}`;
-
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
 // --- the benchmark (parent) side
 
@@ -273,8 +222,12 @@ export async function serveAsChild<P, Q>(start: (p: P) => Promise<(request: Q) =
   return true;
 }
 
-/** lo up, the probe's endpoint on it, and the Service IPs routed there too */
+/** lo up, the probe's endpoint on it, the Service IPs routed there too; an xtables lock of its own */
 export function prepareNamespace(): void {
+  // a namespace stands for a node of its own, so it gets its own xtables
+  // lock: the host's /run/xtables.lock is shared by every namespace of the
+  // machine, and other jobs' iptables holding it made a restore here give up
+  process.env.XTABLES_LOCKFILE ??= join(tmpdir(), `kpng-bench-xtables-${process.pid}.lock`);
   execFileSync('ip', ['link', 'set', 'lo', 'up']);
   execFileSync('ip', ['addr', 'add', `${ENDPOINT}/32`, 'dev', 'lo']);
   execFileSync('ip', ['addr', 'add', `${CLIENT}/32`, 'dev', 'lo']);
@@ -351,12 +304,87 @@ export async function coldSync(cluster: SyntheticCluster, proxier: DecoderHandle
   return { coldComputeMs, coldApplyMs, change };
 }
 
-/** The cold sync, then `changes` endpoint changes one at a time (coldSync). */
-export async function measureSyncs(cluster: SyntheticCluster, proxier: DecoderHandler, changes: number): Promise<{ coldComputeMs: number; coldApplyMs: number; changeMs: number[] }> {
-  const { coldComputeMs, coldApplyMs, change } = await coldSync(cluster, proxier);
-  const changeMs: number[] = [];
-  for (let i = 0; i < changes; i++) changeMs.push(await change(i));
-  return { coldComputeMs, coldApplyMs, changeMs };
+/** kube-proxy's defaults, every family's minSyncPeriod 0 (each change measured alone), the cluster's pods in 10.0.0.0/8 */
+export function benchConfig(): KubeProxyConfiguration {
+  const config = defaultConfig();
+  config.clusterCIDRs = ['10.0.0.0/8'];
+  config.nftables.minSyncPeriodMs = config.iptables.minSyncPeriodMs = config.ipvs.minSyncPeriodMs = 0;
+  return config;
+}
+
+/** a child BenchNamespaces.keep started */
+export type KeptChild = ReturnType<BenchNamespaces['keep']>;
+
+/**
+ * `changes` endpoint changes, one at a time, the children in turn (1, 2, ...,
+ * 1, ...: the machine's noise hits them alike); each child's change times
+ * (ms, store to kernel) and its proxier's own sync times.
+ */
+export async function changesInTurn(children: readonly KeptChild[], changes: number): Promise<{ ms: number[]; syncMs: number[] }[]> {
+  const out = children.map(() => ({ ms: [] as number[], syncMs: [] as number[] }));
+  for (let i = 0; i < changes; i++) {
+    for (const [k, c] of children.entries()) {
+      const [ms, syncMs] = await c.ask<[number, number]>({ op: 'change', i });
+      out[k].ms.push(ms);
+      out[k].syncMs.push(syncMs);
+    }
+  }
+  return out;
+}
+
+/** the log of the proxiers under test: warnings and errors only */
+export const benchLog = () => pino({ level: 'warn' });
+
+/** A proxier the dataplane benchmarks measure: closed at the end; its last sync's ms when it tells. */
+export interface ProxierUnderTest extends DecoderHandler {
+  close(): Promise<void>;
+  readonly stats?: { readonly lastSyncMs: number };
+}
+
+/** What the parent asks a proxier child (KeptChild.ask), one step at a time. */
+export type ProxierRequest = { op: 'cold' } | { op: 'change'; i: number } | { op: 'finish' } | { op: 'detail' };
+
+/** a proxier child's answer to 'cold' (with what its `cold` hook adds) */
+export interface ProxierCold {
+  coldComputeMs: number;
+  coldApplyMs: number;
+}
+
+/**
+ * The request handler of a kept child (serveAsChild) that runs one proxier
+ * on a synthetic cluster: 'cold' is its cold sync (coldSync; `cold` adds to
+ * the answer), 'change' i the i-th endpoint change ([ms from the store update
+ * to the kernel, the proxier's lastSyncMs]; `changed` runs after it),
+ * 'finish' closes it (then `closed`) and answers the RSS after a GC, 'detail'
+ * answers what `detail` tells (ipvs: where its changes' time went).
+ */
+export function proxierChild(
+  proxier: ProxierUnderTest,
+  cluster: SyntheticCluster,
+  hooks: { cold?: (c: ProxierCold) => object; changed?: () => void; closed?: () => void; detail?: () => unknown } = {},
+): (r: ProxierRequest) => Promise<unknown> {
+  let change: ((i: number) => Promise<number>) | undefined;
+  return async (r) => {
+    switch (r.op) {
+      case 'cold': {
+        const c = await coldSync(cluster, proxier);
+        change = c.change;
+        const cold: ProxierCold = { coldComputeMs: c.coldComputeMs, coldApplyMs: c.coldApplyMs };
+        return { ...cold, ...hooks.cold?.(cold) };
+      }
+      case 'change': {
+        const ms = await change!(r.i);
+        hooks.changed?.();
+        return [ms, proxier.stats?.lastSyncMs ?? 0];
+      }
+      case 'finish':
+        await proxier.close();
+        hooks.closed?.();
+        return rssMiB();
+      case 'detail':
+        return hooks.detail?.();
+    }
+  };
 }
 
 /** resident memory after a full GC (the benchmarks run with --expose-gc), MiB */
@@ -380,6 +408,21 @@ export function onSyncFrames(stream: { on(event: 'data', f: (d: Buffer) => void)
     }
     buf = off === buf.length ? Buffer.alloc(0) : buf.subarray(off);
   });
+}
+
+function varint(n: number): Buffer {
+  const out: number[] = [];
+  while (n >= 0x80) (out.push((n & 0x7f) | 0x80), (n = Math.floor(n / 128)));
+  out.push(n);
+  return Buffer.from(out);
+}
+
+/** a localv1 WatchReq{NodeName=1, HeldDigests=3} as a gRPC frame, for the raw watchers */
+export function watchRequest(node: string, held?: Buffer): Buffer {
+  const name = Buffer.from(node);
+  const parts = [Buffer.from([0x0a]), varint(name.length), name];
+  if (held?.length) parts.push(Buffer.from([0x1a]), varint(held.length), held);
+  return grpcFrame(Buffer.concat(parts));
 }
 
 /** A gRPC message frame (not compressed) around msg, for the raw watchers */

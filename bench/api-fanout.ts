@@ -1,4 +1,5 @@
 // npm run bench -- api-fanout [--nodes 1000] [--services 10000] [--endpoints 5] [--changes 100] [--procs 2]
+//                             [--profile FILE] [--heap FILE] [--plot DIR]
 //
 // One brain (this process: store, views, to-api server on 127.0.0.1) serves
 // N node watchers that run in separate processes (raw HTTP/2 gRPC clients,
@@ -14,9 +15,12 @@
 // KPNG_BENCH_TRACE_GC=1 prints the brain's GCs during the change phase;
 // KPNG_BENCH_PRETENURING=1 leaves V8's pretenuring on (tuneHeapForFanOut);
 // KPNG_BENCH_HEAP_GROWTH=P as to-api's --heap-growth P (default 50).
-import { fork, type ChildProcess } from 'node:child_process';
+// --nodes 250,500,1000 runs each node count in a process of its own, one
+// after the other, and ends with a line per count side by side; --plot DIR
+// then draws api-fanout-nodes.svg (change -> every node's Sync, p50 and
+// p99, and a node's Sync, p99, against the nodes served).
+import type { ChildProcess } from 'node:child_process';
 import { connect, type ClientHttp2Session } from 'node:http2';
-import { fileURLToPath } from 'node:url';
 import { writeFileSync } from 'node:fs';
 import inspector from 'node:inspector';
 import { pino } from 'pino';
@@ -25,7 +29,8 @@ import { ServiceViews } from '../src/localstate/views.js';
 import { convertObject } from '../src/sources/objects.js';
 import { applyObject } from '../src/sources/apply.js';
 import { ApiServer, DEFAULT_HEAP_GROWTH_PERCENT, tuneHeapForFanOut } from '../src/sinks/api/server.js';
-import { grpcFrame, onSyncFrames } from './_scale.js';
+import { onSyncFrames, watchRequest } from './_scale.js';
+import { forkSelf, forkedJob, mb, mean, options, now, pct, sleep, until, writePlot } from './_harness.js';
 
 export interface Config {
   nodes: number;
@@ -40,7 +45,6 @@ export interface Config {
 }
 
 const post = (s: inspector.Session, method: string) => new Promise((resolve, reject) => s.post(method, (e, r) => (e ? reject(e) : resolve(r))));
-const now = () => Number(process.hrtime.bigint()) / 1e6; // ms, CLOCK_MONOTONIC: comparable across processes
 
 // --- watcher processes
 
@@ -50,11 +54,6 @@ interface WatcherJob {
 }
 
 type FromWatcher = { type: 'first'; count: number } | { type: 'syncs'; times: number[]; nodes: number[] } | { type: 'ready' };
-
-function watchReq(node: string): Buffer {
-  const name = Buffer.from(node);
-  return grpcFrame(Buffer.concat([Buffer.from([0x0a, name.length]), name])); // WatchReq{NodeName}
-}
 
 async function watcherMain(job: WatcherJob) {
   const send = (m: FromWatcher) => process.send!(m);
@@ -67,7 +66,7 @@ async function watcherMain(job: WatcherJob) {
     sessions.push(session);
     session.on('error', (e) => console.error(`watcher ${node}: ${e.message}`));
     const stream = session.request({ ':method': 'POST', ':path': '/localv1.Sets/Watch', 'content-type': 'application/grpc', te: 'trailers' }, { endStream: false });
-    const req = watchReq(node);
+    const req = watchRequest(node);
     stream.write(req);
     let synced = 0;
     onSyncFrames(stream, () => {
@@ -93,7 +92,20 @@ async function watcherMain(job: WatcherJob) {
   });
 }
 
-if (process.env.KPNG_BENCH_WATCHERS) await watcherMain(JSON.parse(process.env.KPNG_BENCH_WATCHERS));
+/** what one run measured, for the line per node count and the plot */
+interface Summary {
+  nodes: number;
+  initS: number;
+  /** change -> a node's Sync, and -> every node's Sync, ms */
+  anyP50: number;
+  anyP99: number;
+  everyP50: number;
+  everyP99: number;
+  cpuPerNodeUs: number;
+  /** MB: max over the run, max during the changes */
+  rssMax: number;
+  rssChanges: number;
+}
 
 // --- the brain
 
@@ -167,25 +179,54 @@ export function buildCluster(store: Store, c: Config) {
   return { change };
 }
 
-const pct = (xs: number[], p: number) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length ? s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] : NaN;
-};
-const mb = (b: number) => (b / 2 ** 20).toFixed(0);
-
-function parseArgs(args: string[]): Config {
-  const c: Config = { nodes: 1000, services: 10_000, endpoints: 5, changes: 100, procs: 2 };
-  for (let i = 0; i < args.length; i += 2) {
-    const k = args[i].replace(/^--/, '') as keyof Config;
-    if (k === 'profile' || k === 'heap') c[k] = args[i + 1];
-    else if (!(k in c)) throw new Error(`unknown option ${args[i]}`);
-    else c[k] = Number(args[i + 1]);
+export default async function main(args: string[]) {
+  const o = options(args, { nodes: '1000', services: 10_000, endpoints: 5, changes: 100, procs: 2, profile: '', heap: '', plot: '' });
+  const counts = o.nodes.split(',').map(Number);
+  const config = (nodes: number): Config => ({ nodes, services: o.services, endpoints: o.endpoints, changes: o.changes, procs: o.procs, profile: o.profile || undefined, heap: o.heap || undefined });
+  if (counts.length === 1) {
+    const s = await fanOut(config(counts[0]));
+    if (o.plot) await plot(o.plot, o, [s]);
+    return;
   }
-  return c;
+  // each node count in a brain process of its own, one after the other
+  const summaries: Summary[] = [];
+  for (const nodes of counts) {
+    const child = forkSelf(import.meta.url, 'KPNG_BENCH_FANOUT', config(nodes), ['--expose-gc']);
+    summaries.push(
+      await new Promise<Summary>((resolve, reject) => {
+        child.once('message', (m) => resolve(m as Summary));
+        child.once('exit', (code) => reject(new Error(`the run with ${nodes} nodes exited (${code}) without a result`)));
+      }),
+    );
+    console.log('');
+  }
+  console.log(`${o.services} services x ${o.endpoints} endpoints, ${o.changes} changes per run, each node count its own brain process:`);
+  console.log('nodes | initial sync | change -> a node\'s Sync p50 / p99 | change -> every node\'s Sync p50 / p99 | brain CPU per node and change | brain RSS max / during the changes');
+  for (const s of summaries) {
+    console.log(`${s.nodes} | ${s.initS.toFixed(1)} s | ${s.anyP50.toFixed(1)} / ${s.anyP99.toFixed(1)} ms | ${s.everyP50.toFixed(1)} / ${s.everyP99.toFixed(1)} ms | ${s.cpuPerNodeUs.toFixed(1)} us | ${s.rssMax.toFixed(0)} / ${s.rssChanges.toFixed(0)} MB`);
+  }
+  if (o.plot) await plot(o.plot, o, summaries);
 }
 
-export default async function main(args: string[]) {
-  const c = parseArgs(args);
+async function plot(dir: string, o: { services: number; endpoints: number; changes: number }, summaries: Summary[]): Promise<void> {
+  await writePlot(dir, {
+    name: 'api-fanout-nodes',
+    title: 'One brain: an endpoint change to the Syncs of the nodes that see it',
+    subtitle: `${o.services} Services x ${o.endpoints} endpoints, every node affected by every change; ${o.changes} changes; the nodes' watchers on the same machine`,
+    x: { title: 'nodes served' },
+    y: { title: 'ms' },
+    series: 'change ->',
+    mark: 'line',
+    points: summaries.flatMap((s) => [
+      { series: "every node's Sync, p99", x: s.nodes, y: s.everyP99 },
+      { series: "every node's Sync, p50", x: s.nodes, y: s.everyP50 },
+      { series: "a node's Sync, p99", x: s.nodes, y: s.anyP99 },
+    ]),
+  });
+}
+
+/** One brain in this process serving c.nodes watchers: the initial sync, then c.changes changes. */
+async function fanOut(c: Config): Promise<Summary> {
   // as the to-api sink does
   if (!process.env.KPNG_BENCH_PRETENURING) tuneHeapForFanOut(Number(process.env.KPNG_BENCH_HEAP_GROWTH ?? DEFAULT_HEAP_GROWTH_PERCENT));
   const log = pino({ level: 'warn' });
@@ -212,11 +253,7 @@ export default async function main(args: string[]) {
     for (let p = 0; p < c.procs; p++) {
       const nodes = names.slice(p * perChild, (p + 1) * perChild);
       const firstByChild = { n: 0 };
-      const child = fork(fileURLToPath(import.meta.url), [], {
-        execArgv: ['--import', 'tsx'],
-        env: { ...process.env, KPNG_BENCH_WATCHERS: JSON.stringify({ port, nodes } satisfies WatcherJob) },
-        stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
-      });
+      const child = forkSelf(import.meta.url, 'KPNG_BENCH_WATCHERS', { port, nodes } satisfies WatcherJob);
       children.push(child);
       child.on('message', (m: FromWatcher) => {
         if (m.type === 'first') {
@@ -228,16 +265,15 @@ export default async function main(args: string[]) {
         }
       });
     }
-    const deadline = now() + 30 * 60_000;
     let lastReport = now();
-    while (firstSyncs < c.nodes) {
-      if (now() > deadline) throw new Error('initial sync did not finish in 30 minutes');
-      await new Promise((r) => setTimeout(r, 100));
+    const progress = () => {
       if (now() - lastReport > 10_000) {
         lastReport = now();
         console.log(`  initial sync: ${firstSyncs}/${c.nodes} nodes, ${mb(server.stats.bytes)} MB sent, rss ${mb(process.memoryUsage.rss())} MB`);
       }
-    }
+      return firstSyncs >= c.nodes;
+    };
+    await until('initial sync', progress, { timeoutMs: 30 * 60_000, everyMs: 100 });
     const initMs = now() - tStart;
     const initCpu = process.cpuUsage(cpuStart);
     maxRss = Math.max(maxRss, process.memoryUsage.rss());
@@ -248,9 +284,9 @@ export default async function main(args: string[]) {
       `initial sync: all ${c.nodes} nodes in ${(initMs / 1000).toFixed(1)} s, ${server.stats.messages} messages, ${mb(server.stats.bytes)} MB, ` +
         `brain cpu ${((initCpu.user + initCpu.system) / 1e6).toFixed(1)} s; brain rss max ${mb(maxRss)} MB, after gc ${mb(rssAfterInit)} MB (heap ${mb(heapAfterInit)} MB)`,
     );
-    await new Promise((r) => setTimeout(r, 5000));
+    await sleep(5000);
     (globalThis as { gc?: () => void }).gc?.();
-    await new Promise((r) => setTimeout(r, 1000));
+    await sleep(1000);
     const rssSettled = process.memoryUsage.rss();
     const m = process.memoryUsage();
     console.log(`brain rss 6 s after the initial sync: ${mb(rssSettled)} MB (V8 heap used ${mb(m.heapUsed)} MB, committed ${mb(m.heapTotal)} MB; external ${mb(m.external)} MB)`);
@@ -279,11 +315,7 @@ export default async function main(args: string[]) {
       const cpu0 = process.cpuUsage();
       const tc = now();
       store.update((tx) => conv.kind !== 'Ignored' && applyObject(tx, conv));
-      const until = now() + 30_000;
-      while (lastSyncCount < c.nodes) {
-        if (now() > until) throw new Error(`change ${k}: only ${lastSyncCount}/${c.nodes} nodes synced in 30 s`);
-        await new Promise((r) => setTimeout(r, 2));
-      }
+      await until(() => `change ${k}: only ${lastSyncCount}/${c.nodes} nodes synced`, () => lastSyncCount >= c.nodes, { timeoutMs: 30_000, everyMs: 2 });
       const cpu = process.cpuUsage(cpu0);
       const times = syncTimes.flat().map((t) => t - tc);
       allNode.push(...times);
@@ -292,24 +324,43 @@ export default async function main(args: string[]) {
       bytes.push(server.stats.bytes - b0);
       msgs.push(server.stats.messages - m0);
       maxRssChanges = Math.max(maxRssChanges, process.memoryUsage.rss());
-      await new Promise((r) => setTimeout(r, 20));
+      await sleep(20);
     }
     if (session) {
       const { profile } = (await post(session, 'Profiler.stop')) as { profile: unknown };
       writeFileSync(c.profile!, JSON.stringify(profile));
       session.disconnect();
     }
-    const avg = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
     console.log(`changes: ${c.changes} endpoint changes, each affecting all ${c.nodes} nodes`);
     console.log(`  change -> a node's Sync:      p50 ${pct(allNode, 50).toFixed(1)} ms, p99 ${pct(allNode, 99).toFixed(1)} ms`);
     console.log(`  change -> every node's Sync:  p50 ${pct(lastNode, 50).toFixed(1)} ms, p99 ${pct(lastNode, 99).toFixed(1)} ms, max ${Math.max(...lastNode).toFixed(1)} ms`);
-    console.log(`  brain cpu per change:         avg ${avg(cpuMs).toFixed(1)} ms, p99 ${pct(cpuMs, 99).toFixed(1)} ms (${(avg(cpuMs) / c.nodes * 1000).toFixed(1)} us per node)`);
-    console.log(`  sent per change:              ${avg(msgs).toFixed(0)} messages, ${(avg(bytes) / 1024).toFixed(1)} KiB (${(avg(bytes) / c.nodes).toFixed(0)} bytes per node)`);
+    console.log(`  brain cpu per change:         avg ${mean(cpuMs).toFixed(1)} ms, p99 ${pct(cpuMs, 99).toFixed(1)} ms (${(mean(cpuMs) / c.nodes * 1000).toFixed(1)} us per node)`);
+    console.log(`  sent per change:              ${mean(msgs).toFixed(0)} messages, ${(mean(bytes) / 1024).toFixed(1)} KiB (${(mean(bytes) / c.nodes).toFixed(0)} bytes per node)`);
     console.log(`brain rss: max ${mb(maxRssChanges)} MB during the changes, ${mb(process.memoryUsage.rss())} MB at the end; max ${mb(maxRss)} MB over the run (initial sync)`);
     console.log(`views computed: ${views.computed}`);
+    return {
+      nodes: c.nodes,
+      initS: initMs / 1000,
+      anyP50: pct(allNode, 50),
+      anyP99: pct(allNode, 99),
+      everyP50: pct(lastNode, 50),
+      everyP99: pct(lastNode, 99),
+      cpuPerNodeUs: (mean(cpuMs) / c.nodes) * 1000,
+      rssMax: maxRss / 2 ** 20,
+      rssChanges: maxRssChanges / 2 ** 20,
+    };
   } finally {
     clearInterval(rssTimer);
     for (const ch of children) ch.kill('SIGKILL');
     await server.stop(200);
   }
+}
+
+// a child of this benchmark: the watchers of some nodes, or one run with one node count
+const watcherJob = forkedJob<WatcherJob>('KPNG_BENCH_WATCHERS');
+const oneRun = watcherJob ? undefined : forkedJob<Config>('KPNG_BENCH_FANOUT');
+if (watcherJob) await watcherMain(watcherJob);
+else if (oneRun) {
+  process.send!(await fanOut(oneRun));
+  process.disconnect();
 }

@@ -25,10 +25,8 @@
 // the killed brain computes them for its nodes from the views it served
 // them, just before it is killed: the same bytes by construction
 // (src/diff/resume.ts; test/api/brains.test.ts checks a real node's resume).
-import { fork, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { connect, type ClientHttp2Session, type ClientHttp2Stream } from 'node:http2';
-import { fileURLToPath } from 'node:url';
-import { readFileSync } from 'node:fs';
 import { pino } from 'pino';
 import { Store } from '../src/store/store.js';
 import { ServiceViews } from '../src/localstate/views.js';
@@ -38,27 +36,14 @@ import { brainOrder } from '../src/api/grpc/client.js';
 import { BucketDigests, bucketCountFor, bucketOf, viewDigest } from '../src/diff/resume.js';
 import { freePort } from '../test/helpers/port.js';
 import { buildCluster, type Config as ClusterConfig } from './api-fanout.js';
-import { grpcFrame, onSyncFrames } from './_scale.js';
+import { onSyncFrames, watchRequest } from './_scale.js';
+import { forkSelf, forkedJob, mb, mean, now, options, pct, procStat, sleep, sum, until } from './_harness.js';
 
-interface Config {
-  nodes: number;
-  services: number;
-  endpoints: number;
-  changes: number;
-  brains: number;
-  procs: number;
-  downChanges: number;
-  restart: 'both' | 'resume' | 'full' | 'none';
-}
+const RESTARTS = ['both', 'resume', 'full', 'none'] as const;
+const DEFAULTS = { nodes: 1000, services: 10_000, endpoints: 5, changes: 50, brains: 1, procs: 2, downChanges: 10, restart: 'both' as (typeof RESTARTS)[number] };
+type Config = typeof DEFAULTS;
 
-const now = () => Number(process.hrtime.bigint()) / 1e6; // ms, CLOCK_MONOTONIC: comparable across processes
 const nodeName = (i: number) => `node-${String(i).padStart(4, '0')}`;
-const pct = (xs: number[], p: number) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length ? s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] : NaN;
-};
-const mb = (b: number) => (b / 2 ** 20).toFixed(0);
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 // --- a brain process
 
@@ -115,12 +100,8 @@ async function brainMain(job: BrainJob) {
   send({ type: 'serving' });
 }
 
-/** user + system CPU of a process, from /proc (10 ms ticks) */
-function processCpuMs(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  return ((Number(f[11]) + Number(f[12])) * 1000) / 100;
-}
+/** user + system CPU of a process, ms */
+const processCpuMs = (pid: number) => procStat(pid).cpu * 1000;
 
 // --- a watcher process
 
@@ -129,21 +110,6 @@ interface WatcherJob {
 }
 type ToWatcher = { type: 'held'; held: Record<string, string> };
 type FromWatcher = { type: 'first'; count: number } | { type: 'resynced'; count: number } | { type: 'syncs'; times: number[] };
-
-function varint(n: number): Buffer {
-  const out: number[] = [];
-  while (n >= 0x80) (out.push((n & 0x7f) | 0x80), (n = Math.floor(n / 128)));
-  out.push(n);
-  return Buffer.from(out);
-}
-
-/** WatchReq{NodeName=1, HeldDigests=3} */
-function watchReq(node: string, held?: Buffer): Buffer {
-  const name = Buffer.from(node);
-  const parts = [Buffer.from([0x0a]), varint(name.length), name];
-  if (held?.length) parts.push(Buffer.from([0x1a]), varint(held.length), held);
-  return grpcFrame(Buffer.concat(parts));
-}
 
 async function watcherMain(job: WatcherJob) {
   const send = (m: FromWatcher) => process.send!(m);
@@ -178,8 +144,8 @@ async function watcherMain(job: WatcherJob) {
     stream = session.request({ ':method': 'POST', ':path': '/localv1.Sets/Watch', 'content-type': 'application/grpc', te: 'trailers' }, { endStream: false });
     stream.on('error', retry);
     stream.on('close', retry);
-    const plain = watchReq(node.name);
-    stream.write(reconnect ? watchReq(node.name, held.get(node.name)) : plain);
+    const plain = watchRequest(node.name);
+    stream.write(reconnect ? watchRequest(node.name, held.get(node.name)) : plain);
     onSyncFrames(stream, () => {
       const t = now();
       stream!.write(plain);
@@ -203,23 +169,12 @@ async function watcherMain(job: WatcherJob) {
   });
 }
 
-if (process.env.KPNG_BENCH_BRAIN) await brainMain(JSON.parse(process.env.KPNG_BENCH_BRAIN));
-if (process.env.KPNG_BENCH_BRAIN_WATCHERS) await watcherMain(JSON.parse(process.env.KPNG_BENCH_BRAIN_WATCHERS));
+const brainJob = forkedJob<BrainJob>('KPNG_BENCH_BRAIN');
+const watcherJob = brainJob ? undefined : forkedJob<WatcherJob>('KPNG_BENCH_BRAIN_WATCHERS');
+if (brainJob) await brainMain(brainJob);
+else if (watcherJob) await watcherMain(watcherJob);
 
 // --- the run
-
-function parseArgs(args: string[]): Config {
-  const c: Config = { nodes: 1000, services: 10_000, endpoints: 5, changes: 50, brains: 1, procs: 2, downChanges: 10, restart: 'both' };
-  for (let i = 0; i < args.length; i += 2) {
-    const k = args[i].replace(/^--/, '').replace(/-(\w)/g, (_, x: string) => x.toUpperCase()) as keyof Config;
-    if (!(k in c)) throw new Error(`unknown option ${args[i]}`);
-    if (k === 'restart') {
-      if (!['both', 'resume', 'full', 'none'].includes(args[i + 1])) throw new Error('--restart both|resume|full|none');
-      c.restart = args[i + 1] as Config['restart'];
-    } else (c as unknown as Record<string, number>)[k] = Number(args[i + 1]);
-  }
-  return c;
-}
 
 class Brain {
   readonly proc: ChildProcess;
@@ -228,11 +183,7 @@ class Brain {
   readonly exited: Promise<void>;
 
   constructor(job: BrainJob) {
-    this.proc = fork(fileURLToPath(import.meta.url), [], {
-      execArgv: ['--import', 'tsx', '--expose-gc'],
-      env: { ...process.env, KPNG_BENCH_BRAIN: JSON.stringify(job) },
-      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
-    });
+    this.proc = forkSelf(import.meta.url, 'KPNG_BENCH_BRAIN', job, ['--expose-gc']);
     this.proc.on('message', (m: FromBrain) => {
       const w = this.waiting.get(m.type);
       this.waiting.delete(m.type);
@@ -269,7 +220,7 @@ class Brain {
 }
 
 export default async function main(args: string[]) {
-  const c = parseArgs(args);
+  const c = options(args, DEFAULTS, { restart: RESTARTS });
   const cluster: ClusterConfig = { nodes: c.nodes, services: c.services, endpoints: c.endpoints, changes: 0, procs: 0 };
   const ports = await Promise.all(Array.from({ length: c.brains }, () => freePort()));
   const address = (p: number) => `tcp://127.0.0.1:${p}`;
@@ -294,11 +245,7 @@ export default async function main(args: string[]) {
     for (let p = 0; p < c.procs; p++) {
       const nodes = names.slice(p * perChild, (p + 1) * perChild).map((name) => ({ name, ports: orders[names.indexOf(name)] }));
       const counts = { first: 0, resynced: 0 };
-      const child = fork(fileURLToPath(import.meta.url), [], {
-        execArgv: ['--import', 'tsx'],
-        env: { ...process.env, KPNG_BENCH_BRAIN_WATCHERS: JSON.stringify({ nodes } satisfies WatcherJob) },
-        stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
-      });
+      const child = forkSelf(import.meta.url, 'KPNG_BENCH_BRAIN_WATCHERS', { nodes } satisfies WatcherJob);
       children.push(child);
       child.on('message', (m: FromWatcher) => {
         if (m.type === 'first') (firsts += m.count - counts.first), (counts.first = m.count);
@@ -306,17 +253,9 @@ export default async function main(args: string[]) {
         else (syncTimes.push(...m.times), (syncCount += m.times.length));
       });
     }
-    const waitUntil = async (what: string, cond: () => boolean, ms: number) => {
-      const end = now() + ms;
-      while (!cond()) {
-        if (now() > end) throw new Error(`${what}: not within ${ms / 1000} s`);
-        await sleep(5);
-      }
-    };
-    await waitUntil('initial sync', () => firsts >= c.nodes, 30 * 60_000);
+    await until('initial sync', () => firsts >= c.nodes, { timeoutMs: 30 * 60_000 });
     const initMs = now() - tStart;
     const s1 = await Promise.all(brains.map((b) => b.stats()));
-    const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
     const initBytes = sum(s1.map((s) => s.bytes));
     const initMessages = sum(s1.map((s) => s.messages));
     console.log(
@@ -335,7 +274,7 @@ export default async function main(args: string[]) {
       syncCount = 0;
       const tc = now();
       brains.forEach((b) => b.change());
-      await waitUntil(`change ${k}`, () => syncCount >= c.nodes, 60_000);
+      await until(`change ${k}`, () => syncCount >= c.nodes, { timeoutMs: 60_000 });
       const after = await Promise.all(brains.map((b) => b.stats()));
       const times = syncTimes.map((t) => t - tc);
       allNode.push(...times);
@@ -344,13 +283,12 @@ export default async function main(args: string[]) {
       await sleep(20);
     }
     const watchersCpu = (sum(children.map((ch) => processCpuMs(ch.pid!))) - watchersCpu0) / Math.max(1, c.changes);
-    const avg = (xs: number[]) => sum(xs) / xs.length;
     const s2 = await Promise.all(brains.map((b) => b.stats()));
     if (c.changes > 0) {
       console.log(`changes: ${c.changes} endpoint changes, each affecting all ${c.nodes} nodes`);
       console.log(`  change -> a node's Sync:      p50 ${pct(allNode, 50).toFixed(1)} ms, p99 ${pct(allNode, 99).toFixed(1)} ms`);
       console.log(`  change -> every node's Sync:  p50 ${pct(lastNode, 50).toFixed(1)} ms, p99 ${pct(lastNode, 99).toFixed(1)} ms, max ${Math.max(...lastNode).toFixed(1)} ms`);
-      console.log(`  brains' cpu per change:       avg ${avg(cpuMs).toFixed(1)} ms (all brains together; ${((avg(cpuMs) / c.nodes) * 1000).toFixed(1)} us per node)`);
+      console.log(`  brains' cpu per change:       avg ${mean(cpuMs).toFixed(1)} ms (all brains together; ${((mean(cpuMs) / c.nodes) * 1000).toFixed(1)} us per node)`);
       // the simulated nodes share this machine's CPUs with the brains: what they take is not the brains'
       console.log(`  watchers' cpu per change:     avg ${watchersCpu.toFixed(1)} ms (all ${c.procs} watcher processes together)`);
       console.log(`  brain rss:                    max ${s2.map((s) => mb(s.maxRss)).join(', ')} MB`);
@@ -386,7 +324,7 @@ export default async function main(args: string[]) {
         tFrom = now();
         before.push(await restarted.stats());
       }
-      await waitUntil(`${mode}: ${affected.length} nodes back`, () => resynced >= affected.length, 30 * 60_000);
+      await until(`${mode}: ${affected.length} nodes back`, () => resynced >= affected.length, { timeoutMs: 30 * 60_000 });
       const ms = now() - tFrom;
       await sleep(200);
       const serving = restarted ? [restarted] : others;

@@ -21,15 +21,14 @@ import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_pr
 import { mkdirSync, mkdtempSync, renameSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { createConnection, createServer } from 'node:net';
 import { get } from 'node:http';
 import { node, service, slice } from '../test/helpers/k8s.js';
 import { syncEnds } from '../test/helpers/logs.js';
 import { ConntrackNetlink, IPPROTO_UDP, type ConntrackEntry } from '../src/kernel/conntrack.js';
-import { BenchNamespaces, arg, machineYardstick, median, now, prepareNamespace, serveAsChild, vip } from './_scale.js';
+import { BenchNamespaces, prepareNamespace, serveAsChild, vip } from './_scale.js';
+import { ROOT, arg, median, now } from './_harness.js';
 
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
 /** the last commit whose cleanup ran one `conntrack -D` per stale flow and held the sync until all had ended */
 const OLD_COMMIT = '3f09290';
 
@@ -245,7 +244,6 @@ export default async function (args: string[]) {
         `  ${r.way.padEnd(3)} | ${r.aloneMs.toFixed(0).padStart(6)} ms | ${r.duringMs.toFixed(0).padStart(8)} ms (${(r.duringMs / r.aloneMs).toFixed(1)}x) | ${r.rolloutAfterMs.toFixed(0).padStart(6)} ms | ${held.toFixed(0).padStart(7)} ms | ${r.staleGoneMs.toFixed(0).padStart(8)} ms (${r.staleEntries - r.staleLeft} of ${r.staleEntries}) | ${r.deletedMetric} | ${rounds} | ${bad} of ${r.healthz.length} polls`,
       );
     }
-    console.log(machineYardstick());
   } finally {
     spaces.close();
     rmSync(dir, { recursive: true, force: true });

@@ -10,20 +10,15 @@ import { LocalDiff } from '../src/diff/local-diff.js';
 import { convertObject } from '../src/sources/objects.js';
 import { applyObject, type ModelObject } from '../src/sources/apply.js';
 import { service, slice, node } from '../test/helpers/k8s.js';
+import { num, pct } from './_harness.js';
 
-function arg(args: string[], name: string, def: number): number {
-  const i = args.indexOf(`--${name}`);
-  return i >= 0 ? Number(args[i + 1]) : def;
-}
-
-const pct = (xs: number[], p: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
 const ms = (t0: bigint) => Number(process.hrtime.bigint() - t0) / 1e6;
 
 export default async function (args: string[]) {
-  const nSvc = arg(args, 'services', 10_000);
-  const perSvc = arg(args, 'endpoints-per-service', 5);
-  const nNodes = arg(args, 'nodes', 100);
-  const nChanges = arg(args, 'changes', 200);
+  const nSvc = num(args, 'services', 10_000);
+  const perSvc = num(args, 'endpoints-per-service', 5);
+  const nNodes = num(args, 'nodes', 100);
+  const nChanges = num(args, 'changes', 200);
   const ip = (i: number) => `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`;
 
   const sliceObj = (s: number, gen = 0) =>

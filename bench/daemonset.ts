@@ -16,34 +16,20 @@
 // protobuf, about half the bytes), and the messages and bytes the brain sent
 // to the nodes (gRPC messages with their 5-byte framing); the time from the
 // change to the last node having it.
-import { fork, spawn, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import https from 'node:https';
 import { connect, type ClientHttp2Session } from 'node:http2';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { TestApiServer, certKubeconfig, RESOURCES } from '../test/helpers/apiserver.js';
 import { nodeObject, serviceObject, sliceObject, type Pod } from '../test/helpers/kube-cluster.js';
 import { freePort } from '../test/helpers/port.js';
+import { watchRequest } from './_scale.js';
+import { ROOT, forkSelf, forkedJob, now, options, pct, sleep, until } from './_harness.js';
 
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const TOKEN = 'kpng-bench';
-const now = () => Number(process.hrtime.bigint()) / 1e6;
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const nodeName = (i: number) => `node-${String(i).padStart(4, '0')}`;
-const pct = (xs: number[], p: number) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length ? s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] : NaN;
-};
-
-interface Config {
-  nodes: number;
-  services: number;
-  endpoints: number;
-  changes: number;
-  procs: number;
-}
 
 // --- watcher processes: report what they received, every few ms
 
@@ -86,9 +72,7 @@ function watcherMain(job: WatcherJob) {
       const session = connect(`http://127.0.0.1:${job.port}`);
       sessions.push(session);
       const stream = session.request({ ':method': 'POST', ':path': '/localv1.Sets/Watch', 'content-type': 'application/grpc', te: 'trailers' }, { endStream: false });
-      const name = Buffer.from(node);
-      const msg = Buffer.concat([Buffer.from([0x0a, name.length]), name]);
-      const req = Buffer.concat([Buffer.from([0, 0, 0, 0, msg.length]), msg]);
+      const req = watchRequest(node);
       stream.write(req);
       let buf: Buffer = Buffer.alloc(0);
       stream.on('data', (d: Buffer) => {
@@ -109,19 +93,10 @@ function watcherMain(job: WatcherJob) {
   process.on('disconnect', () => process.exit(0));
 }
 
-if (process.env.KPNG_BENCH_DS) watcherMain(JSON.parse(process.env.KPNG_BENCH_DS));
+const watcherJob = forkedJob<WatcherJob>('KPNG_BENCH_DS');
+if (watcherJob) watcherMain(watcherJob);
 
 // --- the run
-
-function parseArgs(args: string[]): Config {
-  const c: Config = { nodes: 100, services: 500, endpoints: 5, changes: 50, procs: 2 };
-  for (let i = 0; i < args.length; i += 2) {
-    const k = args[i].replace(/^--/, '') as keyof Config;
-    if (!(k in c)) throw new Error(`unknown option ${args[i]}`);
-    c[k] = Number(args[i + 1]);
-  }
-  return c;
-}
 
 class Watchers {
   readonly children: ChildProcess[] = [];
@@ -129,11 +104,7 @@ class Watchers {
   constructor(jobs: WatcherJob[]) {
     jobs.forEach((job, i) => {
       this.got.push({ events: 0, bytes: 0, at: 0 });
-      const child = fork(fileURLToPath(import.meta.url), [], {
-        execArgv: ['--import', 'tsx'],
-        env: { ...process.env, KPNG_BENCH_DS: JSON.stringify(job) },
-        stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
-      });
+      const child = forkSelf(import.meta.url, 'KPNG_BENCH_DS', job);
       child.on('message', (m: Received) => (this.got[i] = m));
       this.children.push(child);
     });
@@ -141,12 +112,8 @@ class Watchers {
   get total(): Received {
     return this.got.reduce((a, g) => ({ events: a.events + g.events, bytes: a.bytes + g.bytes, at: Math.max(a.at, g.at) }), { events: 0, bytes: 0, at: 0 });
   }
-  async until(what: string, events: number, ms: number): Promise<void> {
-    const end = now() + ms;
-    while (this.total.events < events) {
-      if (now() > end) throw new Error(`${what}: ${this.total.events} of ${events} events within ${ms / 1000} s`);
-      await sleep(5);
-    }
+  until(what: string, events: number, ms: number): Promise<void> {
+    return until(() => `${what}: ${this.total.events} of ${events} events`, () => this.total.events >= events, { timeoutMs: ms });
   }
   kill() {
     for (const ch of this.children) ch.kill('SIGKILL');
@@ -154,7 +121,7 @@ class Watchers {
 }
 
 export default async function main(args: string[]) {
-  const c = parseArgs(args);
+  const c = options(args, { nodes: 100, services: 500, endpoints: 5, changes: 50, procs: 2 });
   const api = await new TestApiServer({ tokens: [TOKEN] }).start();
   const dir = mkdtempSync(join(tmpdir(), 'kpng-bench-ds-'));
   const kubeconfig = certKubeconfig(join(dir, 'kubeconfig'), api.url);
@@ -229,11 +196,11 @@ export default async function main(args: string[]) {
     });
     let err = '';
     brain.stderr!.on('data', (d) => (err += d));
-    const end = now() + 120_000;
-    while (!err.includes('to-api: serving')) {
-      if (now() > end || brain.exitCode !== null) throw new Error(`the brain did not start:\n${err.slice(-2000)}`);
-      await sleep(20);
-    }
+    const started = () => {
+      if (brain!.exitCode !== null) throw new Error(`the brain exited:\n${err.slice(-2000)}`);
+      return err.includes('to-api: serving');
+    };
+    await until(() => `the brain did not start:\n${err.slice(-2000)}`, started, { timeoutMs: 120_000, everyMs: 20 });
     w = new Watchers(split(names).map((ns) => ({ mode: 'kpng', port, nodes: ns })));
     await w.until('initial syncs', c.nodes, 30 * 60_000);
     const kpngInit = (now() - t0) / 1000;

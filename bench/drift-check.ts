@@ -9,27 +9,17 @@
 // timed on their own, in the checking process's namespace.
 //   npm run bench -- drift-check [--services 30000] [--seconds 60] [--backend nft|iptables-legacy|iptables-nft]
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { node, service, slice } from '../test/helpers/k8s.js';
 import { xtablesDigest } from '../src/kernel/xtables.js';
-import { BenchNamespaces, arg, machineYardstick, median, now, vip } from './_scale.js';
+import { BenchNamespaces, vip } from './_scale.js';
+import { ROOT, arg, median, now, procStat, sleep } from './_harness.js';
 
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
 /** utime + stime of a process, in ms */
-function cpuMs(pid: number): number {
-  const f = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const fields = f.slice(f.lastIndexOf(')') + 2).split(' ');
-  return ((Number(fields[11]) + Number(fields[12])) * 1000) / 100; // USER_HZ = 100
-}
-
-function rssMiB(pid: number): number {
-  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
-  return m ? Math.round(Number(m[1]) / 1024) : 0;
-}
+const cpuMs = (pid: number) => procStat(pid).cpu * 1000;
 
 export default async function (args: string[]) {
   const services = Number(arg(args, 'services', '30000'));
@@ -85,14 +75,13 @@ export default async function (args: string[]) {
     for (const [i, r] of runs.entries()) console.error(`${r.name}: programmed ${services} services in ${times[i]} ms`);
     // ip netns exec execs kpng: the same pid
     const pids = runs.map((r) => r.p.pid!);
-    await new Promise((r) => setTimeout(r, 5000)); // settle after the load
+    await sleep(5000); // settle after the load
     const before = pids.map(cpuMs);
-    await new Promise((r) => setTimeout(r, seconds * 1000));
+    await sleep(seconds * 1000);
     const after = pids.map(cpuMs);
     const used = after.map((a, i) => a - before[i]);
-    console.log(machineYardstick());
     console.log(`drift check (${backend}) at ${services} Services x 5 endpoints, ${seconds} s idle window, CPU time of the kpng process:`);
-    for (const [i, r] of runs.entries()) console.log(`  syncPeriod ${r.syncPeriod.padEnd(3)}: ${used[i].toFixed(0)} ms CPU (${((used[i] / (seconds * 1000)) * 100).toFixed(2)} % of a core), RSS ${rssMiB(pids[i])} MiB, repairs ${r.repairs()}`);
+    for (const [i, r] of runs.entries()) console.log(`  syncPeriod ${r.syncPeriod.padEnd(3)}: ${used[i].toFixed(0)} ms CPU (${((used[i] / (seconds * 1000)) * 100).toFixed(2)} % of a core), RSS ${Math.round(procStat(pids[i]).rss)} MiB, repairs ${r.repairs()}`);
     const per = (used[0] - used[1]) / seconds;
     console.log(`  one check costs ${per.toFixed(2)} ms CPU (difference / ${seconds} checks)`);
     if (backend === 'iptables-legacy') await legacyDigests(runs[0].ns);

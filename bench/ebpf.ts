@@ -3,7 +3,7 @@
 // run, at 1k and 30k Services x 5 endpoints, each backend and size in its own
 // network namespace (real kernel; to-ebpf's programs on a cgroup of the
 // benchmark's own, pinned in a bpffs mount of its own):
-//   npm run bench -- ebpf [--sizes 1000,30000] [--changes 300] [--connections 2000] [--rate-ms 2000]
+//   npm run bench -- ebpf [--sizes 1000,30000] [--changes 300] [--connections 2000] [--rate-ms 2000] [--plot DIR]
 // Reports: one endpoint change from the store to the kernel (p50/p99, to-ebpf
 // and to-nft); through a ClusterIP, from two clients: a Node one, and a
 // compiled one (bench/probe.c, which adds almost nothing of its own): the
@@ -12,20 +12,19 @@
 // close); and the floor beside them: the same probes straight to the
 // endpoint's IP in a namespace with no proxy at all. Changes alternate
 // between backends and sizes, and so do the connection rounds, so the
-// machine's noise hits them alike.
+// machine's noise hits them alike. --plot DIR draws ebpf-connect.svg: what
+// a first connection costs through each backend and with no proxy (p50).
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { pino } from 'pino';
-import type { DecoderHandler } from '../src/diff/decoder.js';
 import { NftProxier } from '../src/backends/nft/proxier.js';
 import { IptablesProxier } from '../src/backends/iptables/proxier.js';
 import { EbpfProxier } from '../src/backends/ebpf/proxier.js';
 import { Datapath } from '../src/backends/ebpf/datapath.js';
-import { defaultConfig } from '../src/backends/shared/config.js';
 import { LabCgroup } from '../src/lab/cgroup.js';
-import { BenchNamespaces, CLIENT, ENDPOINT, arg, coldSync, pct, prepareNamespace, rssMiB, serveAsChild, probedCluster, vip } from './_scale.js';
+import { BenchNamespaces, CLIENT, ENDPOINT, benchConfig, benchLog, changesInTurn, prepareNamespace, proxierChild, serveAsChild, probedCluster, vip, type ProxierCold, type ProxierUnderTest } from './_scale.js';
+import { mean, num, nums, pct, plotDir, writePlot } from './_harness.js';
 
 type Backend = 'ebpf' | 'nft' | 'iptables';
 const BACKENDS: Backend[] = ['ebpf', 'nft', 'iptables'];
@@ -36,8 +35,6 @@ interface Params {
   cgroup?: string;
   bpffs?: string;
 }
-
-type Request = { op: 'cold' } | { op: 'change'; i: number } | { op: 'finish' };
 
 /** connect, send one line, read the answer, close; as many as it can in ms with `conc` at once; connections per second */
 const RATE = `
@@ -84,13 +81,13 @@ function compileProbe(): { bin: string; dir: string } {
 
 export default async function (args: string[]) {
   if (await serveAsChild(child)) return;
-  const sizes = arg(args, 'sizes', '1000,30000').split(',').map(Number);
-  const changes = Number(arg(args, 'changes', '300'));
-  const connections = Number(arg(args, 'connections', '2000'));
-  const rateMs = Number(arg(args, 'rate-ms', '2000'));
+  const sizes = nums(args, 'sizes', '1000,30000');
+  const changes = num(args, 'changes', 300);
+  const connections = num(args, 'connections', 2000);
+  const rateMs = num(args, 'rate-ms', 2000);
   const spaces = new BenchNamespaces('ebpf', 'kpng-bench-ebpf');
   const cgroups: LabCgroup[] = [];
-  type Run = { backend: Backend; services: number; ns: string; cgroup?: string; params: Params; cold?: { computeMs: number; applyMs: number }; change: number[]; apply: number[]; probed: Probed; rss?: number };
+  type Run = { backend: Backend; services: number; ns: string; cgroup?: string; params: Params; cold?: ProxierCold; change: number[]; apply: number[]; probed: Probed; rss?: number };
   const runs: Run[] = [];
   // the floor: no proxy, no rules, the probes connect to the endpoint itself
   const direct = { ns: '', probed: probed() };
@@ -114,18 +111,13 @@ export default async function (args: string[]) {
     }
     const children = runs.map((r) => spaces.keep(r.ns, r.params, `${r.backend} ${r.services}`));
     for (const [i, c] of children.entries()) {
-      runs[i].cold = await c.ask<{ computeMs: number; applyMs: number }>({ op: 'cold' });
-      console.error(`${runs[i].backend} ${runs[i].services}: programmed (${runs[i].cold!.applyMs.toFixed(0)} ms)`);
+      runs[i].cold = await c.ask<ProxierCold>({ op: 'cold' });
+      console.error(`${runs[i].backend} ${runs[i].services}: programmed (${runs[i].cold!.coldApplyMs.toFixed(0)} ms)`);
     }
-    // one change at a time, in turn (to-iptables is not asked: the issue compares to-ebpf and to-nft)
-    for (let i = 0; i < changes; i++) {
-      for (const [j, c] of children.entries()) {
-        if (runs[j].backend === 'iptables') continue;
-        const [total, apply] = await c.ask<[number, number]>({ op: 'change', i });
-        runs[j].change.push(total);
-        runs[j].apply.push(apply);
-      }
-    }
+    // one change at a time, in turn (to-iptables is not asked: the comparison is to-ebpf's against to-nft's)
+    const changing = runs.flatMap((r, j) => (r.backend === 'iptables' ? [] : [j]));
+    const changed = await changesInTurn(changing.map((j) => children[j]), changes);
+    changing.forEach((j, k) => ((runs[j].change = changed[k].ms), (runs[j].apply = changed[k].syncMs)));
     for (const [j, c] of children.entries()) {
       runs[j].rss = await c.ask<number>({ op: 'finish' });
       await c.end();
@@ -153,7 +145,6 @@ export default async function (args: string[]) {
     rmSync(probe.dir, { recursive: true, force: true });
   }
   const f = (x: number) => x.toFixed(x < 10 ? 2 : 0);
-  const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
   const us = (xs: number[]) => `${pct(xs, 50).toFixed(1)} / ${pct(xs, 99).toFixed(1)} us`;
   const vs = (a: number, b: number) => `${(a / b).toFixed(2)}x`;
   /** the connection columns of one row, against to-nft's of the same size */
@@ -172,7 +163,7 @@ export default async function (args: string[]) {
   for (const r of runs) {
     const nft = runs.find((x) => x.backend === 'nft' && x.services === r.services)!;
     const change = r.change.length ? `${f(pct(r.change, 50))} / ${f(pct(r.change, 99))} ms (${f(pct(r.apply, 50))} / ${f(pct(r.apply, 99))})` : '-';
-    console.log(`to-${r.backend} | ${r.services} | ${f(r.cold!.computeMs)} + ${f(r.cold!.applyMs)} ms | ${change} | ${connectionColumns(r.probed, nft.probed)} | ${r.rss!.toFixed(0)} MiB`);
+    console.log(`to-${r.backend} | ${r.services} | ${f(r.cold!.coldComputeMs)} + ${f(r.cold!.coldApplyMs)} ms | ${change} | ${connectionColumns(r.probed, nft.probed)} | ${r.rss!.toFixed(0)} MiB`);
   }
   // the floor, against each size's to-nft
   for (const services of sizes) {
@@ -185,38 +176,35 @@ export default async function (args: string[]) {
     const above = (xs: number[], floor: number[]) => `${(pct(xs, 50) - pct(floor, 50)).toFixed(1)} us`;
     console.log(`to-${r.backend} | ${r.services} | ${above(r.probed.node, direct.probed.node)} | ${above(r.probed.connect, direct.probed.connect)} | ${above(r.probed.answer, direct.probed.answer)}`);
   }
+  const plots = plotDir(args);
+  if (!plots) return;
+  const rows = [...runs.map((r) => ({ name: `to-${r.backend}`, services: r.services, probed: r.probed })), ...sizes.map((services) => ({ name: 'no proxy', services, probed: direct.probed }))];
+  await writePlot(plots, {
+    name: 'ebpf-connect',
+    title: "A first connection through a ClusterIP, compiled client (p50): connect() and connect + one request answered",
+    subtitle: `Services x 5 endpoints; ${connections} connections per client, one at a time, from a pod address; "no proxy": straight to the endpoint's IP`,
+    x: { title: 'backend' },
+    y: { title: 'µs' },
+    series: 'Services, measure',
+    mark: 'bar',
+    points: rows.flatMap((r) => [
+      { series: `${r.services}: connect()`, x: r.name, y: pct(r.probed.connect, 50) },
+      { series: `${r.services}: + answer`, x: r.name, y: pct(r.probed.answer, 50) },
+    ]),
+  });
 }
 
 /** in the namespace: one backend's proxier and its cluster, asked one step at a time */
 async function child(p: Params) {
   prepareNamespace();
-  const config = defaultConfig();
-  config.clusterCIDRs = ['10.0.0.0/8'];
-  config.nftables.minSyncPeriodMs = 0; // measure each change alone
-  config.iptables.minSyncPeriodMs = 0;
-  const log = pino({ level: 'warn' });
+  const config = benchConfig();
+  const log = benchLog();
   let datapath: Datapath | undefined;
-  const proxier: DecoderHandler & { close(): Promise<void> } =
+  const proxier: ProxierUnderTest =
     p.backend === 'ebpf'
       ? new EbpfProxier({ nodeName: 'node-0', config, log, once: true, healthChecks: false, maps: () => (datapath ??= Datapath.open({ bpffs: p.bpffs!, cgroupPath: p.cgroup!, maxServicePorts: 65536, maxEndpoints: 262144, log })).maps })
       : p.backend === 'nft'
         ? new NftProxier({ nodeName: 'node-0', config, log, once: true, session: true, healthChecks: false })
         : new IptablesProxier({ nodeName: 'node-0', config, log, once: true, healthChecks: false, families: [4], mode: 'legacy' });
-  const cluster = probedCluster(p.services);
-  let change: ((i: number) => Promise<number>) | undefined;
-  return async (r: Request): Promise<unknown> => {
-    switch (r.op) {
-      case 'cold': {
-        const cold = await coldSync(cluster, proxier);
-        change = cold.change;
-        return { computeMs: cold.coldComputeMs, applyMs: cold.coldApplyMs };
-      }
-      case 'change':
-        return [await change!(r.i), (proxier as { stats?: { lastSyncMs: number } }).stats?.lastSyncMs ?? 0];
-      case 'finish':
-        await proxier.close();
-        datapath?.close();
-        return rssMiB();
-    }
-  };
+  return proxierChild(proxier, probedCluster(p.services), { closed: () => datapath?.close() });
 }

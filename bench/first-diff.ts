@@ -14,7 +14,8 @@ import { LocalDiff } from '../src/diff/local-diff.js';
 import { convertObject } from '../src/sources/objects.js';
 import { applyObject, type ModelObject } from '../src/sources/apply.js';
 import { service, slice, node } from '../test/helpers/k8s.js';
-import { arg, vip, machineYardstick } from './_scale.js';
+import { vip } from './_scale.js';
+import { num, nums } from './_harness.js';
 
 const NODES = 100;
 const podIP = (s: number, e: number) => {
@@ -56,9 +57,8 @@ interface ProfileNode {
 }
 
 export default async function (args: string[]): Promise<void> {
-  const sizes = arg(args, 'sizes', '20000,100000').split(',').map(Number);
-  const runs = Number(arg(args, 'runs', '3'));
-  console.log(machineYardstick());
+  const sizes = nums(args, 'sizes', '20000,100000');
+  const runs = num(args, 'runs', 3);
   for (const n of sizes) {
     const store = cluster(n);
     const times: string[] = [];

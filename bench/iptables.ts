@@ -4,6 +4,7 @@
 // tools, real kernel):
 //   npm run bench -- iptables [--sizes 1000,10000,30000] [--changes 20] [--connections 2000]
 //                             [--backends nft,iptables-nft,iptables-legacy] [--runs 1] [--iptables-nft-max 10000]
+//                             [--plot DIR]
 // For each size, one child per backend stays alive: their cold syncs, then
 // the endpoint changes in turn (backend 1, backend 2, ..., backend 1, ...),
 // then the first-connection probes alternating between backends in rounds,
@@ -14,15 +15,15 @@
 // through a ClusterIP whose rule is first in KUBE-SERVICES and one whose rule
 // is last, measured by a small separate process (the big one's GC pauses
 // would pollute p99).
+// --plot DIR draws iptables-change.svg (one endpoint change, p50, against
+// the number of Services, per backend) and iptables-cold.svg (the cold sync).
 // iptables-nft runs up to --iptables-nft-max Services: its cold restore grows
 // faster than linearly (about 40 s at 10k here, not done after 10 min at 30k).
 import { spawnSync } from 'node:child_process';
-import { pino } from 'pino';
-import type { DecoderHandler } from '../src/diff/decoder.js';
 import { NftProxier } from '../src/backends/nft/proxier.js';
 import { IptablesProxier } from '../src/backends/iptables/proxier.js';
-import { defaultConfig } from '../src/backends/shared/config.js';
-import { BenchNamespaces, arg, coldSync, median, pct, prepareNamespace, rssMiB, serveAsChild, syntheticCluster } from './_scale.js';
+import { BenchNamespaces, benchConfig, benchLog, changesInTurn, prepareNamespace, proxierChild, serveAsChild, syntheticCluster, type ProxierCold, type ProxierUnderTest } from './_scale.js';
+import { arg, median, num, nums, pct, plotDir, writePlot, type Point } from './_harness.js';
 
 type Backend = 'nft' | 'iptables-nft' | 'iptables-legacy';
 
@@ -36,20 +37,18 @@ interface Measured {
   last: number[];
 }
 
-type Request = { op: 'cold' } | { op: 'change'; i: number } | { op: 'finish' };
-
 // probe Services: their KUBE-SERVICES rules sort first ("aaa/...") and last ("zzz/...")
 const PROBE_FIRST = '172.31.255.1';
 const PROBE_LAST = '172.31.255.2';
 
 export default async function (args: string[]) {
   if (await serveAsChild(child)) return;
-  const sizes = arg(args, 'sizes', '1000,10000,30000').split(',').map(Number);
-  const changes = Number(arg(args, 'changes', '20'));
-  const connections = Number(arg(args, 'connections', '2000'));
-  const runs = Number(arg(args, 'runs', '1'));
+  const sizes = nums(args, 'sizes', '1000,10000,30000');
+  const changes = num(args, 'changes', 20);
+  const connections = num(args, 'connections', 2000);
+  const runs = num(args, 'runs', 1);
   const backends = arg(args, 'backends', 'nft,iptables-nft,iptables-legacy').split(',') as Backend[];
-  const nftModeMax = Number(arg(args, 'iptables-nft-max', '10000'));
+  const nftModeMax = num(args, 'iptables-nft-max', 10000);
   /** "size backend" -> one Measured per run */
   const results = new Map<string, Measured[]>();
 
@@ -63,9 +62,10 @@ export default async function (args: string[]) {
           return { backend, ns, c: spaces.keep(ns, { backend, services }, `${backend} ${services}`), m: { changeMs: [], first: [], last: [] } as unknown as Measured };
         });
         try {
-          for (const k of kept) Object.assign(k.m, await k.c.ask<{ coldComputeMs: number; coldApplyMs: number }>({ op: 'cold' }));
+          for (const k of kept) Object.assign(k.m, await k.c.ask<ProxierCold>({ op: 'cold' }));
           // one change at a time, in turn
-          for (let i = 0; i < changes; i++) for (const k of kept) k.m.changeMs.push(await k.c.ask<number>({ op: 'change', i }));
+          const changed = await changesInTurn(kept.map((k) => k.c), changes);
+          kept.forEach((k, i) => (k.m.changeMs = changed[i].ms));
           for (const k of kept) {
             k.m.rssMiB = await k.c.ask<number>({ op: 'finish' });
             await k.c.end();
@@ -127,19 +127,23 @@ export default async function (args: string[]) {
       );
     }
   }
+  const plots = plotDir(args);
+  if (!plots) return;
+  const points = (pick: (m: Measured) => number): Point[] =>
+    sizes.flatMap((services) => backends.flatMap((b) => (results.has(`${services} ${b}`) ? [{ series: b === 'nft' ? 'to-nft' : `to-iptables (${b})`, x: services, y: val(services, b, pick)! }] : [])));
+  const subtitle = `Services x 5 endpoints, each backend in its own network namespace, side by side; ${changes} changes each`;
+  await writePlot(plots, { name: 'iptables-change', title: 'One endpoint change, store to kernel (p50)', subtitle, x: { title: 'Services', log: true }, y: { title: 'ms (log scale)', log: true }, series: 'backend', mark: 'line', points: points(change50) });
+  await writePlot(plots, { name: 'iptables-cold', title: 'Cold sync: every Service into an empty node', subtitle, x: { title: 'Services', log: true }, y: { title: 'ms (log scale)', log: true }, series: 'backend', mark: 'line', points: points(cold) });
 }
 
 /** in the backend's namespace: the proxier and its cluster, asked one step at a time */
 async function child(p: { backend: Backend; services: number }) {
   prepareNamespace();
-  const config = defaultConfig();
-  config.clusterCIDRs = ['10.0.0.0/8'];
-  config.nftables.minSyncPeriodMs = config.iptables.minSyncPeriodMs = 0; // measure each change alone
-  const log = pino({ level: 'warn' });
-  const proxier: DecoderHandler & { close(): Promise<void> } =
+  const o = { nodeName: 'node-0', config: benchConfig(), log: benchLog(), once: true, healthChecks: false, families: [4] as const };
+  const proxier: ProxierUnderTest =
     p.backend === 'nft'
-      ? new NftProxier({ nodeName: 'node-0', config, log, once: true, session: true, healthChecks: false, families: [4] }) // session: as in a running kpng
-      : new IptablesProxier({ nodeName: 'node-0', config, log, once: true, healthChecks: false, families: [4], mode: p.backend === 'iptables-nft' ? 'nft' : 'legacy' });
+      ? new NftProxier({ ...o, session: true }) // session: as in a running kpng
+      : new IptablesProxier({ ...o, mode: p.backend === 'iptables-nft' ? 'nft' : 'legacy' });
   const cluster = syntheticCluster({
     probes: [
       { namespace: 'aaa', name: 'probe', clusterIP: PROBE_FIRST, pod: 'probe-aaa' },
@@ -148,19 +152,5 @@ async function child(p: { backend: Backend; services: number }) {
     from: 0,
     to: p.services - 2,
   });
-  let change: ((i: number) => Promise<number>) | undefined;
-  return async (r: Request): Promise<unknown> => {
-    switch (r.op) {
-      case 'cold': {
-        const c = await coldSync(cluster, proxier);
-        change = c.change;
-        return { coldComputeMs: c.coldComputeMs, coldApplyMs: c.coldApplyMs };
-      }
-      case 'change':
-        return change!(r.i);
-      case 'finish':
-        await proxier.close();
-        return rssMiB();
-    }
-  };
+  return proxierChild(proxier, cluster);
 }

@@ -13,25 +13,21 @@
 //     the alternative docs/ipvs.md weighs netlink against.
 // The changes go round the namespaces in turn so noise hits all alike.
 import { execFileSync, spawnSync } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
-import { pino } from 'pino';
 import { IpvsProxier } from '../src/backends/ipvs/proxier.js';
 import { NftProxier } from '../src/backends/nft/proxier.js';
-import { defaultConfig } from '../src/backends/shared/config.js';
 import { runInVm } from '../src/lab/vm/run.js';
-import { BenchNamespaces, arg, coldSync, now, pct, prepareNamespace, rssMiB, serveAsChild, probedCluster, vip } from './_scale.js';
+import { BenchNamespaces, benchConfig, benchLog, changesInTurn, prepareNamespace, proxierChild, serveAsChild, probedCluster, vip, type ProxierCold, type ProxierRequest } from './_scale.js';
+import { ROOT, arg, now, num, nums, pct } from './_harness.js';
 
 const f0 = (x: number) => x.toFixed(0);
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const WAYS = ['ipvs', 'nft', 'ipvsadm'] as const;
 type Way = (typeof WAYS)[number];
-type Request = { op: 'cold' } | { op: 'change'; i: number } | { op: 'phases' } | { op: 'finish' };
 
 export default async function (args: string[]) {
   if (await serveAsChild(child)) return;
   if (!process.env.KPNG_VMLAB) return host(args);
-  const sizes = arg(args, 'sizes', '1000,10000').split(',').map(Number);
-  const changes = Number(arg(args, 'changes', '100'));
+  const sizes = nums(args, 'sizes', '1000,10000');
+  const changes = num(args, 'changes', 100);
   const ways = arg(args, 'ways', WAYS.join(',')).split(',') as Way[];
   execFileSync('modprobe', ['ip_vs']);
   const spaces = new BenchNamespaces('ipvs', 'kpng-bench');
@@ -53,11 +49,10 @@ export default async function (args: string[]) {
         colds.push(await c.ask<{ ms: number; detail: string }>({ op: 'cold' }));
         console.error(`${size} services: ${way} programmed`);
       }
-      const change = kept.map(() => [] as number[]);
-      for (let i = 0; i < changes; i++) for (const [k, { c }] of kept.entries()) change[k].push(await c.ask<number>({ op: 'change', i }));
+      const change = await changesInTurn(kept.map((k) => k.c), changes);
       for (const [k, { way, c }] of kept.entries()) {
-        const changeDetail = await c.ask<string>({ op: 'phases' });
-        rows.push({ size, way, coldMs: colds[k].ms, detail: colds[k].detail, change: change[k], changeDetail, rss: await c.ask<number>({ op: 'finish' }) });
+        const changeDetail = await c.ask<string>({ op: 'detail' });
+        rows.push({ size, way, coldMs: colds[k].ms, detail: colds[k].detail, change: change[k].ms, changeDetail, rss: await c.ask<number>({ op: 'finish' }) });
         await c.end();
       }
     }
@@ -88,40 +83,21 @@ async function child(p: { services: number; way: Way }) {
   prepareNamespace();
   const cluster = probedCluster(p.services);
   if (p.way === 'ipvsadm') return ipvsadmChild(p.services);
-  const config = defaultConfig();
-  config.clusterCIDRs = ['10.0.0.0/8'];
-  config.nftables.minSyncPeriodMs = 0;
-  config.ipvs.minSyncPeriodMs = 0;
-  const log = pino({ level: 'warn' });
   // once: each change synced alone; session: one long-lived nft, as in a running kpng
-  const o = { nodeName: 'node-0', config, log, once: true, session: true, healthChecks: false, families: [4] as const };
+  const o = { nodeName: 'node-0', config: benchConfig(), log: benchLog(), once: true, session: true, healthChecks: false, families: [4] as const };
   const proxier = p.way === 'ipvs' ? new IpvsProxier(o) : new NftProxier(o);
-  let change: ((i: number) => Promise<number>) | undefined;
   const changePhases: IpvsProxier['stats']['lastPhases'][] = [];
-  return async (r: Request): Promise<unknown> => {
-    switch (r.op) {
-      case 'cold': {
-        const cold = await coldSync(cluster, proxier);
-        change = cold.change;
-        const ph = proxier instanceof IpvsProxier ? proxier.stats.lastPhases : undefined;
-        const detail = ph ? `diff ${f0(cold.coldComputeMs)}, compute ${ph.computeMs}, nft ${ph.nftMs}, IPVS ${ph.ipvsMs}, kube-ipvs0 ${ph.addressMs}` : '';
-        return { ms: cold.coldComputeMs + cold.coldApplyMs, detail };
-      }
-      case 'change': {
-        const ms = await change!(r.i);
-        if (proxier instanceof IpvsProxier) changePhases.push(proxier.stats.lastPhases);
-        return ms;
-      }
-      case 'phases': {
-        // the median of each phase over the changes
-        const med = (k: keyof IpvsProxier['stats']['lastPhases']) => pct(changePhases.map((x) => x[k]), 50);
-        return changePhases.length ? `compute ${med('computeMs')}, nft ${med('nftMs')}, IPVS ${med('ipvsMs')}, kube-ipvs0 ${med('addressMs')}` : '';
-      }
-      case 'finish':
-        await proxier.close();
-        return rssMiB();
-    }
-  };
+  // the median of each phase over the changes
+  const med = (k: keyof IpvsProxier['stats']['lastPhases']) => pct(changePhases.map((x) => x[k]), 50);
+  return proxierChild(proxier, cluster, {
+    cold: (cold: ProxierCold) => {
+      const ph = proxier instanceof IpvsProxier ? proxier.stats.lastPhases : undefined;
+      const detail = ph ? `diff ${f0(cold.coldComputeMs)}, compute ${ph.computeMs}, nft ${ph.nftMs}, IPVS ${ph.ipvsMs}, kube-ipvs0 ${ph.addressMs}` : '';
+      return { ms: cold.coldComputeMs + cold.coldApplyMs, detail };
+    },
+    changed: () => proxier instanceof IpvsProxier && changePhases.push(proxier.stats.lastPhases),
+    detail: () => (changePhases.length ? `compute ${med('computeMs')}, nft ${med('nftMs')}, IPVS ${med('ipvsMs')}, kube-ipvs0 ${med('addressMs')}` : ''),
+  });
 }
 
 /**
@@ -136,7 +112,7 @@ async function ipvsadmChild(services: number) {
     const r = spawnSync('ipvsadm', ['-R'], { input: lines.join('\n') + '\n', encoding: 'utf8' });
     if (r.status !== 0) throw new Error(`ipvsadm -R: ${r.stderr}`);
   };
-  return async (r: Request): Promise<unknown> => {
+  return async (r: ProxierRequest): Promise<unknown> => {
     switch (r.op) {
       case 'cold': {
         const t = now();
@@ -156,9 +132,9 @@ async function ipvsadmChild(services: number) {
         const t = now();
         restore([`-a -t ${vip(s)}:80 -r ${next}:8080 -m -w 1`, `-d -t ${vip(s)}:80 -r ${first.get(s)}:8080`]);
         first.set(s, next);
-        return now() - t;
+        return [now() - t, 0];
       }
-      case 'phases':
+      case 'detail':
         return '';
       case 'finish':
         return 0;

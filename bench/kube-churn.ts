@@ -11,34 +11,24 @@
 // production); --tsx runs bin/kpng.js from a development checkout instead.
 // Anchor (original kpng, 1k services / 1.5k pods, 30 min): 130,941 events,
 // 1,218 revisions (0.93 %).
-import { spawn, spawnSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { TestApiServer, certKubeconfig } from '../test/helpers/apiserver.js';
 import { SyntheticCluster, prng, type ChurnOp } from '../test/helpers/kube-cluster.js';
+import { ROOT, compileKpng, flag, num, sleep, until } from './_harness.js';
 
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
 let KPNG = [join(ROOT, 'bin/kpng.js')];
 
 /** Compiles kpng once for this run (not into dist/: others may be using it). */
 function compile(): void {
-  const out = join(ROOT, 'node_modules/.cache/kpng-bench-kube');
-  const r = spawnSync(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', 'tsconfig.build.json', '--outDir', out, '--declaration', 'false', '--sourceMap', 'false'], {
-    cwd: ROOT,
-    encoding: 'utf8',
-  });
-  if (r.status !== 0) {
-    console.log(`kube-churn: tsc failed, running kpng through tsx (bin/kpng.js) instead:\n${(r.stdout + r.stderr).slice(0, 2000)}`);
-    return;
+  try {
+    KPNG = compileKpng(join(ROOT, 'node_modules/.cache/kpng-bench-kube')).slice(1);
+  } catch (e) {
+    console.log(`kube-churn: ${(e as Error).message}\nrunning kpng through tsx (bin/kpng.js) instead`);
   }
-  KPNG = [join(out, 'cli/index.js')];
-}
-
-function arg(args: string[], name: string, def: number): number {
-  const i = args.indexOf(`--${name}`);
-  return i >= 0 ? Number(args[i + 1]) : def;
 }
 
 /**
@@ -110,12 +100,12 @@ function startKpng(kubeconfig: string, node: string) {
   return {
     s,
     last: () => s.stats.at(-1),
-    async until(cond: () => boolean, what: string, ms = 120_000) {
-      const end = Date.now() + ms;
-      while (!cond()) {
-        if (Date.now() > end || p.exitCode !== null) throw new Error(`kpng: ${what} did not happen\n${s.logs.slice(-20).join('\n')}`);
-        await sleep(50);
-      }
+    until(cond: () => boolean, what: string, ms = 120_000) {
+      const exited = () => {
+        if (p.exitCode !== null) throw new Error(`kpng exited before ${what}\n${s.logs.slice(-20).join('\n')}`);
+        return cond();
+      };
+      return until(() => `kpng: ${what}\n${s.logs.slice(-20).join('\n')}`, exited, { timeoutMs: ms, everyMs: 50 });
     },
     async stop() {
       if (p.exitCode === null) {
@@ -128,13 +118,12 @@ function startKpng(kubeconfig: string, node: string) {
   };
 }
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const fmt = (n: number) => n.toLocaleString('en-US');
 
 async function churn(args: string[], dir: string) {
-  const minutes = arg(args, 'minutes', 10);
-  const shape = { services: arg(args, 'services', 1000), pods: arg(args, 'pods', 1500), nodes: arg(args, 'nodes', 20) };
-  const rate = arg(args, 'rate', 73); // original: 130,941 events / 1,800 s
+  const minutes = num(args, 'minutes', 10);
+  const shape = { services: num(args, 'services', 1000), pods: num(args, 'pods', 1500), nodes: num(args, 'nodes', 20) };
+  const rate = num(args, 'rate', 73); // original: 130,941 events / 1,800 s
   // a real API server sends a bookmark about once a minute
   const server = await new TestApiServer({ bookmarkIntervalMs: 60_000 }).start();
   const cluster = new SyntheticCluster(server, prng(42));
@@ -275,13 +264,13 @@ async function heapPerObject(dir: string, services: number, endpoints: number, n
 
 export default async function (args: string[]) {
   const dir = mkdtempSync(join(tmpdir(), 'kpng-bench-kube-'));
-  if (!args.includes('--tsx')) compile();
+  if (!flag(args, 'tsx')) compile();
   console.log(`kube-churn: kpng is node ${KPNG.map((p) => p.replace(ROOT, '')).join(' ')}`);
   try {
-    if (!args.includes('--skip-churn')) await churn(args, dir);
-    if (!args.includes('--skip-big')) {
-      const services = arg(args, 'big-services', 10_000);
-      const endpoints = arg(args, 'big-endpoints', 50_000);
+    if (!flag(args, 'skip-churn')) await churn(args, dir);
+    if (!flag(args, 'skip-big')) {
+      const services = num(args, 'big-services', 10_000);
+      const endpoints = num(args, 'big-endpoints', 50_000);
       const nodes = 100;
       const empty = await listRSS(dir, 0, 0, 0);
       const big = await listRSS(dir, services, endpoints, nodes);

@@ -7,29 +7,23 @@
 // turn, and the latency probes alternate between sizes in rounds, so the
 // machine's noise hits every size alike.
 import { execFileSync } from 'node:child_process';
-import { pino } from 'pino';
 import { NftProxier } from '../src/backends/nft/proxier.js';
-import { defaultConfig } from '../src/backends/shared/config.js';
-import { BenchNamespaces, arg, coldSync, pct, prepareNamespace, rssMiB, serveAsChild, probedCluster, vip } from './_scale.js';
+import { BenchNamespaces, benchConfig, changesInTurn, benchLog, prepareNamespace, proxierChild, serveAsChild, probedCluster, vip, type ProxierCold } from './_scale.js';
+import { num, nums, pct } from './_harness.js';
 
-interface Cold {
-  coldComputeMs: number;
-  coldApplyMs: number;
+interface Cold extends ProxierCold {
   coldBytes: number;
 }
 
-type Request = { op: 'cold' } | { op: 'change'; i: number } | { op: 'finish' };
-
 export default async function (args: string[]) {
   if (await serveAsChild(child)) return;
-  const sizes = arg(args, 'sizes', '1000,10000,30000').split(',').map(Number);
-  const changes = Number(arg(args, 'changes', '500'));
-  const connections = Number(arg(args, 'connections', '3000'));
+  const sizes = nums(args, 'sizes', '1000,10000,30000');
+  const changes = num(args, 'changes', 500);
+  const connections = num(args, 'connections', 3000);
   const spaces = new BenchNamespaces('nft', 'kpng-bench');
   const namespaces: string[] = [];
   const colds: Cold[] = [];
-  const changeMs = sizes.map(() => [] as number[]);
-  const applyMs = sizes.map(() => [] as number[]);
+  let changed: { ms: number[]; syncMs: number[] }[] = [];
   const rss: number[] = [];
   const lat = sizes.map(() => [] as number[]);
   try {
@@ -43,13 +37,7 @@ export default async function (args: string[]) {
       console.error(`${services} services programmed`);
     }
     // one change at a time, in turn: size 1, size 2, ..., size 1, ...
-    for (let i = 0; i < changes; i++) {
-      for (const [s, c] of children.entries()) {
-        const [total, apply] = await c.ask<[number, number]>({ op: 'change', i });
-        changeMs[s].push(total);
-        applyMs[s].push(apply);
-      }
-    }
+    changed = await changesInTurn(children, changes);
     for (const c of children) {
       rss.push(await c.ask<number>({ op: 'finish' }));
       await c.end();
@@ -67,6 +55,8 @@ export default async function (args: string[]) {
     spaces.close();
   }
   const f = (x: number) => x.toFixed(x < 10 ? 2 : 0);
+  const changeMs = changed.map((c) => c.ms);
+  const applyMs = changed.map((c) => c.syncMs);
   const p99 = changeMs.map((xs) => pct(xs, 99));
   const connect50 = lat.map((xs) => pct(xs, 50));
   console.log(`nft benchmark: services x 5 endpoints, each size in a fresh network namespace; ${changes} changes per size; node ${process.version}, ${execFileSync('nft', ['--version'], { encoding: 'utf8' }).trim()}`);
@@ -82,25 +72,7 @@ export default async function (args: string[]) {
 /** in the size's namespace: the proxier and its cluster, asked one step at a time */
 async function child(p: { services: number }) {
   prepareNamespace();
-  const config = defaultConfig();
-  config.clusterCIDRs = ['10.0.0.0/8'];
-  config.nftables.minSyncPeriodMs = 0; // measure each change alone
   // once: no minSyncPeriod wait; session: changes go to a long-lived nft, as in a running kpng
-  const proxier = new NftProxier({ nodeName: 'node-0', config, log: pino({ level: 'warn' }), once: true, session: true, healthChecks: false });
-  const cluster = probedCluster(p.services);
-  let change: ((i: number) => Promise<number>) | undefined;
-  return async (r: Request): Promise<unknown> => {
-    switch (r.op) {
-      case 'cold': {
-        const cold = await coldSync(cluster, proxier);
-        change = cold.change;
-        return { coldComputeMs: cold.coldComputeMs, coldApplyMs: cold.coldApplyMs, coldBytes: proxier.stats.lastTransactionBytes } satisfies Cold;
-      }
-      case 'change':
-        return [await change!(r.i), proxier.stats.lastSyncMs];
-      case 'finish':
-        await proxier.close();
-        return rssMiB();
-    }
-  };
+  const proxier = new NftProxier({ nodeName: 'node-0', config: benchConfig(), log: benchLog(), once: true, session: true, healthChecks: false });
+  return proxierChild(proxier, probedCluster(p.services), { cold: () => ({ coldBytes: proxier.stats.lastTransactionBytes }) });
 }

@@ -35,8 +35,8 @@
 // src/ compiled apart), the two trees alternately, run by run, --pairs
 // times; then each tree's median and range side by side. On a machine
 // whose speed moves within minutes, three pairs of wall time have pointed
-// the wrong way where five did not (docs/benchmarks.md, fifteenth pass):
-// the agent's CPU seconds are printed beside the start for that reason.
+// the wrong way where five did not (docs/design/parser-thread.md, the
+// threshold tried): the agent's CPU seconds are printed beside the start.
 // --api-page-ms N: the test API server answers each page of the Services'
 // and EndpointSlices' lists N ms late, as an API server on another machine
 // takes its time without taking this one's CPU (the kube way's lists are
@@ -45,15 +45,14 @@ import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_pr
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, statSync, symlinkSync } from 'node:fs';
 import { loadavg, tmpdir, totalmem, freemem, cpus } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { BenchNamespaces, arg, pct, now, vip, machineYardstick, cpuPressure } from './_scale.js';
+import { BenchNamespaces, runAsChild, vip } from './_scale.js';
+import { ROOT, arg, compileKpng, cpuPressure, flag, median, now, num, nums, pct, plotDir, procStat, sleep, until, writePlot, type Point } from './_harness.js';
 import { service, slice, node } from '../test/helpers/k8s.js';
 import { TestApiServer, certKubeconfig, type KubeObject } from '../test/helpers/apiserver.js';
 import { saveByRename } from '../test/file/util.js';
 import { DEFAULT_REFLECTOR_OPTIONS } from '../src/sources/kube/reflector.js';
 import { NETLINK_NETFILTER, NetlinkSocket, NetlinkWriter, NLM_F_DUMP, NLM_F_REQUEST } from '../src/kernel/netlink.js';
 
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const NODES = 100;
 const NODE = 'node-0';
 /** between two changes: longer than to-nft's default minSyncPeriod (1 s), so no change waits for it */
@@ -116,19 +115,6 @@ export function rewriteSlice(dir: string, s: number, gen: number): void {
 
 // --- processes
 
-interface ProcStat {
-  /** VmRSS, MiB */
-  rss: number;
-  /** VmHWM, MiB */
-  hwm: number;
-  /** utime + stime, s */
-  cpu: number;
-  /** minor page faults (a first touch of fresh memory: about 12 µs each on these machines) */
-  faults: number;
-}
-
-const TICK = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout.trim()) || 100;
-
 interface Stages {
   listsMs?: number;
   listsCpu?: number;
@@ -137,15 +123,6 @@ interface Stages {
   listsFaults?: number;
   programmedFaults?: number;
   firstSyncMs?: number;
-}
-
-function procStat(pid: number): ProcStat {
-  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
-  const kib = (k: string) => Number(new RegExp(`^${k}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? NaN);
-  // the fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  return { rss: kib('VmRSS') / 1024, hwm: kib('VmHWM') / 1024, cpu: (Number(f[11]) + Number(f[12])) / TICK, faults: Number(f[7]) };
 }
 
 /** A kpng process of the run: its output's tail for errors, and a bounded stop. */
@@ -192,17 +169,6 @@ class Kpng {
     const t = setTimeout(() => this.p.kill('SIGKILL'), 5000);
     await this.exited;
     clearTimeout(t);
-  }
-}
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-/** polls cond every `every` ms until it holds; throws after ms with what() */
-async function until(cond: () => Promise<boolean> | boolean, ms: number, what: () => string, every = 50): Promise<void> {
-  const end = now() + ms;
-  while (!(await cond())) {
-    if (now() > end) throw new Error(`timed out after ${(ms / 1000).toFixed(0)} s: ${what()}`);
-    await sleep(every);
   }
 }
 
@@ -428,16 +394,15 @@ async function runOne(p: RunParams): Promise<RunResult> {
     // (lastUpdated): polled every 250 ms, so that the benchmark's requests
     // (kubelet probes every 10 s) are not part of the start it measures
     let updated = '';
-    await until(async () => (alive(), (updated = await lastUpdated(10256)) !== ''), p.timeoutMs, () => `/healthz reported no sync\n${tail()}`, HEALTHZ_POLL_MS);
+    await until(() => `/healthz reported no sync\n${tail()}`, async () => (alive(), (updated = await lastUpdated(10256)) !== ''), { timeoutMs: p.timeoutMs, everyMs: HEALTHZ_POLL_MS });
     const healthyMs = Math.min(now() - t0, Date.parse(updated) - t0Wall);
     const want = expectedElements(p.services);
     let elements = new Map<string, number>();
     let listings = 0;
     await until(
-      () => (listings++, (elements = tableElements(Object.keys(want))), Object.entries(want).every(([k, n]) => elements.get(k) === n)),
-      p.timeoutMs,
       () => `the kernel's table holds ${JSON.stringify(Object.fromEntries(elements))}, expected ${JSON.stringify(want)}`,
-      500,
+      () => (listings++, (elements = tableElements(Object.keys(want))), Object.entries(want).every(([k, n]) => elements.get(k) === n)),
+      { timeoutMs: p.timeoutMs, everyMs: 500 },
     );
     // the listing came after /healthz: programmed when /healthz said so, unless the first listing fell short
     const programmedMs = listings === 1 ? healthyMs : now() - t0;
@@ -458,7 +423,7 @@ async function runOne(p: RunParams): Promise<RunResult> {
       if (p.way === 'kube') server!.put(sliceObj(s, i + 1));
       else rewriteSlice(p.dir, s, i + 1);
       const written = now();
-      await until(() => (alive(), watch!.has(ip)), 30_000, () => `change ${i} (${ip} for svc-${s}) did not reach the kernel\n${tail()}`, 1);
+      await until(() => `change ${i} (${ip} for svc-${s}) did not reach the kernel\n${tail()}`, () => (alive(), watch!.has(ip)), { timeoutMs: 30_000, everyMs: 1 });
       changeMs.push(now() - t);
       if (p.verbose) events.push(`${(t - t0).toFixed(0)} change ${i}: ${(now() - t).toFixed(1)} ms (the write ${(written - t).toFixed(1)} ms of it), ${procStat(agent.pid).faults - faults} page faults`);
       await sleep(CHANGE_GAP_MS);
@@ -529,12 +494,13 @@ function toFile(kpng: string[], dir: string, out: string, format: string, timeou
 
 // --- the benchmark
 
-/** Compiles kpng once for this run, as dist/ is built but into .bench-dist/ (others may use dist/; its ../package.json must be kpng's). */
+/** Compiles kpng once for this run into root's .bench-dist/ (as dist/ is built; others may use dist/). */
 function compile(root = ROOT): string[] {
-  const out = join(root, '.bench-dist');
-  const r = spawnSync(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', 'tsconfig.build.json', '--outDir', out, '--declaration', 'false', '--sourceMap', 'false'], { cwd: root, encoding: 'utf8' });
-  if (r.status !== 0) throw new Error(`node-agent: tsc failed (use --tsx to run the sources):\n${(r.stdout + r.stderr).slice(0, 2000)}`);
-  return [process.execPath, join(out, 'cli/index.js')];
+  try {
+    return compileKpng(join(root, '.bench-dist'), root);
+  } catch (e) {
+    throw new Error(`node-agent: ${(e as Error).message} (use --tsx to run the sources)`);
+  }
 }
 
 /** kpng as of a git revision, compiled in dir (its src/ and build files from git, this checkout's node_modules) */
@@ -558,23 +524,19 @@ function tooBig(services: number): string | undefined {
 }
 
 export default async function main(args: string[]) {
-  const params = process.env.KPNG_BENCH_CHILD;
-  if (params) {
-    console.log('RESULT ' + JSON.stringify(await runOne(JSON.parse(params) as RunParams)));
-    return;
-  }
-  const sizes = arg(args, 'sizes', '1000,10000,30000').split(',').map(Number);
-  const changes = Number(arg(args, 'changes', '20'));
+  if (await runAsChild(runOne)) return;
+  const sizes = nums(args, 'sizes', '1000,10000,30000');
+  const changes = num(args, 'changes', 20);
   const ways = arg(args, 'ways', 'file,kube,split,to-file').split(',');
-  const debounce = Number(arg(args, 'debounce', '100'));
-  const timeoutMs = Number(arg(args, 'timeout', '600')) * 1000;
+  const debounce = num(args, 'debounce', 100);
+  const timeoutMs = num(args, 'timeout', 600) * 1000;
   for (const w of ways) if (![...WAYS, 'to-file'].includes(w)) throw new Error(`unknown way ${w} (file, kube, split, to-file)`);
   const nodeFlags = arg(args, 'node-flags', '').split(' ').filter(Boolean);
   const against = arg(args, 'against', '');
-  const pairs = against ? Math.max(1, Number(arg(args, 'pairs', '5'))) : 1;
-  const [node, script] = args.includes('--tsx') ? [process.execPath, join(ROOT, 'bin/kpng.js')] : compile();
-  const verbose = args.includes('--verbose');
-  const apiPageMs = Number(arg(args, 'api-page-ms', '0'));
+  const pairs = against ? Math.max(1, num(args, 'pairs', 5)) : 1;
+  const [node, script] = flag(args, 'tsx') ? [process.execPath, join(ROOT, 'bin/kpng.js')] : compile();
+  const verbose = flag(args, 'verbose');
+  const apiPageMs = num(args, 'api-page-ms', 0);
   // --verbose: kpng's debug lines too (the kube source's list, each nft sync's time)
   const command = (nodeScript: string) => [node, ...nodeFlags, nodeScript, ...(verbose ? ['--log-level', 'debug'] : [])];
   const kpng = command(script);
@@ -594,7 +556,6 @@ export default async function main(args: string[]) {
     `node-agent: kpng is ${kpng.map((x) => x.replace(ROOT, '')).join(' ')}; ${cpus().length} CPUs, ${(totalmem() / 2 ** 30).toFixed(1)} GiB; load average ${load0.map((x) => x.toFixed(2)).join(' ')}; ` +
       `node ${process.version}; ${execFileSync('nft', ['--version'], { encoding: 'utf8' }).trim()}`,
   );
-  console.log(machineYardstick());
   console.log(`cluster: Services x 5 endpoints over ${NODES} nodes, node ${NODE} programmed with to-nft; file source --debounce ${debounce}; ${changes} endpoint changes per run, ${CHANGE_GAP_MS} ms apart`);
   if (against) console.log(`against: kpng as of ${against}, ${pairs} pairs, the two trees alternately`);
   if (apiPageMs > 0) console.log(`the test API server answers each list page of Services and EndpointSlices ${apiPageMs} ms late`);
@@ -665,6 +626,21 @@ export default async function main(args: string[]) {
   }
   report(sizes, ways, results, toFiles, failed, load0);
   if (against) abReport(trees.map((t) => t.name), ab);
+  const plots = plotDir(args);
+  if (plots) await plot(plots, changes, results);
+}
+
+const LABEL: Record<Way, string> = { file: 'file to-local to-nft', kube: 'kube to-local to-nft', split: 'split: local to-nft' };
+
+/** --plot: the start, the agent's RSS and one change's latency against the number of Services, per way */
+async function plot(dir: string, changes: number, results: RunResult[]): Promise<void> {
+  const subtitle = `the real kpng process, node-0 programmed with to-nft; Services x 5 endpoints over ${NODES} nodes; ${changes} changes per run`;
+  const per = (y: (r: RunResult) => number): Point[] => results.map((r) => ({ series: LABEL[r.way], x: r.services, y: y(r) }));
+  const x = { title: 'Services', log: true };
+  await writePlot(dir, { name: 'node-agent-start', title: 'Start to a programmed node', subtitle, x, y: { title: 's' }, series: 'way', mark: 'line', points: per((r) => r.programmedMs / 1000) });
+  const brains: Point[] = results.flatMap((r) => (r.brain ? [{ series: 'split: the brain (file to-api)', x: r.services, y: r.brain.rssSteady }] : []));
+  await writePlot(dir, { name: 'node-agent-rss', title: 'RSS of a quiet node agent (5 s after programmed)', subtitle, x, y: { title: 'MiB' }, series: 'process', mark: 'line', points: [...per((r) => r.agent.rssSteady), ...brains] });
+  await writePlot(dir, { name: 'node-agent-change', title: 'One endpoint change, source to kernel', subtitle, x, y: { title: 'ms, p50' }, series: 'way', mark: 'line', points: per((r) => pct(r.changeMs, 50)) });
 }
 
 /** one run of one tree, for --against */
@@ -683,10 +659,6 @@ interface AbResult {
 
 /** Each tree's median and range per way and size, and the ratio of the medians (this tree / REV). */
 function abReport(trees: string[], ab: AbResult[]) {
-  const median = (xs: number[]) => {
-    const s = xs.filter((x) => !Number.isNaN(x)).sort((a, b) => a - b);
-    return s.length ? (s.length % 2 ? s[s.length >> 1] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2) : NaN;
-  };
   const cell = (xs: number[], f: (x: number) => string) => {
     const s = xs.filter((x) => !Number.isNaN(x));
     return s.length ? `${f(median(s))} (${f(Math.min(...s))}–${f(Math.max(...s))})` : '-';
@@ -712,7 +684,7 @@ function abReport(trees: string[], ab: AbResult[]) {
 function report(sizes: number[], ways: string[], results: RunResult[], toFiles: Map<number, ToFileResult[]>, failed: { way: string; services: number; why: string }[], load0: number[]) {
   const get = (way: string, services: number) => results.find((r) => r.way === way && r.services === services);
   const runWays = ways.filter((w) => w !== 'to-file') as Way[];
-  const label: Record<Way, string> = { file: 'file to-local to-nft', kube: 'kube to-local to-nft', split: 'split: local to-nft', };
+  const label = LABEL;
   console.log('');
   console.log(`way | Services | start -> programmed | agent RSS steady / after the changes / peak | agent heap after GC | agent CPU to programmed / total | brain RSS steady / peak | brain heap | brain CPU | change -> kernel p50 / p99`);
   console.log(`--- | --- | --- | --- | --- | --- | --- | --- | --- | ---`);

@@ -16,11 +16,10 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, readdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { node, service, slice } from '../test/helpers/k8s.js';
-import { BenchNamespaces, arg, machineYardstick, vip } from './_scale.js';
+import { BenchNamespaces, vip } from './_scale.js';
+import { ROOT, arg } from './_harness.js';
 
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const KPNG = join(ROOT, 'bin/kpng.js');
 const ENDPOINTS = 3;
 const METRICS = '127.0.0.1:10249';
@@ -245,7 +244,6 @@ export default async function (args: string[]) {
     console.log(`repairs (kpng_dataplane_repairs_total, expected 0): ${total.get('kpng_dataplane_repairs_total') ?? 0}`);
     console.log(`final table equals a fresh --once load of the final state: ${have === want ? `yes, ${convergedS.toFixed(1)} s after the churn stopped` : 'NO (after 60 s)'}`);
     if (have !== want) printDiff(have, want);
-    console.log(machineYardstick());
   } finally {
     for (const p of procs) p.kill('SIGKILL');
     spaces.close();

@@ -7,12 +7,12 @@
 // connections (connect, one byte back, close; per second), and kpng's RSS
 // idle and with N connections held open through the Service.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Lab, labUnsupported, poll, type KpngProcess } from '../src/lab/index.js';
-import { arg, median } from './_scale.js';
+import { median, num, procStat, sleep } from './_harness.js';
 import { node, service, serviceCIDR, slice } from '../test/helpers/k8s.js';
 
 const PEER = fileURLToPath(new URL('./_userspace-peer.mjs', import.meta.url));
@@ -42,7 +42,6 @@ function peer(lab: Lab, agent: string, args: string[], until: RegExp = /^\{/m): 
 }
 
 const lastJSON = (s: string) => JSON.parse(s.split('\n').filter((l) => l.startsWith('{')).pop()!);
-const rssMB = (pid: number) => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))![1]) / 1024;
 
 async function side(backend: 'nft' | 'userspace', i: number): Promise<Side> {
   const lab = await Lab.create({
@@ -87,10 +86,10 @@ async function side(backend: 'nft' | 'userspace', i: number): Promise<Side> {
 export default async function (args: string[]) {
   const why = labUnsupported();
   if (why) throw new Error(`bench userspace needs network namespaces: ${why}`);
-  const rounds = Number(arg(args, 'rounds', '3'));
-  const seconds = Number(arg(args, 'seconds', '5'));
-  const conc = Number(arg(args, 'concurrency', '16'));
-  const hold = Number(arg(args, 'hold', '1000'));
+  const rounds = num(args, 'rounds', 3);
+  const seconds = num(args, 'seconds', 5);
+  const conc = num(args, 'concurrency', 16);
+  const hold = num(args, 'hold', 1000);
   const sides: Side[] = [];
   const res = new Map<string, { mbs: number[]; rate: number[]; errors: number; idle: number; held: number }>();
   try {
@@ -117,13 +116,13 @@ export default async function (args: string[]) {
     for (const s of sides) {
       const pid = s.kpng.process.pid!;
       const r = res.get(s.backend)!;
-      r.idle = rssMB(pid);
+      r.idle = procStat(pid).rss;
       const h = peer(s.lab, 'client', ['hold', VIP, '80', String(hold)], /ready|error/);
       try {
         const out = await h.done;
         if (!out.includes('ready')) throw new Error(`${s.backend} hold: ${out}`);
-        await new Promise((res) => setTimeout(res, 1000));
-        r.held = rssMB(pid);
+        await sleep(1000);
+        r.held = procStat(pid).rss;
       } finally {
         h.p.kill('SIGKILL');
       }
