@@ -130,7 +130,7 @@ for (const overlay of OVERLAYS) {
     const cm = configMap(docs, spec.volumes.find((v: Obj) => v.name === mount.name).configMap.name);
     const config = parseConfig(parse(cm.data[posix.basename(configFile)]));
     const healthz = parseBindAddress(config.healthzBindAddress)!;
-    for (const [probe, path] of [['startupProbe', '/healthz'], ['readinessProbe', '/healthz'], ['livenessProbe', '/livez']] as const) {
+    for (const [probe, path] of [['startupProbe', '/readyz'], ['readinessProbe', '/readyz'], ['livenessProbe', '/livez']] as const) {
       assert.equal(c[probe]?.httpGet?.path, path, probe);
       assert.equal(c[probe].httpGet.port, healthz.port, `${probe} port`);
     }
