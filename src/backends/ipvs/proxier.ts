@@ -27,7 +27,8 @@ import { nftTenantTables, serviceKeys, type NftTenantTables } from '../shared/nf
 import { metrics } from '../../runtime/metrics.js';
 import { FLAG_PERSISTENT, FLAG_SCHED1, FLAG_SCHED2, Ipvs, rsKey, vsKey, type IpvsError, type IpvsOp, type RealServer, type VirtualServer } from './ipvs.js';
 import { ToolNode, type IpvsNode } from './node.js';
-import { BASE_CHAINS, DUMMY, FAMILIES, TABLE, chains, sets, type FamilyNames, type StaticInputs } from './ruleset.js';
+import { BASE_CHAINS } from '../shared/nftables/base-chains.js';
+import { DUMMY, FAMILIES, TABLE, chains, sets, type FamilyNames, type StaticInputs } from './ruleset.js';
 
 /** IPVS's schedulers (ip_vs_<name> modules of Debian's kernel) */
 export const SCHEDULERS = new Set(['rr', 'wrr', 'lc', 'wlc', 'lblc', 'lblcr', 'dh', 'sh', 'sed', 'nq', 'fo', 'ovf', 'mh', 'twos']);

@@ -66,19 +66,6 @@ export interface StaticInputs {
   readonly notPodSource?: string;
 }
 
-export const BASE_CHAINS: Record<string, string> = {
-  // source ranges are checked before the externalTrafficPolicy Local short-circuit rewrites the address (as kube-proxy's nftables mode)
-  'filter-prerouting-pre-dnat': 'type filter hook prerouting priority -110 ;',
-  'filter-output-pre-dnat': 'type filter hook output priority -110 ;',
-  // before IPVS, which takes packets at LOCAL_IN priority 98
-  'filter-input': 'type filter hook input priority 0 ;',
-  'filter-forward': 'type filter hook forward priority 0 ;',
-  'filter-output': 'type filter hook output priority 0 ;',
-  'nat-prerouting': 'type nat hook prerouting priority -100 ;',
-  'nat-output': 'type nat hook output priority -100 ;',
-  'nat-postrouting': 'type nat hook postrouting priority 100 ;',
-};
-
 /** chain -> rules */
 export function chains(f: FamilyNames, s: StaticInputs): Map<string, string[]> {
   const ip = f.ip;

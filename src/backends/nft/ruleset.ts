@@ -27,22 +27,6 @@ export const FAMILIES: Record<Family, FamilyNames> = {
   6: { family: 6, table: 'ip6', ip: 'ip6', addr: 'ipv6_addr', loopback: '::1' },
 };
 
-/**
- * base chains: name -> declaration, with kube-proxy's names and priorities
- * (dstnat - 10, filter, dstnat, srcnat), written as numbers because nft 1.0.6
- * accepts the symbolic "dstnat" only on prerouting.
- */
-export const BASE_CHAINS: Record<string, string> = {
-  'filter-prerouting-pre-dnat': 'type filter hook prerouting priority -110 ;',
-  'filter-output-pre-dnat': 'type filter hook output priority -110 ;',
-  'filter-input': 'type filter hook input priority 0 ;',
-  'filter-forward': 'type filter hook forward priority 0 ;',
-  'filter-output': 'type filter hook output priority 0 ;',
-  'nat-prerouting': 'type nat hook prerouting priority -100 ;',
-  'nat-output': 'type nat hook output priority -100 ;',
-  'nat-postrouting': 'type nat hook postrouting priority 100 ;',
-};
-
 export type SetDeclarations = Readonly<Record<string, Readonly<{ kind: 'set' | 'map'; body: string }>>>;
 
 const declarations = new Map<Family, { all: SetDeclarations; entries: readonly (readonly [string, { kind: 'set' | 'map'; body: string }])[] }>();
