@@ -179,7 +179,8 @@ test(`fuzz: mutated objects through kpng file to-nft (seed ${SEED})`, { skip, ti
   const input = join(dir, 'in');
   mkdirSync(input);
   writeFileSync(join(input, 'node.yaml'), stringify(node('n1', 'z1', ['192.168.0.2'])));
-  const k = kpngSpawn(['file', '--input', input, '--debounce', '20', '--write-grace', '200', 'to-local', 'to-nft', '--node-name', 'n1', '--nft-path', ns.wrapper('nft'), '--conntrack-path', ns.wrapper('conntrack'), '--no-health-checks', '--healthz-bind-address', '', '--metrics-bind-address', '']);
+  // in the namespace: its UDP Services' stale conntrack entries are deleted there, never in this host's table
+  const k = kpngSpawn(['file', '--input', input, '--debounce', '20', '--write-grace', '200', 'to-local', 'to-nft', '--node-name', 'n1', '--no-health-checks', '--healthz-bind-address', '', '--metrics-bind-address', ''], { netns: ns.name });
   const replay = `(replay: KPNG_FUZZ_SEED=${SEED})`;
   let previous: string | undefined;
   try {

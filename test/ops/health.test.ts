@@ -78,7 +78,7 @@ test('health follows syncs, node deletion and recovery; metrics carry kube-proxy
   const mp = await freePort();
   const k = kpngSpawn([
     'file', '--input', dir, '--debounce', '20', '--node-name', 'n1',
-    'to-local', 'to-nft', '--nft-path', nft, '--conntrack-path', ns.wrapper('conntrack'), '--no-health-checks',
+    'to-local', 'to-nft', '--nft-path', nft, '--no-health-checks',
     '--sync-period', '1s', '--min-sync-period', '0s',
     '--healthz-bind-address', `127.0.0.1:${hz}`, '--metrics-bind-address', `127.0.0.1:${mp}`,
   ]);

@@ -38,8 +38,10 @@ export interface ProxierBaseOptions {
   readonly dryRun?: boolean;
   /** apply once: no waiting between syncs, failures are thrown */
   readonly once?: boolean;
-  /** where stale UDP conntrack entries are deleted: the kernel's table in this network namespace (default), another table (tests), none (false) */
+  /** where stale UDP conntrack entries are deleted: the kernel's table in the dataplane's network namespace (default), another table (tests), none (false) */
   readonly conntrack?: ConntrackTable | false;
+  /** the network namespace the dataplane is in, when not this process's (tests) */
+  readonly netns?: string;
   /** serve healthCheckNodePorts (default true) */
   readonly healthChecks?: boolean;
   /** told about every sync (health, metrics) */
@@ -127,7 +129,7 @@ export abstract class ProxierBase implements DecoderHandler {
     protected readonly base: ProxierBaseOptions,
     periods: SyncPeriods,
   ) {
-    const table = base.conntrack === false || base.dryRun ? undefined : (base.conntrack ?? new ConntrackNetlink());
+    const table = base.conntrack === false || base.dryRun ? undefined : (base.conntrack ?? new ConntrackNetlink(base.netns));
     this.conntrack = new ConntrackCleaner(base.log, table, { stillStale: (f) => this.staleFlows.stillStale(f), syncing: () => this.runner.busy });
     if (base.healthChecks !== false && !base.dryRun) this.health = new HealthCheckServers(base.log, () => this.runner.failures === 0);
     const once = !!base.once;
